@@ -1,0 +1,104 @@
+"""The encoder's hyperparameters, as a frozen dataclass a Linen module can hold.
+
+Experiment configs carry these fields in `config.model` (an ml_collections ConfigDict);
+`ModelConfig.from_dict` turns that into this immutable, hashable form. Names follow Hugging
+Face's config.json so converted checkpoints map field for field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax.numpy as jnp
+
+from bertjax.errors import fail
+
+ARCHITECTURES = ("bert", "roberta", "albert", "electra")
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh")
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Shape and behaviour of one BERT-family encoder.
+
+  `embedding_size` differs from `hidden_size` for ALBERT (factorized embeddings) and small
+  ELECTRA models; a projection then maps embeddings to the hidden size. `num_hidden_groups`
+  is ALBERT's cross-layer sharing: layer i uses the parameters of group
+  i * num_hidden_groups // num_hidden_layers (None: every layer has its own).
+  """
+  vocab_size: int = 30522
+  hidden_size: int = 768
+  num_hidden_layers: int = 12
+  num_attention_heads: int = 12
+  intermediate_size: int = 3072
+  hidden_act: str = "gelu"
+  hidden_dropout_prob: float = 0.1
+  attention_probs_dropout_prob: float = 0.1
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  layer_norm_eps: float = 1e-12
+  pad_token_id: int = 0
+  architecture: str = "bert"
+  embedding_size: int | None = None
+  num_hidden_groups: int | None = None
+  pre_layer_norm: bool = False
+  use_pooler: bool = True
+  # Activation inside the MLM head's transform: BERT/ALBERT use hidden_act, RoBERTa and
+  # ELECTRA's generator hard-code exact GELU.
+  mlm_head_act: str | None = None
+  dtype: str = "float32"
+  remat: bool = False
+
+  def __post_init__(self):
+    if self.architecture not in ARCHITECTURES:
+      fail(f"unknown model architecture {self.architecture!r}; use one of {', '.join(ARCHITECTURES)}")
+    for name in ("hidden_act", "mlm_head_act"):
+      act = getattr(self, name)
+      if act is not None and act not in ACTIVATIONS:
+        fail(f"unknown activation model.{name}={act!r}; use one of {', '.join(ACTIVATIONS)}")
+    if self.hidden_size % self.num_attention_heads:
+      fail(f"model.hidden_size={self.hidden_size} is not divisible by "
+           f"model.num_attention_heads={self.num_attention_heads}; pick sizes that divide")
+    if self.dtype not in DTYPES:
+      fail(f"unknown model.dtype={self.dtype!r}; use one of {', '.join(DTYPES)}")
+    groups = self.num_groups
+    if not 1 <= groups <= self.num_hidden_layers or self.num_hidden_layers % groups:
+      fail(f"model.num_hidden_groups={groups} must divide model.num_hidden_layers="
+           f"{self.num_hidden_layers}")
+
+  @property
+  def embed_size(self) -> int:
+    return self.embedding_size or self.hidden_size
+
+  @property
+  def num_groups(self) -> int:
+    return self.num_hidden_groups or self.num_hidden_layers
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_attention_heads
+
+  @property
+  def compute_dtype(self):
+    return DTYPES[self.dtype]
+
+  @property
+  def position_offset(self) -> int:
+    """RoBERTa numbers positions from pad_token_id + 1; padding takes position pad_token_id."""
+    return self.pad_token_id + 1 if self.architecture == "roberta" else 0
+
+  def replace(self, **kwargs) -> "ModelConfig":
+    return dataclasses.replace(self, **kwargs)
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any]) -> "ModelConfig":
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+      fail(f"unknown model setting(s) {', '.join(unknown)}; valid ones: {', '.join(sorted(known))}")
+    return cls(**dict(d))

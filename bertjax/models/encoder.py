@@ -1,0 +1,236 @@
+"""The BERT-family Transformer encoder in Flax Linen.
+
+One module covers BERT, RoBERTa (position offset after padding), ALBERT (factorized embeddings,
+cross-layer sharing) and ELECTRA (embedding projection), post-LN as published or pre-LN.
+Weights carry logical axis names only (`vocab`, `embed`, `heads`, `kv`, `mlp`); the mapping of
+those names to a device mesh lives in the experiment config (see `bertjax.sharding`).
+Activations are constrained with `act_batch`, `act_len`, `act_embed`, ... names.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax.models.config import ModelConfig
+
+Array = jax.Array
+
+
+def activation(name: str) -> Callable[[Array], Array]:
+  if name == "gelu":
+    return lambda x: jax.nn.gelu(x, approximate=False)
+  if name in ("gelu_new", "gelu_fast", "gelu_pytorch_tanh"):
+    return lambda x: jax.nn.gelu(x, approximate=True)
+  if name in ("silu", "swish"):
+    return jax.nn.silu
+  return {"relu": jax.nn.relu, "tanh": jnp.tanh}[name]
+
+
+def dense_init(std: float = 0.02):
+  return nn.initializers.normal(stddev=std)
+
+
+def _dense(features, names, name, cfg: ModelConfig, axis=-1):
+  return nn.DenseGeneral(
+      features, axis=axis, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
+      kernel_init=nn.with_logical_partitioning(dense_init(), names),
+      bias_init=nn.with_logical_partitioning(
+          nn.initializers.zeros_init(),
+          names[-(len(features) if isinstance(features, tuple) else 1):]),
+      name=name)
+
+
+def _layer_norm(cfg: ModelConfig, name: str, axis_name: str = "embed"):
+  return nn.LayerNorm(
+      epsilon=cfg.layer_norm_eps, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), (axis_name,)),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (axis_name,)),
+      name=name)
+
+
+@flax.struct.dataclass
+class EncoderOutput:
+  """last_hidden_state: <float>[batch, seq, hidden]; pooler_output: <float>[batch, hidden] or None;
+  hidden_states: the embedding output and each layer's output (when asked for), else None."""
+  last_hidden_state: Array
+  pooler_output: Array | None = None
+  hidden_states: tuple[Array, ...] | None = None
+
+
+def make_attention_mask(attention_mask: Array, segment_ids: Array | None = None) -> Array:
+  """<bool>[batch, 1, q, k]: keys that are real tokens, and of the query's own example when packed.
+
+  Queries at padding positions still see the real keys (as Hugging Face does), so their hidden
+  states stay finite and comparable.
+  """
+  keys = attention_mask.astype(bool)[:, None, None, :]
+  if segment_ids is None:
+    return keys
+  same = segment_ids[:, :, None] == segment_ids[:, None, :]
+  return keys & same[:, None, :, :]
+
+
+def position_ids_for(cfg: ModelConfig, input_ids: Array, segment_ids: Array | None) -> Array:
+  """Positions as each architecture numbers them; restarting per example in packed rows."""
+  seq = input_ids.shape[-1]
+  if segment_ids is not None:
+    # Position within its own example: index minus the index where the segment started.
+    idx = jnp.arange(seq)[None, :]
+    starts = jnp.concatenate(
+        [jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+    start_idx = jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
+    pos = idx - start_idx
+    if cfg.position_offset:
+      return jnp.where(segment_ids > 0, pos + cfg.position_offset, cfg.pad_token_id)
+    return pos
+  if cfg.position_offset:
+    real = (input_ids != cfg.pad_token_id).astype(jnp.int32)
+    return jnp.cumsum(real, axis=1) * real + cfg.pad_token_id
+  return jnp.broadcast_to(jnp.arange(seq)[None, :], input_ids.shape)
+
+
+class Embeddings(nn.Module):
+  """Word + position + token-type embeddings, LayerNorm and dropout, all of size embed_size."""
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    emb_init = lambda: nn.with_logical_partitioning(dense_init(), ("vocab", "embed"))
+    self.word_embeddings = nn.Embed(cfg.vocab_size, cfg.embed_size, embedding_init=emb_init(),
+                                    dtype=cfg.compute_dtype, param_dtype=jnp.float32)
+    self.position_embeddings = nn.Embed(
+        cfg.max_position_embeddings, cfg.embed_size,
+        embedding_init=nn.with_logical_partitioning(dense_init(), (None, "embed")),
+        dtype=cfg.compute_dtype, param_dtype=jnp.float32)
+    self.token_type_embeddings = nn.Embed(
+        cfg.type_vocab_size, cfg.embed_size,
+        embedding_init=nn.with_logical_partitioning(dense_init(), (None, "embed")),
+        dtype=cfg.compute_dtype, param_dtype=jnp.float32)
+    self.layer_norm = _layer_norm(cfg, "layer_norm")
+    self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+  def __call__(self, input_ids, token_type_ids, position_ids, deterministic: bool):
+    x = (self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
+         + self.token_type_embeddings(token_type_ids))
+    x = self.layer_norm(x)
+    return self.dropout(x, deterministic=deterministic)
+
+  def attend(self, x: Array) -> Array:
+    """Logits over the vocabulary from <float>[..., embed_size], tied to the word embeddings."""
+    return self.word_embeddings.attend(x)
+
+
+class SelfAttention(nn.Module):
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, mask, deterministic: bool):
+    cfg = self.config
+    heads = (cfg.num_attention_heads, cfg.head_dim)
+    q = _dense(heads, ("embed", "heads", "kv"), "query", cfg)(x)
+    k = _dense(heads, ("embed", "heads", "kv"), "key", cfg)(x)
+    v = _dense(heads, ("embed", "heads", "kv"), "value", cfg)(x)
+    dropout = cfg.attention_probs_dropout_prob
+    if deterministic or dropout == 0.0:
+      # The fused kernel (cuDNN flash attention on GPU) has no dropout, so it serves inference and
+      # dropout-free training.
+      out = jax.nn.dot_product_attention(q, k, v, mask=mask)
+    else:
+      scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(cfg.head_dim).astype(q.dtype)
+      scores = jnp.where(mask, scores, jnp.finfo(scores.dtype).min)
+      probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(q.dtype)
+      probs = nn.Dropout(dropout)(probs, deterministic=False)
+      out = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+    return _dense(cfg.hidden_size, ("heads", "kv", "embed"), "output", cfg, axis=(-2, -1))(out)
+
+
+class TransformerLayer(nn.Module):
+  """Self-attention + feed-forward, each with a residual and LayerNorm (post-LN or pre-LN)."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, mask, deterministic: bool):
+    cfg = self.config
+    act_names = ("act_batch", "act_len", "act_embed")
+    drop = lambda y: nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
+    attention = SelfAttention(cfg, name="attention")
+    attn_ln = _layer_norm(cfg, "attention_layer_norm")
+    out_ln = _layer_norm(cfg, "output_layer_norm")
+    intermediate = _dense(cfg.intermediate_size, ("embed", "mlp"), "intermediate", cfg)
+    output = _dense(cfg.hidden_size, ("mlp", "embed"), "output", cfg)
+    act = activation(cfg.hidden_act)
+    if cfg.pre_layer_norm:
+      x = x + drop(attention(attn_ln(x), mask, deterministic))
+      x = nn.with_logical_constraint(x, act_names)
+      h = nn.with_logical_constraint(act(intermediate(out_ln(x))), ("act_batch", "act_len", "act_mlp"))
+      x = x + drop(output(h))
+    else:
+      x = attn_ln(x + drop(attention(x, mask, deterministic)))
+      x = nn.with_logical_constraint(x, act_names)
+      h = nn.with_logical_constraint(act(intermediate(x)), ("act_batch", "act_len", "act_mlp"))
+      x = out_ln(x + drop(output(h)))
+    return nn.with_logical_constraint(x, act_names)
+
+
+class Encoder(nn.Module):
+  """The encoder stack with embeddings and (optionally) the pooler.
+
+  Call: input_ids, attention_mask, token_type_ids: <int32>[batch, seq]; segment_ids (packed rows:
+  tokens attend only within their own example, 0 = padding) and position_ids optional.
+  Returns an `EncoderOutput`.
+  """
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    self.embeddings = Embeddings(cfg)
+    if cfg.embed_size != cfg.hidden_size:
+      self.embedding_projection = _dense(cfg.hidden_size, ("embed_in", "embed"), "embedding_projection", cfg)
+    layer_cls = nn.remat(TransformerLayer, static_argnums=(3,)) if cfg.remat else TransformerLayer
+    self.layers = [layer_cls(cfg, name=f"layer_{g}") for g in range(cfg.num_groups)]
+    if cfg.pre_layer_norm:
+      self.final_layer_norm = _layer_norm(cfg, "final_layer_norm")
+    if cfg.use_pooler:
+      self.pooler = _dense(cfg.hidden_size, ("embed", "embed_out"), "pooler", cfg)
+
+  def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, segment_ids=None,
+               position_ids=None, deterministic: bool = True,
+               output_hidden_states: bool = False) -> EncoderOutput:
+    cfg = self.config
+    input_ids = jnp.asarray(input_ids)
+    if attention_mask is None:
+      attention_mask = (segment_ids > 0) if segment_ids is not None else jnp.ones_like(input_ids)
+    if token_type_ids is None:
+      token_type_ids = jnp.zeros_like(input_ids)
+    if position_ids is None:
+      position_ids = position_ids_for(cfg, input_ids, segment_ids)
+    x = self.embeddings(input_ids, token_type_ids, position_ids, deterministic)
+    if cfg.embed_size != cfg.hidden_size:
+      x = self.embedding_projection(x)
+    x = nn.with_logical_constraint(x, ("act_batch", "act_len", "act_embed"))
+    mask = make_attention_mask(attention_mask, segment_ids)
+    states = [x]
+    for i in range(cfg.num_hidden_layers):
+      x = self.layers[i * cfg.num_groups // cfg.num_hidden_layers](x, mask, deterministic)
+      states.append(x)
+    if cfg.pre_layer_norm:
+      x = self.final_layer_norm(x)
+      states[-1] = x
+    pooled = jnp.tanh(self.pooler(x[:, 0])) if cfg.use_pooler else None
+    return EncoderOutput(last_hidden_state=x, pooler_output=pooled,
+                         hidden_states=tuple(states) if output_hidden_states else None)
+
+  def attend(self, x: Array) -> Array:
+    return self.embeddings.attend(x)
+
+
+def init_params(model: nn.Module, config: ModelConfig, rng: jax.Array, seq_len: int = 8) -> Any:
+  """Unboxed float32 parameters of `model` (an Encoder or a model holding one)."""
+  ids = jnp.zeros((1, seq_len), jnp.int32)
+  variables = model.init(rng, ids)
+  return nn.meta.unbox(variables["params"])

@@ -1,0 +1,52 @@
+"""Model sizes as data: each preset is a dict of `ModelConfig` fields.
+
+Shapes follow the released checkpoints (Google's BERT miniatures for tiny...medium, the
+RoBERTa, ALBERT v2, ELECTRA and SpanBERT releases), so a converted checkpoint and a preset agree.
+"""
+
+from __future__ import annotations
+
+from bertjax.errors import fail
+from bertjax.models.config import ModelConfig
+
+
+def _bert(layers, hidden, heads, **kw):
+  return {"architecture": "bert", "num_hidden_layers": layers, "hidden_size": hidden,
+          "num_attention_heads": heads, "intermediate_size": 4 * hidden, **kw}
+
+
+_ROBERTA = dict(architecture="roberta", vocab_size=50265, max_position_embeddings=514,
+                type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5, mlm_head_act="gelu")
+_ALBERT = dict(architecture="albert", vocab_size=30000, embedding_size=128, num_hidden_groups=1,
+               hidden_act="gelu_new", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+_ELECTRA = dict(architecture="electra", use_pooler=False)
+_GENERATOR = dict(architecture="electra", use_pooler=False, mlm_head_act="gelu")
+
+PRESETS: dict[str, dict] = {
+    "bert-tiny": _bert(2, 128, 2),
+    "bert-mini": _bert(4, 256, 4),
+    "bert-small": _bert(4, 512, 8),
+    "bert-medium": _bert(8, 512, 8),
+    "bert-base": _bert(12, 768, 12),
+    "bert-large": _bert(24, 1024, 16),
+    "roberta-base": _bert(12, 768, 12, **_ROBERTA),
+    "roberta-large": _bert(24, 1024, 16, **_ROBERTA),
+    "albert-base": _bert(12, 768, 12, **_ALBERT),
+    "albert-large": _bert(24, 1024, 16, **_ALBERT),
+    "albert-xlarge": _bert(24, 2048, 16, **_ALBERT),
+    "albert-xxlarge": _bert(12, 4096, 64, **_ALBERT),
+    "electra-small": _bert(12, 256, 4, embedding_size=128, **_ELECTRA),
+    "electra-small-generator": _bert(12, 256, 4, embedding_size=128, **_GENERATOR),
+    "electra-base": _bert(12, 768, 12, **_ELECTRA),
+    "electra-base-generator": _bert(12, 256, 4, embedding_size=768, **_GENERATOR),
+    "electra-large": _bert(24, 1024, 16, **_ELECTRA),
+    "electra-large-generator": _bert(24, 256, 4, embedding_size=1024, **_GENERATOR),
+    "spanbert-base": _bert(12, 768, 12, vocab_size=28996),
+    "spanbert-large": _bert(24, 1024, 16, vocab_size=28996),
+}
+
+
+def preset(name: str, **overrides) -> ModelConfig:
+  if name not in PRESETS:
+    fail(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}")
+  return ModelConfig.from_dict({**PRESETS[name], **overrides})

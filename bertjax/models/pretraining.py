@@ -1,0 +1,37 @@
+"""Encoder + pretraining heads: MLM on gathered positions, and NSP/SOP on the pooled output."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+
+from bertjax.models.config import ModelConfig
+from bertjax.models.encoder import Encoder
+from bertjax.models.heads import MLMHead, PairHead, gather_positions
+
+
+class PretrainingModel(nn.Module):
+  """BERT (MLM + NSP), ALBERT (MLM + SOP), RoBERTa/SpanBERT (MLM only).
+
+  Returns a dict: `mlm_logits` <float32>[batch, predictions, vocab] at `masked_positions`,
+  `pair_logits` <float32>[batch, 2] when `pair_head`, and the encoder's `output`.
+  """
+  config: ModelConfig
+  pair_head: bool = True
+
+  def setup(self):
+    self.encoder = Encoder(self.config)
+    self.mlm = MLMHead(self.config)
+    if self.pair_head:
+      self.pair = PairHead(self.config)
+
+  def __call__(self, input_ids, attention_mask=None, token_type_ids=None, masked_positions=None, *,
+               segment_ids=None, deterministic: bool = True):
+    out = self.encoder(input_ids, attention_mask, token_type_ids, segment_ids=segment_ids,
+                       deterministic=deterministic)
+    result = {"output": out}
+    if masked_positions is not None:
+      result["mlm_logits"] = self.mlm(gather_positions(out.last_hidden_state, masked_positions),
+                                      self.encoder)
+    if self.pair_head:
+      result["pair_logits"] = self.pair(out.pooler_output, deterministic)
+    return result
