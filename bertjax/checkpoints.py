@@ -1,0 +1,108 @@
+"""Checkpointing with orbax: exact resume, falling back past a damaged latest checkpoint.
+
+A checkpoint holds the whole train state (params, optimizer state, step, RNG) and the input
+pipeline's iterator state, so a resumed run sees the same batches, masks and dropout as an
+uninterrupted one. orbax writes each step into a temporary folder and renames it when complete,
+so a crash mid-save never looks like a checkpoint, and old steps are only deleted after a newer
+one is finalized.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from bertjax.errors import fail
+
+
+class Checkpointer:
+  """Saves and restores {state, data} items under `workdir/checkpoints`."""
+
+  def __init__(self, directory: str | pathlib.Path, *, keep: int = 3, async_save: bool = True):
+    self.directory = pathlib.Path(directory).absolute()
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                           enable_async_checkpointing=async_save)
+    self.manager = ocp.CheckpointManager(self.directory, options=options,
+                                         item_names=("state", "data"))
+
+  def all_steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
+
+  def latest_step(self) -> int | None:
+    steps = self.all_steps()
+    return steps[-1] if steps else None
+
+  def save(self, step: int, state: Any, data_state: dict | None, *, force: bool = False) -> bool:
+    return self.manager.save(
+        step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                      data=ocp.args.JsonSave(data_state or {})),
+        force=force)
+
+  def wait(self) -> None:
+    self.manager.wait_until_finished()
+
+  def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict] | None:
+    """Restores the newest readable checkpoint; a damaged one is skipped with a warning.
+
+    Returns (step, state, data_state) or None when there is no checkpoint. A checkpoint whose
+    tree does not match `abstract_state` (a different model) is a user error, not damage.
+    """
+    steps = self.all_steps()
+    for step in reversed(steps):
+      try:
+        restored = self.manager.restore(
+            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
+                                          data=ocp.args.JsonRestore()))
+        return step, restored["state"], dict(restored["data"] or {})
+      except (ValueError, KeyError) as e:
+        if _is_structure_mismatch(e):
+          fail(f"the checkpoint at {self.directory / str(step)} holds a different model or "
+               f"optimizer than this config ({_short(e)}); use a new --workdir or the config it was "
+               f"trained with")
+        logging.warning("checkpoint at step %d is unreadable (%s); trying an earlier one", step,
+                        _short(e))
+      except Exception as e:  # damaged files surface as many error types (tensorstore, json, OS)
+        logging.warning("checkpoint at step %d is unreadable (%s); trying an earlier one", step,
+                        _short(e))
+    if steps:
+      fail(f"no readable checkpoint in {self.directory} (tried steps {steps}); move the folder away "
+           f"to start fresh")
+    return None
+
+  def close(self) -> None:
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+
+def _short(e: Exception) -> str:
+  text = " ".join(str(e).split())
+  return text[:200] + ("..." if len(text) > 200 else "")
+
+
+def _is_structure_mismatch(e: Exception) -> bool:
+  text = str(e).lower()
+  return any(s in text for s in ("tree structure", "does not match", "mismatch", "shape", "dict key"))
+
+
+def restore_params(path: str | pathlib.Path) -> dict:
+  """Parameters (a plain nested dict of numpy arrays) from a converted folder or a training workdir."""
+  path = pathlib.Path(path)
+  if (path / "params").is_dir():
+    return ocp.StandardCheckpointer().restore((path / "params").absolute())
+  ckpt_dir = path / "checkpoints"
+  if ckpt_dir.is_dir():
+    manager = ocp.CheckpointManager(ckpt_dir.absolute(), item_names=("state", "data"))
+    for step in reversed(sorted(manager.all_steps())):
+      try:
+        restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+        return jax.tree.map(lambda x: x, dict(restored["state"]["params"]))
+      except Exception as e:  # same fallback as training resume
+        logging.warning("checkpoint at step %d is unreadable (%s); trying an earlier one", step,
+                        _short(e))
+    fail(f"no readable checkpoint in {ckpt_dir}; point init_from at a finished run")
+  fail(f"init_from={path} holds neither params/ (a converted checkpoint) nor checkpoints/ "
+       f"(a training workdir); run `python -m bertjax.convert from-hf` or point at a workdir")

@@ -1,0 +1,104 @@
+"""From a config to the trainer's inputs: tokenizer, prepared corpus, train and eval iterators.
+
+For pretraining, `config.data_dir` names a corpus prepared by `python -m bertjax.data.prepare`.
+Without it, `config.data.corpus` (raw text) is prepared into WORKDIR/prepared at first run,
+training a sentencepiece tokenizer on it when `config.data.tokenizer` is empty; later runs and
+resumes reuse what is there. The last `config.data.eval_documents` documents are held out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pathlib
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import jax
+import numpy as np
+
+from bertjax.errors import fail
+
+
+@dataclasses.dataclass
+class Inputs:
+  train: Any                                   # iterator of numpy batches with get_state/set_state
+  eval_batches: Callable[[], Iterable[dict]]   # a fresh, identical pass over the eval batches
+  vocab_size: int
+  tokenizer: Any = None
+
+
+class DocumentSlice(Sequence):
+  """A random-access view of documents [start, stop) of a corpus."""
+
+  def __init__(self, corpus, start: int, stop: int):
+    self.corpus, self.start, self.stop = corpus, start, stop
+
+  def __len__(self):
+    return self.stop - self.start
+
+  def __getitem__(self, i):
+    if not 0 <= i < len(self):
+      raise IndexError(i)
+    return self.corpus[self.start + i]
+
+
+def prepared_corpus_dir(config, workdir: pathlib.Path) -> pathlib.Path:
+  """The prepared corpus to train on, preparing `config.data.corpus` first if needed."""
+  from bertjax.data import prepare, sources, tokenizers  # pylint: disable=g-import-not-at-top
+  if config.data_dir:
+    path = pathlib.Path(config.data_dir)
+    if not path.is_dir():
+      fail(f"data_dir={path} does not exist; prepare a corpus with `python -m bertjax.data.prepare` "
+           f"or set --config.data.corpus to raw text")
+    return path
+  if not config.data.corpus:
+    fail("no training data: set --config.data_dir to a prepared corpus or --config.data.corpus to "
+         "raw text files")
+  out = workdir / "prepared"
+  if (out / "meta.json").exists():
+    return out
+  if jax.process_index() != 0:
+    fail(f"{out} is not prepared; prepare the corpus once before a multi-host run")
+  globs = [g for g in config.data.corpus.split(",") if g]
+  if config.data.tokenizer:
+    tokenizer = tokenizers.load_tokenizer(config.data.tokenizer)
+  else:
+    logging.info("training a sentencepiece tokenizer (vocab %d) on %s", config.data.vocab_size, globs)
+    docs = sources.read_documents(globs, config.data.format)
+    tokenizer = tokenizers.train_sentencepiece(
+        (s for d in docs for s in d), None, vocab_size=config.data.vocab_size)
+  logging.info("tokenizing %s into %s", globs, out)
+  prepare.prepare_corpus(globs, config.data.format, tokenizer, out)
+  return out
+
+
+def build(config, workdir: pathlib.Path, objective) -> Inputs:
+  from bertjax.data import pipeline, prepare  # pylint: disable=g-import-not-at-top
+  from bertjax.objectives.masking import SpecialIds  # pylint: disable=g-import-not-at-top
+
+  corpus = prepare.PreparedCorpus(prepared_corpus_dir(config, workdir))
+  tokenizer = corpus.tokenizer
+  n = len(corpus)
+  n_eval = min(config.data.eval_documents, n // 5) if config.eval_every else 0
+  train_docs = DocumentSlice(corpus, 0, n - n_eval)
+  eval_docs = DocumentSlice(corpus, n - n_eval, n)
+  special = SpecialIds(pad=tokenizer.pad_id, unk=tokenizer.unk_id, cls=tokenizer.cls_id,
+                       sep=tokenizer.sep_id, mask=tokenizer.mask_id, vocab_size=tokenizer.vocab_size)
+  per_process = config.batch_size // jax.process_count()
+  kw = dict(kind=objective.data_kind, max_seq_length=config.max_seq_length, special=special,
+            word_start_mask=tokenizer.word_start_mask(), **objective.masking_kwargs(config))
+  train = pipeline.make_pretraining_iterator(
+      train_docs, batch_size=per_process, seed=config.seed, shard_index=jax.process_index(),
+      shard_count=jax.process_count(), **kw)
+
+  def eval_batches() -> Iterator[dict]:
+    if not n_eval:
+      return
+    it = pipeline.make_pretraining_iterator(
+        eval_docs, batch_size=per_process, seed=config.seed + 1, shard_index=jax.process_index(),
+        shard_count=jax.process_count(), **kw)
+    for _ in range(config.data.eval_batches):
+      yield next(it)
+
+  return Inputs(train=train, eval_batches=eval_batches, vocab_size=tokenizer.vocab_size,
+                tokenizer=tokenizer)

@@ -1,0 +1,95 @@
+"""Where metrics go: metrics.jsonl, TensorBoard event files, and a live console progress line.
+
+Only process 0 writes. Each logging event is one JSON object with at least `step` and `split`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import sys
+import time
+
+import jax
+
+
+class MetricWriter:
+
+  def __init__(self, workdir: str | pathlib.Path, total_steps: int, *, enabled: bool | None = None,
+               tensorboard: bool = True):
+    self.enabled = jax.process_index() == 0 if enabled is None else enabled
+    self.total_steps = total_steps
+    self.path = pathlib.Path(workdir) / "metrics.jsonl"
+    self._tb = None
+    self._start = time.time()
+    self._start_step: int | None = None
+    if self.enabled and tensorboard:
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      self._tb = SummaryWriter(str(pathlib.Path(workdir) / "tensorboard"))
+    self._tty = sys.stderr.isatty()
+
+  def write(self, step: int, split: str, metrics: dict[str, float]) -> None:
+    if not self.enabled:
+      return
+    record = {"step": int(step), "split": split}
+    record.update({k: _clean(v) for k, v in metrics.items()})
+    with self.path.open("a") as f:
+      f.write(json.dumps(record) + "\n")
+    if self._tb is not None:
+      for k, v in metrics.items():
+        if isinstance(v, (int, float)) and math.isfinite(v):
+          self._tb.add_scalar(f"{split}/{k}", v, step)
+      self._tb.flush()
+    self.progress(step, split, metrics)
+
+  def progress(self, step: int, split: str, metrics: dict[str, float]) -> None:
+    """One console line: step, loss, tokens/s, ETA (rewritten in place on a terminal)."""
+    if self._start_step is None:
+      self._start_step, self._start = step, time.time()
+    elapsed = time.time() - self._start
+    done = step - self._start_step
+    eta = elapsed / done * (self.total_steps - step) if done > 0 else float("nan")
+    parts = [f"[{split}] step {step}/{self.total_steps}"]
+    if "loss" in metrics:
+      parts.append(f"loss {metrics['loss']:.4f}")
+    for k in ("mlm_accuracy", "nsp_accuracy", "sop_accuracy", "rtd_accuracy", "accuracy"):
+      if k in metrics:
+        parts.append(f"{k} {metrics[k]:.3f}")
+    if "tokens_per_s" in metrics:
+      parts.append(f"{metrics['tokens_per_s']:.0f} tok/s")
+    if split == "train" and math.isfinite(eta):
+      parts.append(f"ETA {_fmt_time(eta)}")
+    line = "  ".join(parts)
+    if self._tty:
+      print("\r" + line.ljust(100), end="" if split == "train" else "\n", file=sys.stderr, flush=True)
+    else:
+      print(line, file=sys.stderr, flush=True)
+
+  def close(self) -> None:
+    if self._tty and self.enabled:
+      print(file=sys.stderr)
+    if self._tb is not None:
+      self._tb.close()
+
+
+def _clean(v):
+  if hasattr(v, "item"):
+    v = v.item()
+  if isinstance(v, float) and not math.isfinite(v):
+    return None
+  return v
+
+
+def _fmt_time(seconds: float) -> str:
+  seconds = int(seconds)
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def read_metrics(workdir: str | pathlib.Path) -> list[dict]:
+  path = pathlib.Path(workdir) / "metrics.jsonl"
+  if not path.exists():
+    return []
+  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,82 @@
+"""The contract every pretraining objective (and fine-tuning task) honours for the one trainer.
+
+An objective says which examples the input pipeline builds (`data_kind`, `masking`), which model
+and heads it trains (`make_model`), and how a batch becomes a loss (`loss`). Losses are sums
+divided by denominators that depend only on the *whole* batch (`denominators`), so gradient
+accumulation over micro-batches reproduces the full-batch gradient exactly. Metrics are returned
+as (numerator, denominator) pairs and summed over micro-batches before dividing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+Batch = Mapping[str, jax.Array]
+Metrics = dict[str, tuple[jax.Array, jax.Array]]
+
+
+class Objective:
+  name: str = ""
+  data_kind: str = "nsp"          # which instances the pipeline builds: nsp | sop | full | single
+  masking: str = "token"          # default masking strategy (config may override)
+  pair_head: bool = False
+
+  def __init__(self, config):
+    self.config = config
+
+  def masking_kwargs(self, config) -> dict[str, Any]:
+    """How the input pipeline masks this objective's examples (see objectives.masking)."""
+    m = config.masking
+    return {"strategy": m.strategy or self.masking, "mask_rate": m.rate,
+            "max_predictions": config.max_predictions_per_seq, "max_ngram": m.max_ngram,
+            "span_p": m.span_p, "span_max": m.span_max}
+
+  def make_model(self, model_config) -> nn.Module:
+    raise NotImplementedError
+
+  def init_batch(self, batch_size: int, seq_len: int, num_predictions: int) -> dict[str, jax.Array]:
+    """A dummy batch of the right shapes, for parameter initialization."""
+    z = lambda *s: jnp.zeros(s, jnp.int32)
+    return {"input_ids": z(batch_size, seq_len), "attention_mask": z(batch_size, seq_len),
+            "token_type_ids": z(batch_size, seq_len),
+            "masked_positions": z(batch_size, num_predictions),
+            "masked_ids": z(batch_size, num_predictions),
+            "masked_weights": jnp.zeros((batch_size, num_predictions), jnp.float32),
+            "next_sentence_label": z(batch_size)}
+
+  def init_params(self, model: nn.Module, rng: jax.Array, batch: Batch):
+    return model.init(rng, **self.model_inputs(batch))["params"]
+
+  def model_inputs(self, batch: Batch) -> dict[str, Any]:
+    keys = ("input_ids", "attention_mask", "token_type_ids", "masked_positions")
+    return {k: batch[k] for k in keys}
+
+  def denominators(self, batch: Batch) -> dict[str, jax.Array]:
+    raise NotImplementedError
+
+  def loss(self, model: nn.Module, params, batch: Batch, rng: jax.Array,
+           denominators: Mapping[str, jax.Array], deterministic: bool) -> tuple[jax.Array, Metrics]:
+    raise NotImplementedError
+
+
+def masked_lm_terms(logits, masked_ids, masked_weights, denominator, prefix="mlm") -> tuple[jax.Array, Metrics]:
+  """Cross-entropy and accuracy of <float32>[batch, p, vocab] logits at the masked positions."""
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, masked_ids)
+  w = masked_weights.astype(jnp.float32)
+  correct = (jnp.argmax(logits, -1) == masked_ids).astype(jnp.float32)
+  loss_sum = jnp.sum(ce * w)
+  return loss_sum / denominator, {f"{prefix}_loss": (loss_sum, jnp.sum(w)),
+                                  f"{prefix}_accuracy": (jnp.sum(correct * w), jnp.sum(w))}
+
+
+def classification_terms(logits, labels, denominator, prefix) -> tuple[jax.Array, Metrics]:
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  n = jnp.asarray(labels.shape[0], jnp.float32)
+  correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+  return jnp.sum(ce) / denominator, {f"{prefix}_loss": (jnp.sum(ce), n),
+                                     f"{prefix}_accuracy": (jnp.sum(correct), n)}

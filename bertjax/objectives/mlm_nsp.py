@@ -1,0 +1,49 @@
+"""BERT's objective: masked language modelling plus next sentence prediction."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from bertjax.models.pretraining import PretrainingModel
+from bertjax.objectives.base import Objective, classification_terms, masked_lm_terms
+
+
+class MlmNsp(Objective):
+  name = "mlm_nsp"
+  data_kind = "nsp"
+  masking = "token"
+  pair_head = True
+  pair_name = "nsp"
+
+  def make_model(self, model_config):
+    return PretrainingModel(model_config, pair_head=self.pair_head)
+
+  def denominators(self, batch):
+    return {"mlm": jnp.maximum(jnp.sum(batch["masked_weights"].astype(jnp.float32)), 1.0),
+            "pair": jnp.asarray(batch["input_ids"].shape[0], jnp.float32)}
+
+  def loss(self, model, params, batch, rng, denominators, deterministic):
+    out = model.apply({"params": params}, **self.model_inputs(batch), deterministic=deterministic,
+                      rngs={"dropout": rng})
+    loss, metrics = masked_lm_terms(out["mlm_logits"], batch["masked_ids"], batch["masked_weights"],
+                                    denominators["mlm"])
+    if self.pair_head:
+      pair_loss, pair_metrics = classification_terms(
+          out["pair_logits"], batch["next_sentence_label"], denominators["pair"], self.pair_name)
+      loss, metrics = loss + pair_loss, {**metrics, **pair_metrics}
+    return loss, metrics
+
+
+class Mlm(MlmNsp):
+  """RoBERTa: MLM only, full-length contiguous segments across document boundaries."""
+  name = "mlm"
+  data_kind = "full"
+  pair_head = False
+
+
+class MlmSop(MlmNsp):
+  """ALBERT: MLM with n-gram masking plus sentence order prediction."""
+  name = "mlm_sop"
+  data_kind = "sop"
+  masking = "ngram"
+  pair_name = "sop"

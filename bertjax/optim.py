@@ -1,0 +1,104 @@
+"""Optimizer and learning-rate schedule, assembled from optax pieces.
+
+LAMB (the large-batch recipe of "Large Batch Optimization for Deep Learning") and AdamW, both
+with weight decay kept off LayerNorm parameters and biases; linear warmup, then linear or
+polynomial decay; global-norm clipping; optional layer-wise learning-rate decay (ELECTRA's
+fine-tuning recipe). The learning rate is injected as a hyperparameter so it can be logged.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import ml_collections
+import optax
+
+from bertjax.errors import fail
+
+OPTIMIZERS = ("adamw", "lamb", "adam", "sgd")
+
+
+def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+  """Linear warmup to `learning_rate`, then linear ('linear') or polynomial decay to `end`."""
+  o = config.optimizer
+  total = max(int(config.total_steps), 1)
+  warmup = int(o.warmup_steps if o.warmup_steps >= 0 else round(o.warmup_fraction * total))
+  warmup = min(warmup, total)
+  peak = config.learning_rate
+  end = peak * o.end_learning_rate_factor
+  power = 1.0 if o.decay == "linear" else o.decay_power
+  if o.decay not in ("linear", "polynomial", "constant"):
+    fail(f"unknown optimizer.decay={o.decay!r}; use linear, polynomial or constant")
+  if o.decay == "constant":
+    decay = optax.constant_schedule(peak)
+  else:
+    decay = optax.polynomial_schedule(peak, end, power, max(total - warmup, 1))
+  if warmup == 0:
+    return decay
+  return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), decay], [warmup])
+
+
+def decay_mask(params):
+  """True where weight decay applies: kernels and embeddings, not LayerNorm or biases."""
+  def keep(path, _):
+    names = [getattr(p, "key", str(p)) for p in path]
+    return not (names[-1] in ("bias", "scale") or any("layer_norm" in n for n in names))
+  return jax.tree_util.tree_map_with_path(keep, params)
+
+
+def layerwise_lr_scale(params, num_layers: int, decay: float):
+  """Multiplier per parameter: decay**(num_layers - depth); embeddings deepest, heads 1."""
+  def scale(path, _):
+    names = [getattr(p, "key", str(p)) for p in path]
+    if "embeddings" in names or "embedding_projection" in names:
+      depth = 0
+    else:
+      layer = next((int(m.group(1)) for n in names if (m := re.fullmatch(r"layer_(\d+)", n))), None)
+      depth = layer + 1 if layer is not None else num_layers + 1
+    return decay ** max(num_layers + 1 - depth, 0)
+  return jax.tree_util.tree_map_with_path(scale, params)
+
+
+def _scale_by_tree(scales) -> optax.GradientTransformation:
+  def init(params):
+    del params
+    return optax.EmptyState()
+
+  def update(updates, state, params=None):
+    del params
+    return jax.tree.map(lambda u, s: u * s, updates, scales), state
+
+  return optax.GradientTransformation(init, update)
+
+
+def make_optimizer(config: ml_collections.ConfigDict, params=None,
+                   num_layers: int | None = None) -> optax.GradientTransformation:
+  o = config.optimizer
+  if o.name not in OPTIMIZERS:
+    fail(f"unknown optimizer.name={o.name!r}; use one of {', '.join(OPTIMIZERS)}")
+  schedule = make_schedule(config)
+
+  @optax.inject_hyperparams
+  def build(learning_rate):
+    if o.name == "lamb":
+      opt = optax.lamb(learning_rate, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
+                       mask=decay_mask)
+    elif o.name == "adamw":
+      opt = optax.adamw(learning_rate, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
+                        mask=decay_mask)
+    elif o.name == "adam":
+      opt = optax.adam(learning_rate, b1=o.b1, b2=o.b2, eps=o.eps)
+    else:
+      opt = optax.sgd(learning_rate)
+    parts = [optax.clip_by_global_norm(o.grad_clip_norm)] if o.grad_clip_norm > 0 else []
+    parts.append(opt)
+    if o.get("layerwise_lr_decay", 1.0) != 1.0 and params is not None:
+      parts.append(_scale_by_tree(layerwise_lr_scale(params, num_layers, o.layerwise_lr_decay)))
+    return optax.chain(*parts)
+
+  return build(learning_rate=schedule)
+
+
+def current_learning_rate(opt_state) -> jax.Array:
+  return opt_state.hyperparams["learning_rate"]

@@ -1,0 +1,303 @@
+"""The one trainer: pretraining objectives and fine-tuning tasks run through `train_and_evaluate`.
+
+The train step is a pure function `train_step(state, batch) -> (state, metrics)`, jitted once
+with explicit shardings and a donated state. Gradient accumulation runs inside it as a scan over
+micro-batches; losses are divided by whole-batch denominators so k micro-batches give exactly the
+gradient of one big batch. Dropout keys derive from `fold_in(rng, step)`, so a resumed run
+repeats an uninterrupted one bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import pathlib
+import signal
+import time
+from typing import Any, Callable
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from bertjax import checkpoints, config_lib, optim, sharding
+from bertjax.errors import fail
+from bertjax.metric_writers import MetricWriter
+from bertjax.models.config import ModelConfig
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  rng: jax.Array  # <uint32>[2]: raw key data, so it checkpoints as a plain array
+
+
+def model_config_from(config: ml_collections.ConfigDict) -> ModelConfig:
+  return ModelConfig.from_dict(config.model.to_dict())
+
+
+def split_micro_batches(batch, accum: int):
+  """[accum * micro, ...] -> [accum, micro, ...], taking rows accum apart so a data-sharded batch
+  splits along each device's own rows."""
+  def split(x):
+    return x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1)
+  return jax.tree.map(split, batch)
+
+
+def make_train_step(objective, model, optimizer, accum: int) -> Callable:
+
+  def train_step(state: TrainState, batch):
+    rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+    denominators = objective.denominators(batch)
+    loss_fn = lambda p, mb, r: objective.loss(model, p, mb, r, denominators, deterministic=False)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if accum == 1:
+      (loss, metrics), grads = grad_fn(state.params, batch, rng)
+    else:
+      micro = split_micro_batches(batch, accum)
+
+      def body(carry, xs):
+        i, mb = xs
+        (l, m), g = grad_fn(state.params, mb, jax.random.fold_in(rng, i))
+        acc_l, acc_m, acc_g = carry
+        return (acc_l + l, jax.tree.map(jnp.add, acc_m, m), jax.tree.map(jnp.add, acc_g, g)), None
+
+      (l0, m0), g0 = jax.eval_shape(grad_fn, state.params, jax.tree.map(lambda x: x[0], micro), rng)
+      zeros = lambda t: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), t)
+      (loss, metrics, grads), _ = jax.lax.scan(
+          body, (zeros(l0), zeros(m0), zeros(g0)), (jnp.arange(accum), micro))
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = dict(metrics)
+    metrics["loss"] = (loss, jnp.ones_like(loss))
+    metrics["learning_rate"] = (optim.current_learning_rate(state.opt_state), jnp.ones(()))
+    metrics["grad_norm"] = (optax.global_norm(grads), jnp.ones(()))
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    return new_state, metrics
+
+  return train_step
+
+
+def make_eval_step(objective, model) -> Callable:
+  def eval_step(params, batch):
+    denominators = objective.denominators(batch)
+    loss, metrics = objective.loss(model, params, batch, jax.random.key(0), denominators,
+                                   deterministic=True)
+    return {**metrics, "loss": (loss, jnp.ones_like(loss))}
+  return eval_step
+
+
+def summarize(sums: dict[str, tuple[Any, Any]]) -> dict[str, float]:
+  """(numerator, denominator) sums -> plain floats; host transfer happens here only."""
+  host = jax.device_get(sums)
+  return {k: float(n) / float(d) if float(d) else float("nan") for k, (n, d) in host.items()}
+
+
+def add_metrics(a, b):
+  return b if a is None else jax.tree.map(jnp.add, a, b)
+
+
+class _Preemption:
+  """Turns SIGTERM (a preemption notice) into a flag the loop checks between steps."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def __enter__(self):
+    try:
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    except ValueError:  # not the main thread: preemption handling is the caller's business
+      self._previous = None
+    return self
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.requested = True
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+def create_train_state(objective, model, optimizer, config, mesh, init_batch):
+  """Parameters and optimizer state created already sharded: eval_shape, specs, jitted init."""
+  rules = sharding.rules_from_config(config)
+  rng = jax.random.key(config.seed)
+
+  def init_boxed(rng):
+    return objective.init_params(model, jax.random.fold_in(rng, 1), init_batch)
+
+  abstract_boxed = jax.eval_shape(init_boxed, rng)
+  param_shardings = sharding.logical_shardings(abstract_boxed, mesh, rules)
+  abstract_params = nn.meta.unbox(abstract_boxed)
+  abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
+  repl = sharding.replicated(mesh)
+  opt_shardings = optax.tree_map_params(
+      optimizer, lambda _, s: s, abstract_opt, param_shardings,
+      transform_non_params=lambda _: repl)
+  state_shardings = TrainState(step=repl, params=param_shardings, opt_state=opt_shardings, rng=repl)
+
+  def init(rng):
+    params = nn.meta.unbox(init_boxed(rng))
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
+                      rng=jax.random.key_data(jax.random.fold_in(rng, 2)))
+
+  with jax.sharding.use_mesh(mesh), nn.logical_axis_rules(rules):
+    abstract_state = jax.eval_shape(init, rng)
+    state = jax.jit(init, out_shardings=state_shardings)(rng)
+  return state, state_shardings, abstract_state
+
+
+def _abstract_with_shardings(abstract, shardings):
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract,
+                      shardings)
+
+
+def load_init_from(state: TrainState, path: str, shardings: TrainState) -> tuple[TrainState, str]:
+  """Copies every matching sub-tree of a checkpoint's params into `state`; reports the rest."""
+  source = checkpoints.restore_params(path)
+  target = flax.traverse_util.flatten_dict(jax.device_get(state.params), sep="/")
+  flat_src = flax.traverse_util.flatten_dict(source, sep="/")
+  restored, fresh = [], []
+  new = {}
+  for key, value in target.items():
+    src = flat_src.get(key)
+    if src is not None and tuple(np.shape(src)) == tuple(value.shape):
+      new[key] = np.asarray(src, value.dtype)
+      restored.append(key)
+    else:
+      if src is not None:
+        logging.warning("init_from: %s has shape %s in the checkpoint, %s here; initialized fresh",
+                        key, np.shape(src), value.shape)
+      new[key] = value
+      fresh.append(key)
+  if not restored:
+    fail(f"init_from={path} shares no parameter with this model; check the architecture and sizes")
+  params = flax.traverse_util.unflatten_dict(new, sep="/")
+  params = jax.device_put(params, shardings.params)
+  top = lambda keys: sorted({k.split("/")[0] for k in keys})
+  report = (f"init_from {path}: restored {len(restored)} tensors ({', '.join(top(restored))}); "
+            f"initialized fresh {len(fresh)} ({', '.join(top(fresh)) or 'none'})")
+  return state.replace(params=params), report
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
+  """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns a summary."""
+  from bertjax import inputs as inputs_lib  # pylint: disable=g-import-not-at-top
+  from bertjax.objectives import get_objective  # pylint: disable=g-import-not-at-top
+
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  objective = get_objective(config)
+  mesh = sharding.make_mesh(config.mesh_shape)
+  dp = sharding.data_parallel_size(mesh)
+  accum = int(config.grad_accum_steps)
+  if accum < 1 or config.batch_size % (dp * accum):
+    fail(f"batch_size={config.batch_size} must be divisible by data-parallel size {dp} x "
+         f"grad_accum_steps {accum}; change --config.batch_size or --config.grad_accum_steps")
+  if config.batch_size % jax.process_count():
+    fail(f"batch_size={config.batch_size} must be divisible by the process count "
+         f"{jax.process_count()}")
+
+  data = inputs_lib.build(config, workdir, objective)
+  model_cfg = model_config_from(config)
+  if data.vocab_size > model_cfg.vocab_size:
+    fail(f"the tokenizer has {data.vocab_size} tokens but model.vocab_size is "
+         f"{model_cfg.vocab_size}; set --config.model.vocab_size={data.vocab_size}")
+  model = objective.make_model(model_cfg)
+  optimizer = optim.make_optimizer(config, num_layers=model_cfg.num_hidden_layers)
+
+  init_batch = objective.init_batch(1, config.max_seq_length, config.max_predictions_per_seq)
+  state, state_shardings, abstract_state = create_train_state(
+      objective, model, optimizer, config, mesh, init_batch)
+  n_params = sum(x.size for x in jax.tree.leaves(state.params))
+  logging.info("model: %s parameters", f"{n_params:,}")
+
+  ckpt = checkpoints.Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints,
+                                  async_save=config.async_checkpointing)
+  restored = ckpt.restore_latest(_abstract_with_shardings(abstract_state, state_shardings))
+  if restored is not None:
+    step0, state, data_state = restored
+    data.train.set_state(data_state)
+    logging.info("resumed from the checkpoint at step %d in %s", step0, ckpt.directory)
+  elif config.init_from:
+    state, report = load_init_from(state, config.init_from, state_shardings)
+    logging.info(report)
+    print(report, flush=True)
+  (workdir / "config.json").write_text(config_lib.to_json(config))
+
+  rules = sharding.rules_from_config(config)
+  batch_shard = sharding.batch_sharding(mesh)
+  metric_shard = sharding.replicated(mesh)
+  train_step = jax.jit(make_train_step(objective, model, optimizer, accum),
+                       in_shardings=(state_shardings, batch_shard),
+                       out_shardings=(state_shardings, metric_shard), donate_argnums=(0,))
+  eval_step = jax.jit(make_eval_step(objective, model),
+                      in_shardings=(state_shardings.params, batch_shard), out_shardings=metric_shard)
+
+  writer = MetricWriter(workdir, config.total_steps, tensorboard=config.tensorboard)
+  step = int(jax.device_get(state.step))
+  first_metrics, last_metrics, last_eval = None, None, None
+  sums, tokens, t_log = None, 0, time.time()
+  stop_reason = "finished"
+
+  def run_eval(step):
+    eval_sums = None
+    for batch in data.eval_batches():
+      with jax.sharding.use_mesh(mesh), nn.logical_axis_rules(rules):
+        eval_sums = add_metrics(eval_sums, eval_step(state.params, sharding.shard_batch(batch, mesh)))
+    if eval_sums is None:
+      return None
+    metrics = summarize(eval_sums)
+    writer.write(step, "eval", metrics)
+    return metrics
+
+  with _Preemption() as preemption:
+    while step < config.total_steps:
+      batch = next(data.train)
+      tokens += int(np.sum(batch["attention_mask"])) * jax.process_count()
+      with jax.sharding.use_mesh(mesh), nn.logical_axis_rules(rules):
+        state, metrics = train_step(state, sharding.shard_batch(batch, mesh))
+      step += 1
+      sums = add_metrics(sums, metrics)
+      if step % config.log_every == 0 or step == config.total_steps:
+        logged = summarize(sums)
+        # learning_rate and grad_norm were summed over the window: report the last step's values.
+        steps_in_window = float(jax.device_get(sums["loss"][1]))
+        for k in ("learning_rate", "grad_norm"):
+          logged[k] = float(jax.device_get(metrics[k][0]))
+        logged["loss"] = float(jax.device_get(sums["loss"][0])) / steps_in_window
+        elapsed = time.time() - t_log
+        logged["tokens_per_s"] = tokens / elapsed if elapsed > 0 else float("nan")
+        logged["steps_per_s"] = steps_in_window / elapsed if elapsed > 0 else float("nan")
+        writer.write(step, "train", logged)
+        first_metrics = first_metrics or logged
+        last_metrics = logged
+        sums, tokens, t_log = None, 0, time.time()
+      if config.eval_every and step % config.eval_every == 0:
+        last_eval = run_eval(step) or last_eval
+      if step % config.checkpoint_every == 0 or step == config.total_steps:
+        ckpt.save(step, state, data.train.get_state(), force=True)
+      if preemption.requested:
+        ckpt.save(step, state, data.train.get_state(), force=True)
+        stop_reason = "preempted (SIGTERM): checkpoint saved"
+        break
+  if config.eval_every and step == config.total_steps and (last_eval is None or
+                                                           step % config.eval_every):
+    last_eval = run_eval(step) or last_eval
+  ckpt.close()
+  writer.close()
+  summary = {"workdir": str(workdir), "step": step, "status": stop_reason,
+             "checkpoint": str(ckpt.directory / str(ckpt.latest_step())) if ckpt.latest_step() else None,
+             "first_train": first_metrics, "last_train": last_metrics, "last_eval": last_eval,
+             "num_params": int(n_params)}
+  (workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+  return summary
