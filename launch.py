@@ -27,9 +27,20 @@ def parse_args(argv):
   return args, overrides
 
 
+def configure_logging():
+  """INFO lines from bertjax itself; only warnings and errors from the libraries beneath it."""
+  package_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bertjax")
+  handler = logging.StreamHandler()
+  handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+  handler.addFilter(lambda r: r.levelno >= logging.WARNING or r.pathname.startswith(package_dir))
+  root = logging.getLogger()
+  root.handlers[:] = [handler]
+  root.setLevel(logging.INFO)
+
+
 def main(argv=None):
   args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+  configure_logging()
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/bertjax/jax"))
   from bertjax import config_lib, train  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config_file(args.config)

@@ -72,7 +72,61 @@ def prepared_corpus_dir(config, workdir: pathlib.Path) -> pathlib.Path:
   return out
 
 
+class SyntheticBatches:
+  """Random token batches, deterministic in (seed, batch index): for benchmarks and layout tests.
+
+  Row i of batch k is the same whatever the process layout, so sharded and single-device runs
+  see the same global batch; each process yields its own rows.
+  """
+
+  def __init__(self, config, vocab_size: int, seed: int, per_process: int):
+    self.config, self.vocab_size, self.seed = config, vocab_size, seed
+    self.per_process = per_process
+    self.index = 0
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    c = self.config
+    rows = self.per_process * jax.process_count()
+    rng = np.random.default_rng([self.seed, self.index])
+    self.index += 1
+    seq, p = c.max_seq_length, c.max_predictions_per_seq
+    lengths = rng.integers(seq // 2, seq + 1, size=rows)
+    mask = (np.arange(seq)[None, :] < lengths[:, None]).astype(np.int32)
+    ids = rng.integers(5, self.vocab_size, size=(rows, seq)).astype(np.int32) * mask
+    ids[:, 0] = 2
+    types = ((np.arange(seq)[None, :] >= (lengths // 2)[:, None]) * mask).astype(np.int32)
+    positions = np.stack([np.sort(rng.choice(np.arange(1, l), size=p, replace=False)) for l in lengths])
+    original = np.take_along_axis(ids, positions, axis=1)
+    masked = ids.copy()
+    np.put_along_axis(masked, positions, 4, axis=1)
+    batch = {"input_ids": masked, "attention_mask": mask, "token_type_ids": types,
+             "masked_positions": positions.astype(np.int32), "masked_ids": original,
+             "masked_weights": np.ones((rows, p), np.float32),
+             "next_sentence_label": rng.integers(0, 2, size=rows).astype(np.int32)}
+    lo = jax.process_index() * self.per_process
+    return {k: v[lo:lo + self.per_process] for k, v in batch.items()}
+
+  def get_state(self) -> dict:
+    return {"index": self.index}
+
+  def set_state(self, state: dict) -> None:
+    self.index = int(state.get("index", 0))
+
+
 def build(config, workdir: pathlib.Path, objective) -> Inputs:
+  per_process = config.batch_size // jax.process_count()
+  if config.data.synthetic:
+    vocab = config.model.vocab_size
+    train = SyntheticBatches(config, vocab, config.seed, per_process)
+
+    def synthetic_eval():
+      it = SyntheticBatches(config, vocab, config.seed + 1, per_process)
+      return (next(it) for _ in range(config.data.eval_batches))
+    return Inputs(train=train, eval_batches=synthetic_eval, vocab_size=vocab)
+
   from bertjax.data import pipeline, prepare  # pylint: disable=g-import-not-at-top
   from bertjax.objectives.masking import SpecialIds  # pylint: disable=g-import-not-at-top
 
@@ -84,7 +138,6 @@ def build(config, workdir: pathlib.Path, objective) -> Inputs:
   eval_docs = DocumentSlice(corpus, n - n_eval, n)
   special = SpecialIds(pad=tokenizer.pad_id, unk=tokenizer.unk_id, cls=tokenizer.cls_id,
                        sep=tokenizer.sep_id, mask=tokenizer.mask_id, vocab_size=tokenizer.vocab_size)
-  per_process = config.batch_size // jax.process_count()
   kw = dict(kind=objective.data_kind, max_seq_length=config.max_seq_length, special=special,
             word_start_mask=tokenizer.word_start_mask(), **objective.masking_kwargs(config))
   train = pipeline.make_pretraining_iterator(

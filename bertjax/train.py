@@ -78,7 +78,7 @@ def make_train_step(objective, model, optimizer, accum: int) -> Callable:
     metrics = dict(metrics)
     metrics["loss"] = (loss, jnp.ones_like(loss))
     metrics["learning_rate"] = (optim.current_learning_rate(state.opt_state), jnp.ones(()))
-    metrics["grad_norm"] = (optax.global_norm(grads), jnp.ones(()))
+    metrics["grad_norm"] = (optax.tree.norm(grads), jnp.ones(()))
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
 
@@ -150,7 +150,7 @@ def create_train_state(objective, model, optimizer, config, mesh, init_batch):
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
                       rng=jax.random.key_data(jax.random.fold_in(rng, 2)))
 
-  with jax.sharding.use_mesh(mesh), nn.logical_axis_rules(rules):
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     abstract_state = jax.eval_shape(init, rng)
     state = jax.jit(init, out_shardings=state_shardings)(rng)
   return state, state_shardings, abstract_state
@@ -252,7 +252,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   def run_eval(step):
     eval_sums = None
     for batch in data.eval_batches():
-      with jax.sharding.use_mesh(mesh), nn.logical_axis_rules(rules):
+      with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         eval_sums = add_metrics(eval_sums, eval_step(state.params, sharding.shard_batch(batch, mesh)))
     if eval_sums is None:
       return None
@@ -264,7 +264,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     while step < config.total_steps:
       batch = next(data.train)
       tokens += int(np.sum(batch["attention_mask"])) * jax.process_count()
-      with jax.sharding.use_mesh(mesh), nn.logical_axis_rules(rules):
+      with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         state, metrics = train_step(state, sharding.shard_batch(batch, mesh))
       step += 1
       sums = add_metrics(sums, metrics)
