@@ -9,10 +9,11 @@ repeats an uninterrupted one bit for bit.
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import json
 import logging
 import pathlib
+import shutil
 import signal
 import time
 from typing import Any, Callable
@@ -24,6 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 
 from bertjax import checkpoints, config_lib, optim, sharding
 from bertjax.errors import fail
@@ -127,6 +129,67 @@ class _Preemption:
       signal.signal(signal.SIGTERM, self._previous)
 
 
+@dataclasses.dataclass
+class EvalContext:
+  """What an objective's `evaluate` may use: the mesh, a jitted metric step and the eval batches."""
+  mesh: Any
+  rules: Any
+  workdir: pathlib.Path
+  step: int
+  eval_step: Callable      # (params, sharded batch) -> (numerator, denominator) metric sums
+  batches: Callable        # () -> iterable of host (numpy) batches
+
+  def shard(self, batch):
+    return sharding.shard_batch(batch, self.mesh)
+
+
+def evaluate_metric_sums(params, context: EvalContext) -> dict[str, float] | None:
+  """The default evaluation: metric sums over the eval batches, divided at the end."""
+  sums = None
+  for batch in context.batches():
+    with jax.set_mesh(context.mesh), nn.logical_axis_rules(context.rules):
+      sums = add_metrics(sums, context.eval_step(params, context.shard(batch)))
+  return summarize(sums) if sums is not None else None
+
+
+class BestKeeper:
+  """Keeps the parameters of the best evaluation so far in WORKDIR/best (when a metric is named)."""
+
+  def __init__(self, workdir: pathlib.Path, metric: str, mode: str):
+    self.dir = workdir / "best"
+    self.metric, self.mode = metric, mode
+    if mode not in ("max", "min"):
+      fail(f"best_mode={mode!r} must be max or min")
+    info = self.dir / "best.json"
+    self.value = json.loads(info.read_text())["value"] if info.exists() else None
+
+  def update(self, step: int, metrics: dict, params) -> None:
+    if not self.metric or jax.process_index() != 0:
+      return
+    if self.metric not in metrics:
+      fail(f"best_metric={self.metric!r} is not an eval metric; choose one of "
+           f"{', '.join(sorted(metrics))}")
+    value = metrics[self.metric]
+    better = self.value is None or (value > self.value if self.mode == "max" else value < self.value)
+    if not better:
+      return
+    # Write beside, then swap: the previous best survives until the new one is complete.
+    tmp = self.dir.with_name("best.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save((tmp / "params").absolute(), jax.device_get(params))
+    checkpointer.wait_until_finished()
+    (tmp / "best.json").write_text(json.dumps({"step": step, "metric": self.metric, "value": value,
+                                               "metrics": metrics}))
+    old = self.dir.with_name("best.old")
+    if self.dir.exists():
+      self.dir.rename(old)
+    tmp.rename(self.dir)
+    shutil.rmtree(old, ignore_errors=True)
+    self.value = value
+
+
 def create_train_state(objective, model, optimizer, config, mesh, init_batch):
   """Parameters and optimizer state created already sharded: eval_shape, specs, jitted init."""
   rules = sharding.rules_from_config(config)
@@ -191,7 +254,6 @@ def load_init_from(state: TrainState, path: str, shardings: TrainState) -> tuple
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns a summary."""
-  from bertjax import inputs as inputs_lib  # pylint: disable=g-import-not-at-top
   from bertjax.objectives import get_objective  # pylint: disable=g-import-not-at-top
 
   workdir = pathlib.Path(workdir)
@@ -207,7 +269,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     fail(f"batch_size={config.batch_size} must be divisible by the process count "
          f"{jax.process_count()}")
 
-  data = inputs_lib.build(config, workdir, objective)
+  data = objective.build_inputs(config, workdir)
   model_cfg = model_config_from(config)
   if data.vocab_size > model_cfg.vocab_size:
     fail(f"the tokenizer has {data.vocab_size} tokens but model.vocab_size is "
@@ -249,15 +311,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   sums, tokens, t_log = None, 0, time.time()
   stop_reason = "finished"
 
+  best = BestKeeper(workdir, config.get("best_metric", ""), config.get("best_mode", "max"))
+
   def run_eval(step):
-    eval_sums = None
-    for batch in data.eval_batches():
-      with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        eval_sums = add_metrics(eval_sums, eval_step(state.params, sharding.shard_batch(batch, mesh)))
-    if eval_sums is None:
-      return None
-    metrics = summarize(eval_sums)
-    writer.write(step, "eval", metrics)
+    context = EvalContext(mesh=mesh, rules=rules, workdir=workdir, step=step, eval_step=eval_step,
+                          batches=data.eval_batches)
+    metrics = objective.evaluate(state.params, context)
+    if metrics:
+      writer.write(step, "eval", metrics)
+      best.update(step, metrics, state.params)
     return metrics
 
   with _Preemption() as preemption:

@@ -25,6 +25,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.logical_rules = ()             # () = bertjax.sharding.DEFAULT_RULES
   c.log_every = 50                 # steps between train metric lines
   c.eval_every = 0                 # steps between evaluations (0 = only at the end... never for 0 steps)
+  c.best_metric = ""               # eval metric whose best value keeps its params in WORKDIR/best
+  c.best_mode = "max"              # max | min
   c.checkpoint_every = 1000        # steps between checkpoints (and always at the end)
   c.keep_checkpoints = 3           # checkpoints kept on disk
   c.async_checkpointing = True     # write checkpoints in a background thread

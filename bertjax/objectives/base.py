@@ -29,6 +29,16 @@ class Objective:
   def __init__(self, config):
     self.config = config
 
+  def build_inputs(self, config, workdir):
+    """The train iterator and eval batches (see `bertjax.inputs.Inputs`)."""
+    from bertjax import inputs  # pylint: disable=g-import-not-at-top
+    return inputs.build(config, workdir, self)
+
+  def evaluate(self, params, context) -> dict[str, float] | None:
+    """Eval metrics at `context.step`; fine-tuning tasks override this to decode and score."""
+    from bertjax import train  # pylint: disable=g-import-not-at-top
+    return train.evaluate_metric_sums(params, context)
+
   def masking_kwargs(self, config) -> dict[str, Any]:
     """How the input pipeline masks this objective's examples (see objectives.masking)."""
     m = config.masking
