@@ -46,6 +46,9 @@ def _all_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
 
 def _parse_value(key: str, text: str, current: Any) -> Any:
   if isinstance(current, str) or (current is None and not _looks_literal(text)):
+    # A quoted string (as written from Python or a sweep file) means its contents.
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+      return text[1:-1]
     return text
   try:
     value = ast.literal_eval(text)

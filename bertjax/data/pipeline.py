@@ -1,0 +1,194 @@
+"""The grain input pipeline for pretraining: documents -> instances -> masked, padded batches.
+
+  documents --(_InstanceDataset: epochs of `pretraining.walk_epoch`)--> instances
+            --map(_Featurize: pad to max_seq_length, dynamic masking)--> examples
+            --batch(batch_size)--> batches of numpy arrays
+
+The number of instances per document varies, which grain's MapDataset cannot express, so the
+instance stream is a custom `grain.IterDataset` over our own epoch generator. Its iterator state
+is (epoch, position in the epoch's shuffled document order, instances of that document already
+produced); `map` and `batch` pass that state through, so `get_state()` / `set_state()` on the
+returned iterator resume exactly, and the state is a small JSON-able dict fit for a checkpoint.
+
+Masking is dynamic: every example is masked with a generator seeded from (seed, epoch,
+example_key), where example_key names the instance within the epoch independently of sharding,
+so masks change every epoch yet a given seed and step always give the same batch.
+Shards (one per process) own disjoint documents: document i belongs to shard i % shard_count.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import grain
+import numpy as np
+
+from bertjax.data import pretraining
+from bertjax.errors import UserError
+from bertjax.objectives import masking
+from bertjax.objectives.masking import SpecialIds
+
+# Keeps the masking seeds apart from the instance seeds [seed, epoch, doc_index].
+_MASK_TAG = 0x4D41534B
+
+
+class _InstanceDataset(grain.IterDataset):
+  """Unpadded instances of `num_epochs` epochs (forever if None) of one shard."""
+
+  def __init__(self, documents: pretraining.Documents, *, kind: str, max_seq_length: int,
+               seed: int, special: SpecialIds, shard_index: int, shard_count: int,
+               num_epochs: int | None, short_seq_prob: float | None):
+    super().__init__()
+    self.documents = documents
+    self.kind = kind
+    self.max_seq_length = max_seq_length
+    self.seed = seed
+    self.special = special
+    self.shard_index = shard_index
+    self.shard_count = shard_count
+    self.num_epochs = num_epochs
+    self.short_seq_prob = short_seq_prob
+
+  def __iter__(self) -> "_InstanceIterator":
+    return _InstanceIterator(self)
+
+
+class _InstanceIterator(grain.DatasetIterator):
+  """Walks epoch after epoch; its state is the cursor of the next instance."""
+
+  def __init__(self, dataset: _InstanceDataset):
+    super().__init__()
+    self._ds = dataset
+    self._epoch = 0
+    self._cursor: pretraining.Cursor = (0, 0)
+    self._walk = None
+
+  def __next__(self) -> pretraining.Instance:
+    ds = self._ds
+    while ds.num_epochs is None or self._epoch < ds.num_epochs:
+      if self._walk is None:
+        self._walk = pretraining.walk_epoch(
+            ds.documents, ds.kind, ds.max_seq_length, ds.seed, self._epoch, ds.shard_index,
+            ds.shard_count, special=ds.special, short_seq_prob=ds.short_seq_prob,
+            start=self._cursor)
+      try:
+        instance, self._cursor = next(self._walk)
+      except StopIteration:
+        self._epoch += 1
+        self._cursor = (0, 0)
+        self._walk = None
+        continue
+      instance["epoch"] = self._epoch
+      return instance
+    raise StopIteration
+
+  def get_state(self) -> dict[str, Any]:
+    return {"epoch": self._epoch, "position": int(self._cursor[0]),
+            "index": int(self._cursor[1])}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    try:
+      self._epoch = int(state["epoch"])
+      self._cursor = (int(state["position"]), int(state["index"]))
+    except (KeyError, TypeError, ValueError) as e:
+      raise UserError(f"input pipeline state {state!r} is not from this pipeline ({e}); restore "
+                      "a checkpoint written by make_pretraining_iterator") from None
+    self._walk = None
+
+
+class _Featurize:
+  """Pads an instance to max_seq_length and masks it; the result is all numpy arrays."""
+
+  def __init__(self, *, max_seq_length: int, seed: int, special: SpecialIds,
+               masking_kwargs: dict[str, Any]):
+    self.max_seq_length = max_seq_length
+    self.seed = seed
+    self.special = special
+    self.masking_kwargs = masking_kwargs
+
+  def __call__(self, instance: pretraining.Instance) -> dict[str, np.ndarray]:
+    length = instance["length"]
+    input_ids = np.full(self.max_seq_length, self.special.pad, np.int32)
+    input_ids[:length] = instance["input_ids"]
+    token_type_ids = np.zeros(self.max_seq_length, np.int32)
+    token_type_ids[:length] = instance["token_type_ids"]
+    attention_mask = np.zeros(self.max_seq_length, np.int32)
+    attention_mask[:length] = 1
+    key = instance["example_key"]
+    rng = np.random.default_rng([self.seed, instance["epoch"], key[0], key[1], _MASK_TAG])
+    example = masking.mask_tokens(input_ids, self.special, rng, **self.masking_kwargs)
+    example["token_type_ids"] = token_type_ids
+    example["attention_mask"] = attention_mask
+    example["next_sentence_label"] = np.int32(instance["next_sentence_label"])
+    return example
+
+
+def make_pretraining_dataset(
+    documents: pretraining.Documents, *, kind: str, max_seq_length: int, batch_size: int,
+    seed: int, special: SpecialIds, word_start_mask: np.ndarray | None = None,
+    mask_rate: float = 0.15, max_predictions: int = 20, strategy: str = "token",
+    max_ngram: int = 3, span_p: float = 0.2, span_max: int = 10,
+    replace_probs: Sequence[float] = (0.8, 0.1, 0.1), shard_index: int = 0,
+    shard_count: int = 1, num_epochs: int | None = None, short_seq_prob: float | None = None,
+    drop_remainder: bool = True) -> grain.IterDataset:
+  """The pretraining `grain.IterDataset` of batches; see `make_pretraining_iterator`."""
+  pretraining.check_kind(kind, max_seq_length)
+  if batch_size < 1:
+    raise UserError(f"batch_size={batch_size} must be >= 1 (it is the per-process batch size)")
+  if num_epochs is not None and num_epochs < 1:
+    raise UserError(f"num_epochs={num_epochs} must be >= 1, or None to repeat forever")
+  # Fail on a bad shard, seed or masking config now rather than at the first batch.
+  pretraining.shard_documents(len(documents), seed, 0, shard_index, shard_count)
+  masking_kwargs = dict(mask_rate=mask_rate, max_predictions=max_predictions, strategy=strategy,
+                        word_start_mask=word_start_mask, max_ngram=max_ngram, span_p=span_p,
+                        span_max=span_max, replace_probs=tuple(replace_probs))
+  masking.check_masking_config(special, **masking_kwargs)
+  if word_start_mask is not None:
+    masking_kwargs["word_start_mask"] = np.asarray(word_start_mask, bool)
+  instances = _InstanceDataset(documents, kind=kind, max_seq_length=max_seq_length, seed=seed,
+                               special=special, shard_index=shard_index,
+                               shard_count=shard_count, num_epochs=num_epochs,
+                               short_seq_prob=short_seq_prob)
+  featurize = _Featurize(max_seq_length=max_seq_length, seed=seed, special=special,
+                         masking_kwargs=masking_kwargs)
+  return instances.map(featurize).batch(batch_size, drop_remainder=drop_remainder)
+
+
+def make_pretraining_iterator(
+    documents: pretraining.Documents, *, kind: str, max_seq_length: int, batch_size: int,
+    seed: int, special: SpecialIds, word_start_mask: np.ndarray | None = None,
+    mask_rate: float = 0.15, max_predictions: int = 20, strategy: str = "token",
+    max_ngram: int = 3, span_p: float = 0.2, span_max: int = 10,
+    replace_probs: Sequence[float] = (0.8, 0.1, 0.1), shard_index: int = 0,
+    shard_count: int = 1, num_epochs: int | None = None, short_seq_prob: float | None = None,
+    drop_remainder: bool = True) -> grain.DatasetIterator:
+  """An iterator of pretraining batches with exact checkpoint/resume via get_state/set_state.
+
+  Args:
+    documents: random-access sequence of documents (lists of `<int32>[len]` sentences).
+    kind: 'nsp', 'sop', 'full' or 'single' (see `bertjax.data.pretraining`).
+    max_seq_length: L, the padded sequence length.
+    batch_size: B, per process.
+    seed: non-negative; with the step it determines every batch.
+    special: special token ids and vocabulary size.
+    word_start_mask: `<bool>[vocab]`, needed for word-level masking strategies.
+    mask_rate, max_predictions, strategy, max_ngram, span_p, span_max, replace_probs: passed to
+      `bertjax.objectives.masking.mask_tokens`; max_predictions is P.
+    shard_index, shard_count: this process's disjoint share of the documents.
+    num_epochs: stop after this many epochs; None repeats forever.
+    short_seq_prob: probability of a shorter target length (None: 0.1 for nsp/sop, else 0).
+    drop_remainder: drop a last partial batch (only reachable with num_epochs).
+
+  Returns:
+    A `grain.DatasetIterator` of dicts: input_ids, token_type_ids, attention_mask
+    `<int32>[B, L]`; masked_positions, masked_ids `<int32>[B, P]`; masked_weights
+    `<float32>[B, P]`; next_sentence_label `<int32>[B]` (0 for full/single); and for
+    strategy='span' span_left, span_right, span_offset `<int32>[B, P]`.
+  """
+  return iter(make_pretraining_dataset(
+      documents, kind=kind, max_seq_length=max_seq_length, batch_size=batch_size, seed=seed,
+      special=special, word_start_mask=word_start_mask, mask_rate=mask_rate,
+      max_predictions=max_predictions, strategy=strategy, max_ngram=max_ngram, span_p=span_p,
+      span_max=span_max, replace_probs=replace_probs, shard_index=shard_index,
+      shard_count=shard_count, num_epochs=num_epochs, short_seq_prob=short_seq_prob,
+      drop_remainder=drop_remainder))
