@@ -60,15 +60,15 @@ def prepared_corpus_dir(config, workdir: pathlib.Path) -> pathlib.Path:
   if jax.process_index() != 0:
     fail(f"{out} is not prepared; prepare the corpus once before a multi-host run")
   globs = [g for g in config.data.corpus.split(",") if g]
+  docs = sources.read_documents(globs, config.data.format)
   if config.data.tokenizer:
     tokenizer = tokenizers.load_tokenizer(config.data.tokenizer)
   else:
     logging.info("training a sentencepiece tokenizer (vocab %d) on %s", config.data.vocab_size, globs)
-    docs = sources.read_documents(globs, config.data.format)
-    tokenizer = tokenizers.train_sentencepiece(
-        (s for d in docs for s in d), None, vocab_size=config.data.vocab_size)
+    tokenizer = tokenizers.train_sentencepiece(sources.iter_sentences(docs), None,
+                                               vocab_size=config.data.vocab_size)
   logging.info("tokenizing %s into %s", globs, out)
-  prepare.prepare_corpus(globs, config.data.format, tokenizer, out)
+  prepare.prepare_corpus(docs, tokenizer, out, num_shards=1)
   return out
 
 
@@ -136,10 +136,10 @@ def build(config, workdir: pathlib.Path, objective) -> Inputs:
   n_eval = min(config.data.eval_documents, n // 5) if config.eval_every else 0
   train_docs = DocumentSlice(corpus, 0, n - n_eval)
   eval_docs = DocumentSlice(corpus, n - n_eval, n)
-  special = SpecialIds(pad=tokenizer.pad_id, unk=tokenizer.unk_id, cls=tokenizer.cls_id,
-                       sep=tokenizer.sep_id, mask=tokenizer.mask_id, vocab_size=tokenizer.vocab_size)
+  special = SpecialIds.from_tokenizer(tokenizer)
   kw = dict(kind=objective.data_kind, max_seq_length=config.max_seq_length, special=special,
-            word_start_mask=tokenizer.word_start_mask(), **objective.masking_kwargs(config))
+            word_start_mask=tokenizer.word_start_mask(), short_seq_prob=config.data.short_seq_prob,
+            **objective.masking_kwargs(config))
   train = pipeline.make_pretraining_iterator(
       train_docs, batch_size=per_process, seed=config.seed, shard_index=jax.process_index(),
       shard_count=jax.process_count(), **kw)
