@@ -106,3 +106,23 @@ def restore_params(path: str | pathlib.Path) -> dict:
     fail(f"no readable checkpoint in {ckpt_dir}; point init_from at a finished run")
   fail(f"init_from={path} holds neither params/ (a converted checkpoint) nor checkpoints/ "
        f"(a training workdir); run `python -m bertjax.convert from-hf` or point at a workdir")
+
+
+def load_model_config(path: str | pathlib.Path) -> dict:
+  """The `ModelConfig` fields of a converted folder (model.json) or a training workdir (config.json)."""
+  import json  # pylint: disable=g-import-not-at-top
+  path = pathlib.Path(path)
+  if (path / "model.json").is_file():
+    return dict(json.loads((path / "model.json").read_text())["model"])
+  if (path / "config.json").is_file():
+    return dict(json.loads((path / "config.json").read_text())["model"])
+  fail(f"{path} has no model.json or config.json; point init_from at a converted checkpoint "
+       f"(python -m bertjax.convert from-hf) or a training workdir")
+
+
+def tokenizer_dir(path: str | pathlib.Path) -> pathlib.Path:
+  """The tokenizer saved with a converted checkpoint or a training workdir."""
+  folder = pathlib.Path(path) / "tokenizer"
+  if not folder.is_dir():
+    fail(f"{path} has no tokenizer/ folder; converted checkpoints and training workdirs carry one")
+  return folder

@@ -270,7 +270,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
          f"{jax.process_count()}")
 
   data = objective.build_inputs(config, workdir)
-  model_cfg = model_config_from(config)
+  model_cfg = objective.model_config(config)
   if data.vocab_size > model_cfg.vocab_size:
     fail(f"the tokenizer has {data.vocab_size} tokens but model.vocab_size is "
          f"{model_cfg.vocab_size}; set --config.model.vocab_size={data.vocab_size}")
@@ -295,6 +295,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     logging.info(report)
     print(report, flush=True)
   (workdir / "config.json").write_text(config_lib.to_json(config))
+  if data.tokenizer is not None and jax.process_index() == 0 and not (workdir / "tokenizer").exists():
+    data.tokenizer.save(workdir / "tokenizer")
 
   rules = sharding.rules_from_config(config)
   batch_shard = sharding.batch_sharding(mesh)

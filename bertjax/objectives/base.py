@@ -29,6 +29,11 @@ class Objective:
   def __init__(self, config):
     self.config = config
 
+  def model_config(self, config):
+    """The encoder's `ModelConfig`: from `config.model` (fine-tuning tasks take init_from's)."""
+    from bertjax.models.config import ModelConfig  # pylint: disable=g-import-not-at-top
+    return ModelConfig.from_dict(config.model.to_dict())
+
   def build_inputs(self, config, workdir):
     """The train iterator and eval batches (see `bertjax.inputs.Inputs`)."""
     from bertjax import inputs  # pylint: disable=g-import-not-at-top
