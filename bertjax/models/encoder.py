@@ -35,14 +35,36 @@ def dense_init(std: float = 0.02):
   return nn.initializers.normal(stddev=std)
 
 
+class Dense(nn.Module):
+  """A dense layer over `num_in` trailing input axes into `features` (an int or a shape).
+
+  Unlike `nn.DenseGeneral`, the kernel is created in its final multi-axis shape, so its logical
+  axis names (`names`: input axes then output axes) apply at initialization too.
+  """
+  features: int | tuple[int, ...]
+  names: tuple[str | None, ...]
+  num_in: int = 1
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    out = (self.features,) if isinstance(self.features, int) else tuple(self.features)
+    in_shape = x.shape[-self.num_in:]
+    kernel = self.param("kernel", nn.with_logical_partitioning(dense_init(), self.names),
+                        in_shape + out, jnp.float32)
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                           self.names[self.num_in:]),
+                      out, jnp.float32)
+    x = x.astype(self.dtype)
+    y = jax.lax.dot_general(x, kernel.astype(self.dtype),
+                            ((tuple(range(x.ndim - self.num_in, x.ndim)), tuple(range(self.num_in))),
+                             ((), ())))
+    return y + bias.astype(self.dtype)
+
+
 def _dense(features, names, name, cfg: ModelConfig, axis=-1):
-  return nn.DenseGeneral(
-      features, axis=axis, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
-      kernel_init=nn.with_logical_partitioning(dense_init(), names),
-      bias_init=nn.with_logical_partitioning(
-          nn.initializers.zeros_init(),
-          names[-(len(features) if isinstance(features, tuple) else 1):]),
-      name=name)
+  num_in = len(axis) if isinstance(axis, tuple) else 1
+  return Dense(features, tuple(names), num_in=num_in, dtype=cfg.compute_dtype, name=name)
 
 
 def _layer_norm(cfg: ModelConfig, name: str, axis_name: str = "embed"):
@@ -51,6 +73,15 @@ def _layer_norm(cfg: ModelConfig, name: str, axis_name: str = "embed"):
       scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), (axis_name,)),
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (axis_name,)),
       name=name)
+
+
+def has_embedding_projection(cfg: ModelConfig) -> bool:
+  """Whether embeddings pass through `embedding_projection` before the first layer.
+
+  ALBERT always has this projection (Hugging Face's embedding_hidden_mapping_in exists even when
+  embedding_size == hidden_size); BERT/RoBERTa/ELECTRA only when the sizes differ.
+  """
+  return cfg.embed_size != cfg.hidden_size or cfg.architecture == "albert"
 
 
 @flax.struct.dataclass
@@ -183,13 +214,21 @@ class Encoder(nn.Module):
   Call: input_ids, attention_mask, token_type_ids: <int32>[batch, seq]; segment_ids (packed rows:
   tokens attend only within their own example, 0 = padding) and position_ids optional.
   Returns an `EncoderOutput`.
+
+  `shared_embeddings`, when given, is an `Embeddings` module owned by another model (ELECTRA's
+  generator reads the discriminator's); its parameters then stay with their owner and this
+  encoder has no `embeddings` subtree. None (the default) creates this encoder's own.
   """
   config: ModelConfig
+  shared_embeddings: nn.Module | None = None
 
   def setup(self):
     cfg = self.config
-    self.embeddings = Embeddings(cfg)
-    if cfg.embed_size != cfg.hidden_size:
+    if self.shared_embeddings is not None:
+      self.embeddings = self.shared_embeddings
+    else:
+      self.embeddings = Embeddings(cfg)
+    if has_embedding_projection(cfg):
       self.embedding_projection = _dense(cfg.hidden_size, ("embed_in", "embed"), "embedding_projection", cfg)
     layer_cls = nn.remat(TransformerLayer, static_argnums=(3,)) if cfg.remat else TransformerLayer
     self.layers = [layer_cls(cfg, name=f"layer_{g}") for g in range(cfg.num_groups)]
@@ -210,7 +249,7 @@ class Encoder(nn.Module):
     if position_ids is None:
       position_ids = position_ids_for(cfg, input_ids, segment_ids)
     x = self.embeddings(input_ids, token_type_ids, position_ids, deterministic)
-    if cfg.embed_size != cfg.hidden_size:
+    if has_embedding_projection(cfg):
       x = self.embedding_projection(x)
     x = nn.with_logical_constraint(x, ("act_batch", "act_len", "act_embed"))
     mask = make_attention_mask(attention_mask, segment_ids)
