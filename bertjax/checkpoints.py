@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import pathlib
+import time
 from typing import Any
 
 import jax
@@ -52,11 +53,13 @@ class Checkpointer:
     tree does not match `abstract_state` (a different model) is a user error, not damage.
     """
     steps = self.all_steps()
+    damaged = []
     for step in reversed(steps):
       try:
         restored = self.manager.restore(
             step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
                                           data=ocp.args.JsonRestore()))
+        self._set_aside(damaged)
         return step, restored["state"], dict(restored["data"] or {})
       except (ValueError, KeyError) as e:
         if _is_structure_mismatch(e):
@@ -65,13 +68,25 @@ class Checkpointer:
                f"trained with")
         logging.warning("checkpoint at step %d is unreadable (%s); trying an earlier one", step,
                         _short(e))
+        damaged.append(step)
       except Exception as e:  # damaged files surface as many error types (tensorstore, json, OS)
         logging.warning("checkpoint at step %d is unreadable (%s); trying an earlier one", step,
                         _short(e))
+        damaged.append(step)
     if steps:
       fail(f"no readable checkpoint in {self.directory} (tried steps {steps}); move the folder away "
            f"to start fresh")
     return None
+
+  def _set_aside(self, steps: list[int]) -> None:
+    """Renames damaged checkpoints out of the way (kept for inspection, never deleted)."""
+    for step in steps:
+      src = self.directory / str(step)
+      dst = self.directory / f"damaged-{step}-{int(time.time())}"
+      src.rename(dst)
+      logging.warning("moved the unreadable checkpoint of step %d to %s", step, dst)
+    if steps:
+      self.manager.reload()
 
   def close(self) -> None:
     self.manager.wait_until_finished()
