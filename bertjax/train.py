@@ -190,6 +190,15 @@ class BestKeeper:
     self.value = value
 
 
+def param_shardings_for(objective, model, config, mesh, init_batch):
+  """(abstract boxed params, NamedSharding per param) without allocating anything."""
+  rules = sharding.rules_from_config(config)
+  abstract_boxed = jax.eval_shape(
+      lambda r: objective.init_params(model, jax.random.fold_in(r, 1), init_batch),
+      jax.random.key(config.seed))
+  return abstract_boxed, sharding.logical_shardings(abstract_boxed, mesh, rules)
+
+
 def create_train_state(objective, model, optimizer, config, mesh, init_batch):
   """Parameters and optimizer state created already sharded: eval_shape, specs, jitted init."""
   rules = sharding.rules_from_config(config)
@@ -198,8 +207,7 @@ def create_train_state(objective, model, optimizer, config, mesh, init_batch):
   def init_boxed(rng):
     return objective.init_params(model, jax.random.fold_in(rng, 1), init_batch)
 
-  abstract_boxed = jax.eval_shape(init_boxed, rng)
-  param_shardings = sharding.logical_shardings(abstract_boxed, mesh, rules)
+  abstract_boxed, param_shardings = param_shardings_for(objective, model, config, mesh, init_batch)
   abstract_params = nn.meta.unbox(abstract_boxed)
   abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
   repl = sharding.replicated(mesh)
