@@ -45,6 +45,11 @@ def main(argv=None):
   from bertjax import config_lib, train  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config_file(args.config)
   config_lib.apply_overrides(config, overrides)
+  if config.get("distributed"):
+    import jax  # pylint: disable=g-import-not-at-top
+    # On Cloud TPU every setting is discovered; on GPU hosts set the coordinator address, process
+    # count and id through JAX's environment variables (see experiments/README.md).
+    jax.distributed.initialize()
   summary = train.train_and_evaluate(config, args.workdir)
   print("summary: " + json.dumps(summary))
 

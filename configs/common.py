@@ -1,9 +1,16 @@
 """Settings every experiment config shares; each config starts from `base_config()`."""
 
+import pathlib
+
 import ml_collections
 
+from bertjax.errors import fail
 from bertjax.models.presets import PRESETS
 from bertjax.models.config import ModelConfig
+
+# The WikiText-2 sample shipped in the repo: the `runlocal` variants pretrain on it.
+SAMPLE = pathlib.Path(__file__).resolve().parent.parent / "bertjax/data/samples/wikitext2_test.raw"
+LOCAL_VOCAB = 4000  # the sentencepiece vocabulary trained on SAMPLE by runlocal variants
 
 
 def model_config(preset: str, **overrides) -> ml_collections.ConfigDict:
@@ -21,6 +28,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.grad_accum_steps = 1           # micro-batches per step, accumulated inside the jitted step
   c.learning_rate = 1e-4           # peak learning rate
   c.seed = 0
+  c.distributed = False            # call jax.distributed.initialize() (TPU pods, multi-host GPU)
   c.mesh_shape = (-1, 1, 1)        # (data, fsdp, tensor); -1 takes the remaining devices
   c.logical_rules = ()             # () = bertjax.sharding.DEFAULT_RULES
   c.log_every = 50                 # steps between train metric lines
@@ -53,6 +61,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.masking.span_p = 0.2           # SpanBERT geometric span length parameter
   c.masking.span_max = 10          # SpanBERT span length clip (in words)
 
+  c.electra = ml_collections.ConfigDict()  # objective=rtd only
+  # Generator width / the discriminator's; the paper's best are 1/4 to 1/2 (1/4 small and large,
+  # 1/3 base: configs/electra.py). 1/2 keeps tiny models at >= 2 heads, for tensor parallelism.
+  c.electra.generator_hidden_fraction = 0.5
+  c.electra.generator_layer_fraction = 1.0   # generator depth / discriminator's (paper: 1)
+  c.electra.disc_weight = 50.0     # lambda: loss = generator MLM + lambda * discriminator BCE
+
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.name = "adamw"       # adamw | lamb | adam | sgd
   c.optimizer.b1 = 0.9
@@ -67,3 +82,54 @@ def base_config() -> ml_collections.ConfigDict:
   c.optimizer.end_learning_rate_factor = 0.0
   c.optimizer.layerwise_lr_decay = 1.0
   return c
+
+
+def parse_variant(arg: str | None, config_file: str, **defaults) -> ml_collections.ConfigDict:
+  """`size=base,runlocal` -> {size: 'base', runlocal: True, ...defaults}: a config's variant.
+
+  Every key must be one of `defaults`: `key=value` sets a string option, a bare `key` turns a
+  flag (a bool default) on. `config_file` names the file in the error for anything else.
+  """
+  options = dict(defaults)
+  for item in filter(None, (arg or "").split(",")):
+    key, sep, value = item.partition("=")
+    if key not in defaults or bool(sep) == isinstance(defaults[key], bool):
+      valid = ", ".join(f"{k}" if isinstance(v, bool) else f"{k}=..." for k, v in defaults.items())
+      fail(f"unknown variant {item!r} for {config_file}; use a comma-separated list of {valid}")
+    options[key] = value if sep else True
+  return ml_collections.ConfigDict(options)
+
+
+def choose(value: str, choices: dict, what: str):
+  """`choices[value]`, or a one-line error listing the valid values."""
+  if value not in choices:
+    fail(f"unknown {what} {value!r}; use one of {', '.join(choices)}")
+  return choices[value]
+
+
+def runlocal(c: ml_collections.ConfigDict) -> None:
+  """Shrinks a recipe's run to minutes on a CPU: the WikiText-2 sample (tokenizer trained on it at
+  first run), 64-token sequences, 200 steps of 16. Each config then swaps in a tiny model of its
+  own family (model_config(..., **LOCAL_MODEL)) and a learning rate that suits it."""
+  c.data_dir = ""
+  c.data.corpus = str(SAMPLE)
+  c.data.format = "wikitext"
+  c.data.tokenizer = ""
+  c.data.vocab_size = LOCAL_VOCAB
+  c.data.eval_documents = 6
+  c.data.eval_batches = 4
+  c.total_steps = 200
+  c.batch_size = 16
+  c.grad_accum_steps = 1
+  c.max_seq_length = 64
+  c.max_predictions_per_seq = 10
+  c.log_every = 20
+  c.eval_every = 100
+  c.checkpoint_every = 100
+  c.optimizer.warmup_steps = 20
+
+
+# Tiny-model overrides for runlocal (a bert-tiny shape; positions cover the 64-token sequences).
+LOCAL_MODEL = dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=2,
+                   intermediate_size=512, vocab_size=LOCAL_VOCAB, max_position_embeddings=128,
+                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
