@@ -1,0 +1,289 @@
+"""Times the full pretraining train step and reports tokens/s, MFU and memory; optionally side by
+side with transformers' PyTorch BertForPreTraining at the same shapes.
+
+  python -m bertjax.benchmark --preset bert-mini --batch_size 16 --seq_len 128 --objective mlm_nsp \
+      --steps 20 --compare hf-torch
+  python -m bertjax.benchmark --config configs/quickstart.py --steps 10
+
+The step timed is the real one (`bertjax.train.make_train_step`: forward, backward, optimizer)
+on synthetic batches, after compilation; the step time is the median of `--steps` runs. The last
+line printed is one JSON object holding every figure.
+
+FLOPs: model FLOPs per token = 6 * N_matmul + 12 * L * S * H (attention scores and values),
+where N_matmul counts the weights a token passes through as matrix multiplies (not embedding
+lookups), and the MLM decoder and transform count only at the masked positions (P of S tokens),
+which is all our head computes. Hardware FLOPs add the forward pass recomputed under remat.
+MFU = tokens/s * model FLOPs per token / peak FLOP/s of the device (a table of bf16 peaks for
+accelerators; on a CPU, a large float32 matmul's rate measured in the same run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+# bf16 dense peak FLOP/s per chip.
+PEAK_FLOPS = {
+    "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12,
+    "TPU v5": 459e12, "TPU v6 lite": 918e12, "A100": 312e12, "H100": 989e12, "H200": 989e12,
+}
+
+
+def model_flops_per_token(cfg, seq_len: int, num_predictions: int, pair_head: bool = True) -> dict:
+  """The FLOP count behind MFU, itemized (see the module docstring)."""
+  h, e, v, i, layers = (cfg.hidden_size, cfg.embed_size, cfg.vocab_size, cfg.intermediate_size,
+                        cfg.num_hidden_layers)
+  per_layer = 4 * h * h + 2 * h * i                      # q, k, v, output; MLP in and out
+  encoder = layers * per_layer + (e * h if e != h else 0)  # + the embedding projection
+  attention = 12 * layers * seq_len * h
+  frac = num_predictions / seq_len                       # masked positions per token
+  mlm = (e * h + e * v) * frac                           # transform + tied decoder
+  pair = (h * h + 2 * h) / seq_len if pair_head else 0.0  # pooler + NSP, once per sequence
+  items = {"encoder": 6 * encoder, "attention": attention, "mlm_head": 6 * mlm, "pair_head": 6 * pair}
+  items["total"] = sum(items.values())
+  return items
+
+
+def measure_cpu_peak(size: int = 2048, repeats: int = 5) -> float:
+  """FLOP/s of a large float32 matmul on this machine (the CPU's practical peak)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  a = jnp.ones((size, size), jnp.float32)
+  f = jax.jit(lambda x: x @ x)
+  f(a).block_until_ready()
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    f(a).block_until_ready()
+    times.append(time.perf_counter() - t)
+  return 2 * size ** 3 / min(times)
+
+
+def device_peak(device) -> tuple[float | None, str]:
+  kind = getattr(device, "device_kind", "") or ""
+  for name, peak in PEAK_FLOPS.items():
+    if name.lower() in kind.lower():
+      return peak, f"{name} bf16 peak"
+  if device.platform == "cpu":
+    return None, "measured float32 matmul rate"
+  return None, f"unknown device {kind!r}"
+
+
+def peak_memory_bytes(device) -> int:
+  stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+  if stats and "peak_bytes_in_use" in stats:
+    return int(stats["peak_bytes_in_use"])
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def build_config(args):
+  from bertjax import config_lib  # pylint: disable=g-import-not-at-top
+  here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  if args.config:
+    config = config_lib.load_config_file(args.config)
+  else:
+    sys.path.insert(0, here)
+    from configs.common import base_config, model_config  # pylint: disable=g-import-not-at-top
+    config = base_config()
+    with config.unlocked():
+      config.model = model_config(args.preset)
+    config.lock()
+  overrides = ["data.synthetic=True", "optimizer.warmup_steps=0", "total_steps=1000000"]
+  if args.batch_size:
+    overrides.append(f"batch_size={args.batch_size}")
+  if args.seq_len:
+    overrides += [f"max_seq_length={args.seq_len}"]
+  if args.objective:
+    overrides.append(f"objective='{args.objective}'")
+  if args.dtype:
+    overrides.append(f"model.dtype='{args.dtype}'")
+  if args.remat:
+    overrides.append("model.remat=True")
+  if args.dropout is not None:
+    overrides += [f"model.hidden_dropout_prob={args.dropout}",
+                  f"model.attention_probs_dropout_prob={args.dropout}"]
+  config_lib.apply_overrides(config, overrides + list(args.override or []))
+  if config.max_seq_length > config.model.max_position_embeddings:
+    config_lib.apply_overrides(config, [f"model.max_position_embeddings={config.max_seq_length}"])
+  return config
+
+
+def bench_jax(config, steps: int) -> dict:
+  import jax  # pylint: disable=g-import-not-at-top
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  from bertjax import inputs, optim, sharding, train  # pylint: disable=g-import-not-at-top
+  from bertjax.objectives import get_objective  # pylint: disable=g-import-not-at-top
+
+  objective = get_objective(config)
+  cfg = objective.model_config(config)
+  model = objective.make_model(cfg)
+  optimizer = optim.make_optimizer(config, num_layers=cfg.num_hidden_layers)
+  mesh = sharding.make_mesh(config.mesh_shape)
+  rules = sharding.rules_from_config(config)
+  state, shardings, _ = train.create_train_state(
+      objective, model, optimizer, config, mesh,
+      objective.init_batch(1, config.max_seq_length, config.max_predictions_per_seq))
+  n_params = sum(x.size for x in jax.tree.leaves(state.params))
+  data = objective.build_inputs(config, None) if not config.data.synthetic else None
+  batches = (data.train if data else
+             inputs.SyntheticBatches(config, cfg.vocab_size, config.seed, config.batch_size))
+  host_batches = [next(batches) for _ in range(min(steps, 4))]
+  step_fn = jax.jit(train.make_train_step(objective, model, optimizer, config.grad_accum_steps),
+                    in_shardings=(shardings, sharding.batch_sharding(mesh)),
+                    out_shardings=(shardings, sharding.replicated(mesh)), donate_argnums=(0,))
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    batch0 = sharding.shard_batch(host_batches[0], mesh)
+    t = time.perf_counter()
+    compiled = step_fn.lower(state, batch0).compile()
+    compile_s = time.perf_counter() - t
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    xla_flops = float(cost.get("flops", 0.0)) if cost else 0.0
+    device_batches = [sharding.shard_batch(b, mesh) for b in host_batches]
+    state, m = compiled(state, device_batches[0])  # warm-up
+    jax.block_until_ready(m)
+    times = []
+    for k in range(steps):
+      t = time.perf_counter()
+      state, m = compiled(state, device_batches[k % len(device_batches)])
+      jax.block_until_ready((state.step, m))
+      times.append(time.perf_counter() - t)
+  step_s = statistics.median(times)
+  tokens = config.batch_size * config.max_seq_length
+  device = jax.devices()[0]
+  flops = model_flops_per_token(cfg, config.max_seq_length, config.max_predictions_per_seq,
+                                pair_head=getattr(objective, "pair_head", False))
+  hw_per_token = flops["total"] + (flops["encoder"] / 3 + flops["attention"] / 3 if cfg.remat else 0)
+  peak, peak_source = device_peak(device)
+  if peak is None and device.platform == "cpu":
+    peak = measure_cpu_peak()
+  peak_total = peak * jax.device_count() if peak else None
+  tps = tokens / step_s
+  return {
+      "framework": "bertjax", "device": getattr(device, "device_kind", device.platform),
+      "num_devices": jax.device_count(), "objective": config.objective,
+      "batch_size": config.batch_size, "seq_len": config.max_seq_length,
+      "num_predictions": config.max_predictions_per_seq, "dtype": cfg.dtype, "remat": cfg.remat,
+      "num_params": int(n_params), "tokens_per_s": tps, "step_time_s": step_s,
+      "step_time_min_s": min(times), "compile_time_s": compile_s,
+      "peak_memory_bytes": peak_memory_bytes(device),
+      "model_flops_per_token": flops["total"], "flops_breakdown": flops,
+      "hardware_flops_per_token": hw_per_token,
+      "xla_flops_per_token": xla_flops / tokens if xla_flops else None,
+      "peak_flops": peak_total, "peak_source": peak_source,
+      "mfu": tps * flops["total"] / peak_total if peak_total else None,
+      "hfu": tps * hw_per_token / peak_total if peak_total else None,
+      "jax_version": jax.__version__,
+  }
+
+
+def bench_torch(cfg, batch_size: int, seq_len: int, num_predictions: int, steps: int,
+                learning_rate: float) -> dict:
+  """transformers' BertForPreTraining in PyTorch (eager), AdamW, at the same shapes."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  torch.manual_seed(0)
+  hf_cfg = transformers.BertConfig(
+      vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_hidden_layers,
+      num_attention_heads=cfg.num_attention_heads, intermediate_size=cfg.intermediate_size,
+      hidden_act=cfg.hidden_act, hidden_dropout_prob=cfg.hidden_dropout_prob,
+      attention_probs_dropout_prob=cfg.attention_probs_dropout_prob,
+      max_position_embeddings=max(cfg.max_position_embeddings, seq_len),
+      type_vocab_size=cfg.type_vocab_size)
+  model = transformers.BertForPreTraining(hf_cfg).train()
+  opt = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
+  rng = np.random.default_rng(0)
+  ids = torch.tensor(rng.integers(5, cfg.vocab_size, (batch_size, seq_len)))
+  labels = torch.full((batch_size, seq_len), -100)
+  for r in range(batch_size):
+    pos = rng.choice(np.arange(1, seq_len), num_predictions, replace=False)
+    labels[r, pos] = ids[r, pos]
+  nsp = torch.tensor(rng.integers(0, 2, batch_size))
+  mask = torch.ones_like(ids)
+  types = torch.zeros_like(ids)
+
+  def step():
+    opt.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels,
+                next_sentence_label=nsp)
+    out.loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+  step()
+  times = []
+  for _ in range(steps):
+    t = time.perf_counter()
+    step()
+    times.append(time.perf_counter() - t)
+  step_s = statistics.median(times)
+  return {"framework": "hf-torch", "tokens_per_s": batch_size * seq_len / step_s,
+          "step_time_s": step_s, "torch_threads": torch.get_num_threads(),
+          "peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+          "torch_version": torch.__version__, "transformers_version": transformers.__version__}
+
+
+def _torch_subprocess(config, steps: int) -> dict:
+  """Runs the PyTorch reference in its own process, so its peak memory is its own."""
+  spec = {"model": config.model.to_dict(), "batch_size": config.batch_size,
+          "seq_len": config.max_seq_length, "num_predictions": config.max_predictions_per_seq,
+          "steps": steps, "learning_rate": config.learning_rate}
+  r = subprocess.run([sys.executable, "-m", "bertjax.benchmark", "--_torch_worker", json.dumps(spec)],
+                     capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(
+                         os.path.abspath(__file__))), timeout=3600)
+  if r.returncode != 0:
+    from bertjax.errors import fail  # pylint: disable=g-import-not-at-top
+    last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+    fail(f"the PyTorch reference failed ({last}); install requirements-dev.txt for --compare hf-torch")
+  return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--preset", default="bert-mini", help="a model preset (bertjax.models.presets)")
+  parser.add_argument("--config", help="any experiment config (data is replaced by synthetic batches)")
+  parser.add_argument("--batch_size", type=int)
+  parser.add_argument("--seq_len", type=int)
+  parser.add_argument("--objective")
+  parser.add_argument("--steps", type=int, default=10)
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"))
+  parser.add_argument("--remat", action="store_true")
+  parser.add_argument("--dropout", type=float, help="override both dropout rates")
+  parser.add_argument("--compare", choices=("hf-torch",))
+  parser.add_argument("--override", action="append", help="extra config override key=value")
+  parser.add_argument("--_torch_worker", help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  if args._torch_worker:  # pylint: disable=protected-access
+    from bertjax.models.config import ModelConfig  # pylint: disable=g-import-not-at-top
+    spec = json.loads(args._torch_worker)  # pylint: disable=protected-access
+    result = bench_torch(ModelConfig.from_dict(spec["model"]), spec["batch_size"], spec["seq_len"],
+                         spec["num_predictions"], spec["steps"], spec["learning_rate"])
+    print(json.dumps(result))
+    return result
+  config = build_config(args)
+  result = bench_jax(config, args.steps)
+  print(f"bertjax: {result['tokens_per_s']:.0f} tokens/s, step {result['step_time_s'] * 1e3:.1f} ms, "
+        f"compile {result['compile_time_s']:.1f} s, MFU {result['mfu'] or float('nan'):.3f} "
+        f"({result['peak_source']}), peak memory {result['peak_memory_bytes'] / 2**20:.0f} MiB")
+  if args.compare == "hf-torch":
+    ref = _torch_subprocess(config, args.steps)
+    result["reference"] = ref
+    result["speedup_vs_reference"] = result["tokens_per_s"] / ref["tokens_per_s"]
+    result["memory_ratio_vs_reference"] = result["peak_memory_bytes"] / ref["peak_memory_bytes"]
+    print(f"hf-torch: {ref['tokens_per_s']:.0f} tokens/s, step {ref['step_time_s'] * 1e3:.1f} ms, "
+          f"peak memory {ref['peak_memory_bytes'] / 2**20:.0f} MiB -> speedup "
+          f"{result['speedup_vs_reference']:.2f}x")
+  print(json.dumps(result))
+  return result
+
+
+if __name__ == "__main__":
+  from bertjax.errors import run_cli  # pylint: disable=g-import-not-at-top
+  run_cli(main)

@@ -1,0 +1,53 @@
+"""The benchmark runs and counts FLOPs as the hand count says (no speed thresholds here)."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from bertjax.benchmark import model_flops_per_token
+from bertjax.models.presets import preset
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_flop_count_matches_hand_count():
+  cfg = preset("bert-tiny")  # L=2, H=128, I=512, V=30522
+  flops = model_flops_per_token(cfg, seq_len=16, num_predictions=4, pair_head=True)
+  # Per layer: q, k, v, out (4 * 128 * 128) + MLP (2 * 128 * 512) weights; 6 FLOPs per weight.
+  assert flops["encoder"] == 6 * 2 * (4 * 128 * 128 + 2 * 128 * 512)
+  # Scores and weighted values: 12 * layers * seq * hidden.
+  assert flops["attention"] == 12 * 2 * 16 * 128
+  # MLM transform + tied decoder, only at 4 of 16 positions.
+  assert flops["mlm_head"] == pytest.approx(6 * (128 * 128 + 128 * 30522) * 4 / 16)
+  # Pooler + NSP classifier once per 16-token sequence.
+  assert flops["pair_head"] == pytest.approx(6 * (128 * 128 + 2 * 128) / 16)
+  assert flops["total"] == pytest.approx(2_359_296 + 49_152 + 5_884_800 + 6_240)
+
+
+def test_albert_counts_its_projection_and_shared_layers_once_per_use():
+  cfg = preset("albert-base")
+  flops = model_flops_per_token(cfg, seq_len=128, num_predictions=20, pair_head=True)
+  # Shared layers still cost FLOPs at every one of the 12 uses; E->H projection counted.
+  per_layer = 4 * 768 * 768 + 2 * 768 * 3072
+  assert flops["encoder"] == 6 * (12 * per_layer + 128 * 768)
+
+
+def test_benchmark_cli_reports_json_and_compares(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  r = subprocess.run([sys.executable, "-m", "bertjax.benchmark", "--preset", "bert-tiny",
+                      "--batch_size", "2", "--seq_len", "16", "--steps", "2",
+                      "--override", "max_predictions_per_seq=4", "--compare", "hf-torch"],
+                     cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  result = json.loads(r.stdout.strip().splitlines()[-1])
+  assert result["tokens_per_s"] > 0 and result["reference"]["tokens_per_s"] > 0
+  assert result["speedup_vs_reference"] == pytest.approx(
+      result["tokens_per_s"] / result["reference"]["tokens_per_s"])
+  assert result["model_flops_per_token"] == pytest.approx(
+      model_flops_per_token(preset("bert-tiny"), 16, 4)["total"])
+  assert 0 < result["mfu"] < 1
+  assert result["compile_time_s"] > 0 and result["peak_memory_bytes"] > 0
