@@ -17,6 +17,10 @@ def parse_args(argv):
   parser.add_argument("--workdir", required=True, help="where checkpoints, metrics and logs go")
   parser.add_argument("--sweep", help="experiments/<name>.py: run every point of a sweep")
   parser.add_argument("--dry_run", action="store_true", help="with --sweep: list points and commands")
+  parser.add_argument("--tpu", help="with --sweep: run every point on all workers of this TPU VM")
+  parser.add_argument("--zone", help="with --tpu: the TPU VM's zone")
+  parser.add_argument("--project", help="with --tpu: the TPU VM's Google Cloud project")
+  parser.add_argument("--hosts", help="with --sweep: h1,h2: one process per ssh host (GPU hosts)")
   args, rest = parser.parse_known_args(argv)
   overrides = [r for r in rest if r.startswith("--config.")]
   unknown = [r for r in rest if not r.startswith("--config.")]
@@ -24,6 +28,10 @@ def parse_args(argv):
     parser.error(f"unrecognized arguments: {' '.join(unknown)}")
   if not args.config and not args.sweep:
     parser.error("give --config configs/<exp>.py (or --sweep experiments/<name>.py)")
+  if args.sweep and args.config:
+    parser.error("--sweep takes the config from the sweep file; drop --config")
+  if not args.sweep and (args.dry_run or args.tpu or args.hosts):
+    parser.error("--dry_run, --tpu and --hosts go with --sweep experiments/<name>.py")
   return args, overrides
 
 
@@ -41,7 +49,15 @@ def configure_logging():
 def main(argv=None):
   args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
   configure_logging()
+  # Compiled steps are cached across runs (a resumed or repeated run skips most compilation).
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/bertjax/jax"))
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  if args.sweep:
+    from bertjax import sweep  # pylint: disable=g-import-not-at-top
+    record = sweep.run_sweep(args.sweep, args.workdir, dry_run=args.dry_run, tpu=args.tpu,
+                             zone=args.zone, project=args.project, hosts=args.hosts,
+                             overrides=overrides)
+    sys.exit(1 if record["failed"] else 0)
   from bertjax import config_lib, train  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config_file(args.config)
   config_lib.apply_overrides(config, overrides)
@@ -50,7 +66,11 @@ def main(argv=None):
     # On Cloud TPU every setting is discovered; on GPU hosts set the coordinator address, process
     # count and id through JAX's environment variables (see experiments/README.md).
     jax.distributed.initialize()
-  summary = train.train_and_evaluate(config, args.workdir)
+  if config.get("seeds"):  # several seeds: one run each into WORKDIR/seed_<n>
+    from bertjax import multiseed  # pylint: disable=g-import-not-at-top
+    summary = multiseed.run_seeds(config, args.workdir)
+  else:
+    summary = train.train_and_evaluate(config, args.workdir)
   print("summary: " + json.dumps(summary))
 
 

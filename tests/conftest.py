@@ -11,6 +11,13 @@ import pathlib
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+
+# One compilation cache for the suite and the runs it starts in subprocesses: many tests compile
+# the same tiny models, and a warm cache makes a repeated suite much faster.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
+    os.environ.get("TMPDIR", "/tmp"), "bertjax-test-jax-cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 DATA_DIR = pathlib.Path(os.environ.get("BERTJAX_DATA", REPO.parent / "shared" / "data"))
 
 
