@@ -1,0 +1,451 @@
+"""Result tables and plots of a sweep: `python -m bertjax.report DIR [--metric NAME]`.
+
+DIR is a sweep workdir (launch.py --sweep): its sweep.json lists the points; without one, every
+sub-folder holding a run is a point, its overrides read back from its name. Writes into DIR:
+
+  report.md        one row per point (overrides, status, steps, wall time, tokens/s, and each dev
+                   metric's final and best value; a failed point shows its log's last line);
+                   median, min-max and std over seeds of points that differ only by `seed`; the
+                   best point per task and metric; for GLUE points, the GLUE average.
+  train_loss.png   the training loss of every point on one chart (train_loss.json: the plotted
+                   arrays).
+  dev_vs_lr.png    the main dev metric against the learning rate, one series per setting of the
+                   other swept keys: each seed a dot, the median a line (dev_vs_lr.json: the data).
+
+Dev metrics are the rows of metrics.jsonl with split "eval": "final" is the last evaluation,
+"best" the best over the run (lowest for losses and perplexities, highest otherwise). tokens/s
+is the median over the logged training windows (the first includes compilation). The main
+metric is `--metric`, else GLUE's `score`, else `mlm_accuracy`, else the first non-loss metric.
+
+The GLUE average follows the papers: per task, the setting (the swept keys other than seed)
+with the best median dev score over seeds is chosen and its median metrics are reported; the
+average (`bertjax.evaluation.glue.glue_average`) leaves WNLI out and counts MNLI once, as the
+mean of matched and mismatched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import json
+import math
+import pathlib
+import statistics
+from typing import Any, Sequence
+
+from bertjax import sweep as sweep_lib
+from bertjax.errors import fail
+from bertjax.metric_writers import read_metrics
+
+SEED_KEYS = ("seed",)
+LR_KEY = "learning_rate"
+# Counters an evaluation logs next to its metrics: not metrics to compare.
+NOT_METRICS = {"step", "split", "examples"}
+
+
+@dataclasses.dataclass
+class PointResult:
+  name: str
+  overrides: dict[str, Any]
+  status: str
+  last_line: str | None
+  steps: int | None
+  wall_s: float | None
+  tokens_per_s: float | None
+  config: dict[str, Any]            # the resolved values (config.json, else sweep.json)
+  train_steps: list[int]
+  train_loss: list[float]
+  final: dict[str, float]           # the last evaluation's metrics
+  best: dict[str, float]            # each metric's best value over evaluations
+
+  @property
+  def task(self) -> str | None:
+    """The GLUE task of a fine-tuning point, else None."""
+    if self.config.get("objective") == "glue" and self.config.get("task"):
+      return str(self.config["task"])
+    return None
+
+  @property
+  def setting(self) -> tuple[tuple[str, str], ...]:
+    """The swept values other than the seed: points equal here are seeds of one setting."""
+    return tuple((k, repr(v)) for k, v in sorted(self.overrides.items()) if k not in SEED_KEYS)
+
+
+def lower_is_better(metric: str) -> bool:
+  return "loss" in metric or "perplexity" in metric
+
+
+def _is_metric(key: str, value: Any) -> bool:
+  return (key not in NOT_METRICS and not key.endswith("_examples")
+          and isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _read_json(path: pathlib.Path) -> Any:
+  try:
+    return json.loads(path.read_text())
+  except (OSError, ValueError):
+    return None
+
+
+def _overrides_from_name(name: str) -> dict[str, Any]:
+  """`learning_rate=0.001,seed=1` -> {learning_rate: 0.001, seed: 1} (for runs without
+  sweep.json)."""
+  out = {}
+  for part in name.split(","):
+    key, sep, text = part.partition("=")
+    if not sep:
+      return {}
+    try:
+      out[key] = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      out[key] = text
+  return out
+
+
+def _log_last_line(point_dir: pathlib.Path) -> str | None:
+  log = point_dir / "log.txt"
+  if not log.exists():
+    return None
+  text = log.read_text(errors="replace")
+  # Only the latest launch counts: the sweep writes a header line before each.
+  start = text.rfind("# bertjax.sweep ")
+  if start >= 0:
+    text = text[text.find("\n", start) + 1:]
+  return sweep_lib.last_line(text)
+
+
+def load_point(sweep_dir: pathlib.Path, entry: dict[str, Any]) -> PointResult:
+  """One point's results from its folder and its sweep.json entry."""
+  name = entry["name"]
+  point_dir = sweep_dir / name
+  rows = read_metrics(point_dir)
+  train = [r for r in rows if r.get("split") == "train" and r.get("loss") is not None]
+  evals = [r for r in rows if r.get("split") == "eval"]
+  final = {k: v for k, v in (evals[-1] if evals else {}).items() if _is_metric(k, v)}
+  best: dict[str, float] = {}
+  for row in evals:
+    for k, v in row.items():
+      if _is_metric(k, v):
+        better = min if lower_is_better(k) else max
+        best[k] = v if k not in best else better(best[k], v)
+  summary = _read_json(point_dir / "summary.json") or {}
+  config = {**entry.get("resolved", {}), **(_read_json(point_dir / "config.json") or {})}
+  total = int(entry.get("total_steps") or 0)
+  status = entry.get("status") or ("finished" if summary else "pending")
+  if sweep_lib.is_finished(point_dir, total):
+    status = "finished"
+  elif status in ("finished", "running"):
+    # sweep.json is stale (a killed sweep, a changed total_steps): the folder says otherwise.
+    status = "incomplete" if summary or rows else "pending"
+  last_line = None
+  if status != "finished":
+    last_line = entry.get("last_line") or _log_last_line(point_dir)
+  speeds = [r["tokens_per_s"] for r in train if isinstance(r.get("tokens_per_s"), (int, float))]
+  steps = summary.get("step") if isinstance(summary.get("step"), int) else (
+      train[-1]["step"] if train else None)
+  return PointResult(
+      name=name, overrides=dict(entry.get("overrides") or {}), status=status,
+      last_line=last_line, steps=steps, wall_s=entry.get("wall_s"),
+      tokens_per_s=statistics.median(speeds) if speeds else None, config=config,
+      train_steps=[int(r["step"]) for r in train], train_loss=[float(r["loss"]) for r in train],
+      final=final, best=best)
+
+
+def load_points(sweep_dir: str | pathlib.Path) -> list[PointResult]:
+  sweep_dir = pathlib.Path(sweep_dir)
+  if not sweep_dir.is_dir():
+    fail(f"sweep folder {sweep_dir} not found; pass the --workdir of a sweep")
+  record = _read_json(sweep_dir / "sweep.json")
+  if isinstance(record, dict) and record.get("points"):
+    entries = record["points"]
+  else:
+    entries = [{"name": d.name, "overrides": _overrides_from_name(d.name)}
+               for d in sorted(sweep_dir.iterdir())
+               if d.is_dir() and any((d / f).exists() for f in ("config.json", "log.txt",
+                                                               "metrics.jsonl"))]
+  if not entries:
+    fail(f"{sweep_dir} holds no sweep.json and no run folders; run a sweep into it first "
+         f"(python launch.py --sweep experiments/<name>.py --workdir {sweep_dir})")
+  return [load_point(sweep_dir, e) for e in entries]
+
+
+# ---------------------------------------------------------------------------------------------
+# Aggregates.
+
+
+def main_metric(points: Sequence[PointResult], requested: str | None = None) -> str | None:
+  names = [k for p in points for k in p.final]
+  if requested:
+    if requested not in names:
+      fail(f"--metric {requested!r} is not a dev metric of these points; use one of "
+           f"{', '.join(sorted(set(names))) or '(none: no evaluation yet)'}")
+    return requested
+  for candidate in ("score", "mlm_accuracy"):
+    if candidate in names:
+      return candidate
+  return next((k for k in names if not lower_is_better(k)), names[0] if names else None)
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+  return {"n": len(values), "median": statistics.median(values), "min": min(values),
+          "max": max(values), "std": statistics.pstdev(values) if len(values) > 1 else 0.0}
+
+
+def seed_groups(points: Sequence[PointResult]) -> list[dict[str, Any]]:
+  """Finished points that differ only by seed: per metric, the spread of the final values."""
+  groups: dict[tuple, list[PointResult]] = {}
+  for p in points:
+    if p.status == "finished" and any(k in p.overrides for k in SEED_KEYS):
+      groups.setdefault(p.setting, []).append(p)
+  out = []
+  for setting, members in groups.items():
+    if len(members) < 2:
+      continue
+    metrics = sorted({k for m in members for k in m.final})
+    out.append({
+        "setting": setting, "points": [m.name for m in members],
+        "seeds": [m.overrides.get("seed") for m in members],
+        "metrics": {k: spread([m.final[k] for m in members if k in m.final]) for k in metrics},
+    })
+  return out
+
+
+def best_points(points: Sequence[PointResult]) -> list[dict[str, Any]]:
+  """Per task (the GLUE task; '-' for pretraining) and dev metric: the point with the best
+  final value."""
+  out = []
+  by_task: dict[str, list[PointResult]] = {}
+  for p in points:
+    if p.final:
+      by_task.setdefault(p.task or "-", []).append(p)
+  for task, members in by_task.items():
+    for metric in sorted({k for m in members for k in m.final}):
+      have = [m for m in members if metric in m.final]
+      pick = (min if lower_is_better(metric) else max)(have, key=lambda m: m.final[metric])
+      out.append({"task": task, "metric": metric, "value": pick.final[metric], "point": pick.name})
+  return out
+
+
+def _glue_metrics(task: str, final: dict[str, float]) -> dict[str, dict[str, float]] | None:
+  """A point's final eval row -> {glue task name: glue_metrics dict} (MNLI: both dev sets)."""
+  from bertjax.evaluation import glue  # pylint: disable=g-import-not-at-top
+  if task == "mnli":
+    parts = {"mnli_matched": "matched_", "mnli_mismatched": "mismatched_"}
+  else:
+    parts = {task: ""}
+  out = {}
+  for name, prefix in parts.items():
+    metrics = glue.get_task(name).metrics
+    if not all(prefix + m in final for m in metrics):
+      return None
+    out[name] = {m: final[prefix + m] for m in metrics}
+  return out
+
+
+def glue_summary(points: Sequence[PointResult]) -> dict[str, Any] | None:
+  """Per GLUE task the best setting by median dev score over seeds, and the GLUE average."""
+  from bertjax.evaluation import glue  # pylint: disable=g-import-not-at-top
+  settings: dict[str, dict[tuple, list[dict]]] = {}
+  for p in points:
+    if p.task and p.status == "finished":
+      parsed = _glue_metrics(p.task, p.final)
+      if parsed is not None:
+        settings.setdefault(p.task, {}).setdefault(p.setting, []).append(parsed)
+  if not settings:
+    return None
+  chosen, results = {}, {}
+  for task, by_setting in settings.items():
+    best = None
+    for setting, runs in by_setting.items():
+      medians = {name: {m: statistics.median(r[name][m] for r in runs) for m in runs[0][name]}
+                 for name in runs[0]}
+      score = statistics.mean(glue.glue_task_score(n, m) for n, m in medians.items())
+      if best is None or score > best["score"]:
+        best = {"setting": setting, "seeds": len(runs), "metrics": medians, "score": score}
+    chosen[task] = best
+    results.update(best["metrics"])
+  counted = [t for t in chosen if t != "wnli"]
+  average = glue.glue_average(results) if counted else None
+  return {"tasks": chosen, "average": average, "counted": counted}
+
+
+# ---------------------------------------------------------------------------------------------
+# Output.
+
+
+def _fmt(value: Any) -> str:
+  if value is None:
+    return ""
+  if isinstance(value, float):
+    return "nan" if math.isnan(value) else f"{value:.4g}"
+  return str(value)
+
+
+def _cell(text: Any) -> str:
+  return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _setting_text(setting: tuple[tuple[str, str], ...]) -> str:
+  # Values are reprs (so 1 and '1' group apart); strings read better without their quotes.
+  return ", ".join(f"{k}={v.strip(chr(39))}" for k, v in setting) or "(base)"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+  return lines
+
+
+def render_markdown(sweep_dir: pathlib.Path, points: Sequence[PointResult], metric: str | None,
+                    groups: list[dict], best: list[dict], glue_result: dict | None) -> str:
+  keys = sorted({k for p in points for k in p.overrides})
+  metrics = sorted({k for p in points for k in p.final})
+  if metric in metrics:  # the main metric first
+    metrics.remove(metric)
+    metrics.insert(0, metric)
+  lines = [f"# Sweep report: {sweep_dir}", ""]
+  counts = {s: sum(p.status == s for p in points) for s in sorted({p.status for p in points})}
+  lines.append(f"{len(points)} points: " + ", ".join(f"{n} {s}" for s, n in counts.items())
+               + (f". Main dev metric: `{metric}`." if metric else "."))
+  lines += ["", "## Points", "", "Dev metrics: final (best).", ""]
+  header = ["point", *keys, "status", "steps", "wall s", "tokens/s",
+            *[f"dev {m}" for m in metrics]]
+  rows = []
+  for p in points:
+    status = p.status if p.status == "finished" or not p.last_line else \
+        f"{p.status}: {p.last_line}"
+    row = [p.name, *[_fmt(p.overrides.get(k)) for k in keys], status, _fmt(p.steps),
+           _fmt(p.wall_s), _fmt(p.tokens_per_s)]
+    row += [f"{_fmt(p.final[m])} ({_fmt(p.best[m])})" if m in p.final else "" for m in metrics]
+    rows.append(row)
+  lines += _table(header, rows)
+  if groups:
+    lines += ["", "## Over seeds", "", "Final dev metrics: median [min, max] ± std.", ""]
+    header = ["setting", "seeds", *metrics]
+    rows = []
+    for g in groups:
+      row = [_setting_text(g["setting"]), ",".join(str(s) for s in g["seeds"])]
+      for m in metrics:
+        s = g["metrics"].get(m)
+        row.append(f"{_fmt(s['median'])} [{_fmt(s['min'])}, {_fmt(s['max'])}] ± {_fmt(s['std'])}"
+                   if s else "")
+      rows.append(row)
+    lines += _table(header, rows)
+  if glue_result:
+    lines += ["", "## GLUE", "", "Per task, the setting with the best median dev score over "
+              "seeds; its median metrics.", ""]
+    rows = []
+    for task, c in glue_result["tasks"].items():
+      shown = "; ".join(f"{n} " + ", ".join(f"{k} {_fmt(v)}" for k, v in m.items())
+                        for n, m in c["metrics"].items())
+      rows.append([task, _setting_text(c["setting"]), c["seeds"], shown, _fmt(c["score"])])
+    lines += _table(["task", "setting", "seeds", "median dev metrics", "score"], rows)
+    if glue_result["average"] is not None:
+      lines += ["", f"**GLUE average: {_fmt(glue_result['average'])}** over "
+                f"{', '.join(glue_result['counted'])} (WNLI excluded; MNLI = mean of matched and "
+                f"mismatched)."]
+  if best:
+    lines += ["", "## Best point per task and dev metric", ""]
+    lines += _table(["task", "metric", "best final", "point"],
+                    [[b["task"], b["metric"], _fmt(b["value"]), b["point"]] for b in best])
+  return "\n".join(lines) + "\n"
+
+
+def _figure():
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")  # files only: no display on servers and in tests
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  return plt, *plt.subplots(figsize=(8, 5), dpi=100)
+
+
+def plot_train_loss(points: Sequence[PointResult], path: pathlib.Path) -> dict[str, Any]:
+  """One line per point with logged training loss; the plotted arrays go to path.json."""
+  plt, fig, ax = _figure()
+  curves = []
+  for p in points:
+    if p.train_steps:
+      ax.plot(p.train_steps, p.train_loss, label=p.name, marker="." if len(p.train_steps) < 30
+              else None)
+      curves.append({"point": p.name, "steps": p.train_steps, "loss": p.train_loss})
+  ax.set_xlabel("step")
+  ax.set_ylabel("training loss")
+  ax.set_title("training loss")
+  if curves:
+    ax.legend(fontsize=7, loc="best")
+  else:
+    ax.text(0.5, 0.5, "no training metrics yet", ha="center", transform=ax.transAxes)
+  fig.tight_layout()
+  fig.savefig(path)
+  plt.close(fig)
+  data = {"curves": curves}
+  path.with_suffix(".json").write_text(json.dumps(data, indent=1))
+  return data
+
+
+def plot_dev_vs_lr(points: Sequence[PointResult], metric: str | None,
+                   path: pathlib.Path) -> dict[str, Any]:
+  """The final dev `metric` against the learning rate: per setting of the other swept keys,
+  a dot per seed and a line through the medians."""
+  plt, fig, ax = _figure()
+  series: dict[tuple, dict[float, list[tuple[float, str]]]] = {}
+  for p in points:
+    lr = p.config.get(LR_KEY)
+    if metric and metric in p.final and isinstance(lr, (int, float)):
+      setting = tuple(kv for kv in p.setting if kv[0] != LR_KEY)
+      series.setdefault(setting, {}).setdefault(float(lr), []).append((p.final[metric], p.name))
+  data = {"metric": metric, "series": []}
+  for setting, by_lr in series.items():
+    lrs = sorted(by_lr)
+    medians = [statistics.median(v for v, _ in by_lr[lr]) for lr in lrs]
+    label = _setting_text(setting) if setting else "all points"
+    line, = ax.plot(lrs, medians, marker="o", label=label)
+    xs = [lr for lr in lrs for _ in by_lr[lr]]
+    ys = [v for lr in lrs for v, _ in by_lr[lr]]
+    ax.scatter(xs, ys, s=12, alpha=0.5, color=line.get_color())
+    data["series"].append({"label": label, "learning_rate": lrs, "median": medians,
+                           "points": [{"learning_rate": lr, "value": v, "point": n}
+                                      for lr in lrs for v, n in by_lr[lr]]})
+  ax.set_xscale("log")
+  ax.set_xlabel("learning rate")
+  ax.set_ylabel(f"dev {metric}" if metric else "dev metric")
+  ax.set_title(f"dev {metric} vs learning rate" if metric else "no dev metrics yet")
+  if data["series"]:
+    ax.legend(fontsize=7, loc="best")
+  else:
+    ax.text(0.5, 0.5, "no dev metric with a learning rate yet", ha="center",
+            transform=ax.transAxes)
+  fig.tight_layout()
+  fig.savefig(path)
+  plt.close(fig)
+  path.with_suffix(".json").write_text(json.dumps(data, indent=1))
+  return data
+
+
+def write_report(sweep_dir: str | pathlib.Path, metric: str | None = None) -> dict[str, Any]:
+  """Writes report.md, train_loss.png and dev_vs_lr.png (with .json data) into `sweep_dir`."""
+  sweep_dir = pathlib.Path(sweep_dir)
+  points = load_points(sweep_dir)
+  metric = main_metric(points, metric)
+  groups, best, glue_result = seed_groups(points), best_points(points), glue_summary(points)
+  text = render_markdown(sweep_dir, points, metric, groups, best, glue_result)
+  (sweep_dir / "report.md").write_text(text)
+  plot_train_loss(points, sweep_dir / "train_loss.png")
+  plot_dev_vs_lr(points, metric, sweep_dir / "dev_vs_lr.png")
+  return {"points": points, "metric": metric, "seed_groups": groups, "best": best,
+          "glue": glue_result, "markdown": text}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("sweep_dir", help="the --workdir of a sweep")
+  parser.add_argument("--metric", help="the dev metric to plot against the learning rate")
+  args = parser.parse_args(argv)
+  report = write_report(args.sweep_dir, args.metric)
+  print(report["markdown"])
+  print(f"wrote {pathlib.Path(args.sweep_dir) / 'report.md'}, train_loss.png, dev_vs_lr.png")
+
+
+if __name__ == "__main__":
+  from bertjax.errors import run_cli  # pylint: disable=g-import-not-at-top
+  run_cli(main)
