@@ -24,13 +24,13 @@ def get_config(arg=None):
                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
   c.total_steps = 300
   c.batch_size = 32
-  c.learning_rate = 2e-3
-  c.max_seq_length = 64
-  c.max_predictions_per_seq = 10
+  c.learning_rate = 1e-3
+  c.max_seq_length = 128
+  c.max_predictions_per_seq = 20
   c.log_every = 25
   c.eval_every = 100
   c.checkpoint_every = 100
-  c.optimizer.warmup_steps = 20
+  c.optimizer.warmup_steps = 30
   c.data.corpus = str(SAMPLE)
   c.data.format = "wikitext"
   c.data.vocab_size = vocab
@@ -39,6 +39,8 @@ def get_config(arg=None):
   if arg == "runlocal":
     c.total_steps = 20
     c.batch_size = 8
+    c.max_seq_length = 64
+    c.max_predictions_per_seq = 10
     c.log_every = 5
     c.eval_every = 10
     c.checkpoint_every = 10
