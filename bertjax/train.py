@@ -283,9 +283,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     fail(f"the tokenizer has {data.vocab_size} tokens but model.vocab_size is "
          f"{model_cfg.vocab_size}; set --config.model.vocab_size={data.vocab_size}")
   model = objective.make_model(model_cfg)
-  optimizer = optim.make_optimizer(config, num_layers=model_cfg.num_hidden_layers)
-
   init_batch = objective.init_batch(1, config.max_seq_length, config.max_predictions_per_seq)
+  # The optimizer sees the parameter tree (shapes only) for per-layer learning-rate scales.
+  abstract_params = nn.meta.unbox(jax.eval_shape(
+      lambda r: objective.init_params(model, r, init_batch), jax.random.key(0)))
+  optimizer = optim.make_optimizer(config, params=abstract_params,
+                                   num_layers=model_cfg.num_hidden_layers)
   state, state_shardings, abstract_state = create_train_state(
       objective, model, optimizer, config, mesh, init_batch)
   n_params = sum(x.size for x in jax.tree.leaves(state.params))

@@ -81,6 +81,16 @@ class Tokenizer(abc.ABC):
     """`encode` over many texts; backends override this with a faster batched call."""
     return [self.encode(t) for t in texts]
 
+  def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """Token ids of `text` (as `encode`) and each token's `[start, end)` character span in it.
+
+    Spans index the original `text` (before lower-casing or other normalization) and exclude
+    surrounding whitespace, so `text[start:end]` is the token's own surface; a token that only
+    stands for whitespace (sentencepiece's lone '▁') gets an empty span at its position.
+    Extractive QA uses these to map an answer span back to the exact context substring.
+    """
+    raise NotImplementedError(f"{type(self).__name__} does not give character offsets")
+
   @abc.abstractmethod
   def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
     """Text of `ids`; special tokens are dropped unless `skip_special_tokens` is False."""
@@ -144,6 +154,27 @@ class Tokenizer(abc.ABC):
             f"lowercase={self.lowercase})")
 
 
+def _byte_to_char(text: str) -> list[int]:
+  """For each UTF-8 byte offset 0..len(bytes) of `text`, the index of the character it falls in.
+
+  Offsets inside a multi-byte character map to that character; len(bytes) maps to len(text).
+  """
+  out = []
+  for i, ch in enumerate(text):
+    out.extend([i] * len(ch.encode("utf-8")))
+  out.append(len(text))
+  return out
+
+
+def _trim_span(text: str, start: int, end: int) -> tuple[int, int]:
+  """[start, end) without leading/trailing whitespace; an all-space span becomes empty at end."""
+  while start < end and text[start].isspace():
+    start += 1
+  while end > start and text[end - 1].isspace():
+    end -= 1
+  return start, end
+
+
 class SentencePieceTokenizer(Tokenizer):
   """A sentencepiece model (unigram or BPE) whose ids 0..4 are [PAD] [UNK] [CLS] [SEP] [MASK]."""
 
@@ -176,6 +207,17 @@ class SentencePieceTokenizer(Tokenizer):
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     return self._sp.encode(list(texts), out_type=int)
+
+  def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    # The proto's pieces carry begin/end as UTF-8 byte offsets into the original input
+    # (sentencepiece tracks them through its normalizer); map them to character offsets.
+    proto = self._sp.encode(text, return_type="proto")
+    byte_to_char = _byte_to_char(text)
+    ids, offsets = [], []
+    for piece in proto.pieces:
+      ids.append(int(piece.id))
+      offsets.append(_trim_span(text, byte_to_char[piece.begin], byte_to_char[piece.end]))
+    return ids, offsets
 
   def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
     ids = [int(i) for i in ids]
@@ -236,6 +278,12 @@ class _HFTokenizer(Tokenizer):
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+  def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    # `tokenizers` aligns through its normalizer, so offsets are characters of `text`; byte-level
+    # BPE includes the leading space in a 'Ġ' token's span, which _trim_span removes.
+    encoding = self._tok.encode(text, add_special_tokens=False)
+    return list(encoding.ids), [_trim_span(text, a, b) for a, b in encoding.offsets]
 
   def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
     return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)

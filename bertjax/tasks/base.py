@@ -1,0 +1,504 @@
+"""Shared machinery of the fine-tuning tasks: tokenizer, model, batches, predictions, schedule.
+
+A task is an `Objective` whose `build_inputs` reads a labelled data set, tokenizes it into
+fixed-length feature rows and returns a `FeatureIterator` for training, and whose `evaluate`
+predicts every dev example, writes prediction files and scores them.
+
+- Tokenizer: `config.data.tokenizer` if set, else the one saved with `config.init_from` (a
+  converted checkpoint or a training workdir); with neither, a sentencepiece model is trained on
+  the task's own training text into WORKDIR/tokenizer (random-init runs and smoke tests).
+- Model config: `config.init_from`'s (model.json or config.json), keeping the experiment's
+  dropout, dtype and remat settings; without init_from, `config.model`.
+- Schedule: `total_steps == 0` derives the steps from `num_epochs` and the number of training
+  rows; `eval_every == 0` evaluates once per epoch (and at the end).
+- Evaluation pads the final partial batch with copies of row 0 whose `weight` is 0, and drops
+  those rows again after gathering, so every dev feature gets exactly one prediction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import pathlib
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax import checkpoints, inputs, sharding
+from bertjax.data import tokenizers
+from bertjax.errors import fail
+from bertjax.models.config import ModelConfig
+from bertjax.models.encoder import Encoder
+from bertjax.models.heads import ClassificationHead, TokenHead
+from bertjax.objectives.base import Objective
+
+_log = logging.getLogger(__name__)
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+# Settings of `config.model` that still apply when the architecture comes from init_from: they
+# change how the encoder is trained or computed, not which parameters it has.
+RUN_SETTINGS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dtype", "remat")
+REPO = pathlib.Path(__file__).resolve().parent.parent.parent
+
+
+def announce(message: str) -> None:
+  """Says what a run decided about its data: in the log, or on stdout where nothing shows the
+  log (a library call without logging set up), so the line is seen exactly once."""
+  _log.info(message)
+  shown = _log.isEnabledFor(logging.INFO) and logging.getLogger().handlers
+  if jax.process_index() == 0 and not shown:
+    print(message, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Models.
+
+
+class SequenceClassifier(nn.Module):
+  """Encoder + classification (or regression) head on the pooled [CLS] output.
+
+  Call: input_ids, attention_mask, token_type_ids <int32>[batch, seq] -> logits
+  <float32>[batch, num_labels]. Encoders without a pooler (ELECTRA) feed the [CLS] hidden state.
+  """
+  config: ModelConfig
+  num_labels: int
+
+  @nn.compact
+  def __call__(self, input_ids, attention_mask, token_type_ids, deterministic: bool = True):
+    # The name "encoder" is what lets `init_from` restore a pretrained encoder into this model.
+    out = Encoder(self.config, name="encoder")(input_ids, attention_mask, token_type_ids,
+                                               deterministic=deterministic)
+    pooled = out.pooler_output if out.pooler_output is not None else out.last_hidden_state[:, 0]
+    return ClassificationHead(self.config, self.num_labels, name="classifier")(pooled,
+                                                                             deterministic)
+
+
+class TokenClassifier(nn.Module):
+  """Encoder + per-token head: tags (NER/POS) or start/end logits (extractive QA, 2 labels).
+
+  Call: input_ids, attention_mask, token_type_ids <int32>[batch, seq] -> logits
+  <float32>[batch, seq, num_labels].
+  """
+  config: ModelConfig
+  num_labels: int
+  head_name: str = "classifier"
+
+  @nn.compact
+  def __call__(self, input_ids, attention_mask, token_type_ids, deterministic: bool = True):
+    out = Encoder(self.config, name="encoder")(input_ids, attention_mask, token_type_ids,
+                                               deterministic=deterministic)
+    return TokenHead(self.config, self.num_labels, name=self.head_name)(out.last_hidden_state,
+                                                                        deterministic)
+
+
+# ---------------------------------------------------------------------------------------------
+# Batching.
+
+
+def stack(rows: Sequence[Mapping[str, Any]], keys: Sequence[str] | None = None,
+          dtypes: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
+  """A list of per-feature dicts -> one array per key with a leading [rows] axis."""
+  if not rows:
+    return {}
+  keys = list(keys or rows[0].keys())
+  dtypes = dtypes or {}
+  return {k: np.asarray([r[k] for r in rows], dtype=dtypes.get(k)) for k in keys}
+
+
+def num_rows(arrays: Mapping[str, np.ndarray]) -> int:
+  return len(next(iter(arrays.values()))) if arrays else 0
+
+
+def pad_row(ids: Sequence[int], length: int, value: int) -> list[int]:
+  return list(ids) + [value] * (length - len(ids))
+
+
+class FeatureIterator:
+  """Training batches of feature rows, reshuffled every epoch; resumes exactly.
+
+  The stream is the concatenation of one permutation of the rows per epoch (permutation e drawn
+  from (seed, e)); a batch takes the next `batch_size` positions, so batches run across epoch
+  boundaries as BERT's repeated tf.data pipeline does. Each process yields its own slice of every
+  global batch. The state is the stream position.
+  """
+
+  def __init__(self, arrays: Mapping[str, np.ndarray], batch_size: int, seed: int,
+               process_index: int = 0, process_count: int = 1):
+    self.arrays = dict(arrays)
+    self.n = num_rows(self.arrays)
+    if self.n == 0:
+      fail("no training examples left after reading and filtering the data; check the files "
+           "and --config.max_train_examples")
+    if batch_size % process_count:
+      fail(f"batch_size={batch_size} must be divisible by the process count {process_count}")
+    self.batch_size, self.seed = batch_size, seed
+    self.per_process = batch_size // process_count
+    self.process_index = process_index
+    self.position = 0
+    self._epoch, self._order = -1, None
+
+  def _permutation(self, epoch: int) -> np.ndarray:
+    if epoch != self._epoch:
+      self._epoch = epoch
+      self._order = np.random.default_rng([self.seed, epoch]).permutation(self.n)
+    return self._order
+
+  def indices(self, position: int) -> np.ndarray:
+    """Row indices of the global batch starting at stream `position`."""
+    pos = np.arange(position, position + self.batch_size)
+    epochs, within = pos // self.n, pos % self.n
+    out = np.empty(self.batch_size, np.int64)
+    for e in np.unique(epochs):
+      sel = epochs == e
+      out[sel] = self._permutation(int(e))[within[sel]]
+    return out
+
+  def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    idx = self.indices(self.position)
+    self.position += self.batch_size
+    lo = self.process_index * self.per_process
+    idx = idx[lo:lo + self.per_process]
+    return {k: v[idx] for k, v in self.arrays.items()}
+
+  def get_state(self) -> dict:
+    return {"position": int(self.position), "num_rows": int(self.n), "seed": int(self.seed)}
+
+  def set_state(self, state: Mapping[str, Any]) -> None:
+    rows = int(state.get("num_rows", self.n))
+    if rows != self.n:
+      fail(f"the checkpoint was trained on {rows} training rows, the data now gives {self.n}; "
+           "use the same data and settings to resume, or a new --workdir")
+    self.position = int(state.get("position", 0))
+
+
+@dataclasses.dataclass
+class EvalSet:
+  """One evaluation split: model-input rows plus what the host needs to decode them.
+
+  arrays: what goes to the device, one row per feature (MODEL_INPUTS and labels).
+  meta: host-side information (example ids, offsets, gold labels), task-specific.
+  """
+  name: str
+  arrays: dict[str, np.ndarray]
+  meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  @property
+  def num_rows(self) -> int:
+    return num_rows(self.arrays)
+
+
+def eval_batch_size(config, mesh) -> int:
+  """Rows per evaluation batch: `eval_batch_size`, or the training micro-batch."""
+  size = int(config.get("eval_batch_size", 0) or config.batch_size // config.grad_accum_steps)
+  dp = sharding.data_parallel_size(mesh)
+  if size <= 0 or size % dp or size % jax.process_count():
+    fail(f"eval_batch_size={size} must be a positive multiple of the data-parallel size {dp} and "
+         f"the process count {jax.process_count()}; set --config.eval_batch_size")
+  return size
+
+
+def padded_batches(arrays: Mapping[str, np.ndarray], batch_size: int, process_index: int = 0,
+                   process_count: int = 1) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
+  """Fixed-size batches over all rows; the last one padded with row 0 at weight 0.
+
+  Yields (this process's slice of the batch, with a float32 `weight` of 1 for real rows and 0 for
+  padding; the global <bool>[batch_size] validity of the whole batch).
+  """
+  n = num_rows(arrays)
+  per = batch_size // process_count
+  for start in range(0, n, batch_size):
+    idx = np.arange(start, start + batch_size)
+    valid = idx < n
+    idx = np.where(valid, idx, 0)
+    mine = slice(process_index * per, (process_index + 1) * per)
+    batch = {k: v[idx[mine]] for k, v in arrays.items()}
+    batch["weight"] = valid[mine].astype(np.float32)
+    yield batch, valid
+
+
+def _to_host(x: jax.Array) -> np.ndarray:
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(jax.device_get(x))
+
+
+# ---------------------------------------------------------------------------------------------
+# Data sources.
+
+
+def open_tfds(name: str, split: str, data_dir: str | None):
+  """`tfds.data_source(name, split)` of a dataset built locally; never downloads."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  # Importing these registers glue, conll2003 (text) and squad (question_answering).
+  import tensorflow_datasets.question_answering  # pylint: disable=g-import-not-at-top,unused-import
+  import tensorflow_datasets.text  # pylint: disable=g-import-not-at-top,unused-import
+  absl_logger = logging.getLogger("absl")
+  level = absl_logger.level
+  absl_logger.setLevel(logging.ERROR)  # tfds logs multi-line notes while probing folders
+  build = (f"build it with `tfds build {name} --file_format array_record` (or set "
+           "--config.data_dir to local files in the official format)")
+  try:
+    return tfds.data_source(name, split=split, data_dir=data_dir or None, download=False)
+  except tfds.core.registered.DatasetNotFoundError:
+    fail(f"tfds has no dataset {name!r}; check --config.task")
+  except NotImplementedError:
+    fail(f"tfds {name} is not built in ArrayRecord format (nothing is downloaded); {build}")
+  except (AssertionError, FileNotFoundError, ValueError, KeyError) as e:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    fail(f"cannot open tfds {name} split {split} ({first[:200]}); {build}")
+  finally:
+    absl_logger.setLevel(level)
+
+
+def text(value: Any) -> str:
+  """A tfds text feature (bytes, numpy scalar or str) as str."""
+  if isinstance(value, np.ndarray):
+    value = value.item()
+  if isinstance(value, bytes):
+    return value.decode("utf-8")
+  return str(value)
+
+
+def resolve_file(config, name: str, default: str) -> pathlib.Path:
+  """`name` (or `default`) inside `config.data_dir`; absolute paths are taken as they are."""
+  path = pathlib.Path(os.path.expanduser(name or default))
+  if not path.is_absolute():
+    path = pathlib.Path(os.path.expanduser(config.data_dir)) / path
+  return path
+
+
+def shared_data_dir(*parts: str) -> str:
+  """The project's test data folder (BERTJAX_DATA, else ../shared/data) joined with `parts`,
+  or "" when it is absent: configs' runlocal variants default to it so they run out of the box."""
+  root = pathlib.Path(os.environ.get("BERTJAX_DATA", REPO.parent / "shared" / "data"))
+  path = root.joinpath(*parts)
+  return str(path) if path.exists() else ""
+
+
+def parse_variant(arg: str | None, keys: Mapping[str, Sequence[str]], flags: Sequence[str],
+                  where: str) -> tuple[dict[str, str], set[str]]:
+  """`key=value,flag,...` of `configs/x.py:ARG` -> ({key: value}, {flags}).
+
+  keys: allowed keys and their allowed values (empty: any value).
+  """
+  values: dict[str, str] = {}
+  on: set[str] = set()
+  usage = ", ".join([f"{k}=..." for k in keys] + list(flags))
+  for item in filter(None, (arg or "").split(",")):
+    key, sep, value = (s.strip() for s in item.partition("="))
+    if sep:
+      if key not in keys:
+        fail(f"unknown {where} setting {key!r} in {arg!r}; use {usage}")
+      if keys[key] and value not in keys[key]:
+        fail(f"{where}: {key}={value!r} is not one of {', '.join(keys[key])}")
+      values[key] = value
+    elif key in flags:
+      on.add(key)
+    else:
+      fail(f"unknown {where} variant {item!r}; use {usage}")
+  return values, on
+
+
+# ---------------------------------------------------------------------------------------------
+# The task objective.
+
+
+class TaskObjective(Objective):
+  """Common parts of GLUE, SQuAD and NER; subclasses define data, model, loss and evaluation.
+
+  Subclasses implement `prepare(config, workdir) -> (train arrays, [EvalSet])` (setting
+  `self.tokenizer` via `load_tokenizer`), `build_model`, `feature_spec`, `outputs`
+  (per-row loss and predictions, used both by `loss` and by evaluation) and `evaluate`.
+  """
+  data_kind = "task"
+
+  def __init__(self, config):
+    super().__init__(config)
+    self.tokenizer: tokenizers.Tokenizer | None = None
+    self.eval_sets: list[EvalSet] = []
+    self.model: nn.Module | None = None
+    self.workdir: pathlib.Path | None = None
+    self._forward = None
+
+  # -- what subclasses define ------------------------------------------------------------------
+
+  def prepare(self, config, workdir: pathlib.Path) -> tuple[dict[str, np.ndarray], list[EvalSet]]:
+    raise NotImplementedError
+
+  def build_model(self, model_config: ModelConfig) -> nn.Module:
+    raise NotImplementedError
+
+  def feature_spec(self, seq_len: int) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """Per-row shape and dtype of every training array except MODEL_INPUTS and weight."""
+    raise NotImplementedError
+
+  def outputs(self, model: nn.Module, params, batch, rng, deterministic: bool) -> dict[str, Any]:
+    """Forward pass: {"loss": <float32>[batch] per-row loss (0 at weight 0), ...predictions,
+    "metrics": {name: (numerator, denominator)}}."""
+    raise NotImplementedError
+
+  def loss_denominator(self, batch) -> jax.Array:
+    """What per-row losses are summed and divided by: real rows of the whole batch."""
+    return jnp.maximum(jnp.sum(batch["weight"].astype(jnp.float32)), 1.0)
+
+  # -- the Objective contract ------------------------------------------------------------------
+
+  def model_config(self, config) -> ModelConfig:
+    if config.init_from:
+      fields = checkpoints.load_model_config(config.init_from)
+      for key in RUN_SETTINGS:
+        fields[key] = config.model[key]
+      cfg = ModelConfig.from_dict(fields)
+    else:
+      cfg = ModelConfig.from_dict(config.model.to_dict())
+    if config.max_seq_length > cfg.max_position_embeddings - cfg.position_offset:
+      fail(f"max_seq_length={config.max_seq_length} exceeds the model's "
+           f"{cfg.max_position_embeddings - cfg.position_offset} positions; lower "
+           "--config.max_seq_length")
+    return cfg
+
+  def make_model(self, model_config: ModelConfig) -> nn.Module:
+    self.model = self.build_model(model_config)
+    self._forward = None
+    return self.model
+
+  def init_batch(self, batch_size: int, seq_len: int, num_predictions: int) -> dict[str, Any]:
+    del num_predictions
+    batch = {k: jnp.zeros((batch_size, seq_len), jnp.int32) for k in MODEL_INPUTS}
+    batch["weight"] = jnp.zeros((batch_size,), jnp.float32)
+    for k, (shape, dtype) in self.feature_spec(seq_len).items():
+      batch[k] = jnp.zeros((batch_size, *shape), dtype)
+    return batch
+
+  def model_inputs(self, batch) -> dict[str, Any]:
+    return {k: batch[k] for k in MODEL_INPUTS}
+
+  def denominators(self, batch) -> dict[str, jax.Array]:
+    return {"loss": self.loss_denominator(batch)}
+
+  def loss(self, model, params, batch, rng, denominators, deterministic):
+    out = self.outputs(model, params, batch, rng, deterministic)
+    return jnp.sum(out["loss"]) / denominators["loss"], out["metrics"]
+
+  def build_inputs(self, config, workdir) -> inputs.Inputs:
+    self.config = config
+    self.workdir = pathlib.Path(workdir)
+    train_arrays, self.eval_sets = self.prepare(config, self.workdir)
+    for s in self.eval_sets:
+      if s.num_rows == 0:
+        fail(f"the {s.name} set of {self.name} has no examples; check the data files")
+    n = num_rows(train_arrays)
+    train_arrays["weight"] = np.ones((n,), np.float32)
+    resolve_schedule(config, n, self.name)
+    train = FeatureIterator(train_arrays, config.batch_size, config.seed, jax.process_index(),
+                            jax.process_count())
+    micro_batch = config.batch_size // config.grad_accum_steps
+
+    def eval_batches() -> Iterator[dict[str, np.ndarray]]:
+      # The generic view of the eval rows (the trainer's default evaluation reads these);
+      # this task's own `evaluate` decodes EvalSets directly.
+      size = int(config.get("eval_batch_size", 0) or micro_batch)
+      for s in self.eval_sets:
+        for batch, _ in padded_batches(s.arrays, size, jax.process_index(), jax.process_count()):
+          yield batch
+
+    return inputs.Inputs(train=train, eval_batches=eval_batches,
+                         vocab_size=self.tokenizer.vocab_size, tokenizer=self.tokenizer)
+
+  # -- helpers for subclasses ------------------------------------------------------------------
+
+  def load_tokenizer(self, config, workdir: pathlib.Path,
+                     train_texts: Callable[[], Iterable[str]]) -> tokenizers.Tokenizer:
+    """data.tokenizer, else init_from's tokenizer/, else one trained on the task's text."""
+    if config.data.tokenizer:
+      tok = tokenizers.load_tokenizer(os.path.expanduser(config.data.tokenizer))
+    elif config.init_from:
+      tok = tokenizers.load_tokenizer(checkpoints.tokenizer_dir(config.init_from))
+    elif (workdir / "tokenizer").is_dir():  # a resumed run keeps the vocabulary it trained
+      tok = tokenizers.load_tokenizer(workdir / "tokenizer")
+    else:
+      announce(f"{self.name}: no init_from or data.tokenizer; training a sentencepiece tokenizer "
+               f"(vocab {config.data.vocab_size}) on the training text")
+      tok = tokenizers.train_sentencepiece(train_texts(), None, vocab_size=config.data.vocab_size,
+                                           seed=config.seed)
+    self.tokenizer = tok
+    return tok
+
+  def forward(self, params, batch, context) -> dict[str, np.ndarray]:
+    """The jitted deterministic forward of one host batch, gathered to host numpy."""
+    if self._forward is None:
+      def fwd(params, batch):
+        out = self.outputs(self.model, params, batch, jax.random.key(0), deterministic=True)
+        out.pop("metrics", None)
+        return out
+      self._forward = jax.jit(fwd)
+    with jax.set_mesh(context.mesh), nn.logical_axis_rules(context.rules):
+      out = self._forward(params, context.shard(batch))
+    return {k: _to_host(v) for k, v in out.items()}
+
+  def predict(self, params, context, eval_set: EvalSet) -> dict[str, np.ndarray]:
+    """`outputs` of every row of `eval_set`, in row order (padding rows removed)."""
+    size = eval_batch_size(self.config, context.mesh)
+    chunks: list[dict[str, np.ndarray]] = []
+    for batch, valid in padded_batches(eval_set.arrays, size, jax.process_index(),
+                                       jax.process_count()):
+      out = self.forward(params, batch, context)
+      chunks.append({k: v[valid] for k, v in out.items()})
+    result = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
+    if num_rows(result) != eval_set.num_rows:  # a bug, not a user error: never drop rows
+      raise RuntimeError(f"{eval_set.name}: {num_rows(result)} predictions for "
+                         f"{eval_set.num_rows} rows")
+    return result
+
+  def output_dir(self, context) -> pathlib.Path:
+    """WORKDIR/predictions/step_<N>: this evaluation's prediction files and metrics.json."""
+    path = pathlib.Path(context.workdir) / "predictions" / f"step_{context.step}"
+    if jax.process_index() == 0:
+      path.mkdir(parents=True, exist_ok=True)
+    return path
+
+  def is_final(self, context) -> bool:
+    return context.step >= self.config.total_steps
+
+
+def resolve_schedule(config, num_train: int, what: str) -> None:
+  """Fills total_steps (0: from num_epochs) and eval_every (0: once per epoch) in `config`."""
+  steps_per_epoch = max(1, math.ceil(num_train / config.batch_size))
+  if config.total_steps == 0:
+    epochs = float(config.get("num_epochs", 0.0))
+    if epochs <= 0:
+      fail("total_steps=0 derives the steps from num_epochs, which is not positive; set "
+           "--config.num_epochs or --config.total_steps")
+    config.total_steps = max(1, math.ceil(epochs * num_train / config.batch_size))
+  if config.eval_every == 0:
+    config.eval_every = min(steps_per_epoch, config.total_steps)
+  announce(f"{what}: {num_train} training rows, batch {config.batch_size}: {steps_per_epoch} "
+           f"steps per epoch, total_steps {config.total_steps}, eval every {config.eval_every}")
+
+
+def write_json(path: pathlib.Path, obj: Any) -> None:
+  if jax.process_index() == 0:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False, default=_json_default) + "\n",
+                    encoding="utf-8")
+
+
+def _json_default(o: Any) -> Any:
+  if isinstance(o, np.generic):
+    return o.item()
+  raise TypeError(type(o).__name__)
+
+
+def finite_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+  """Numbers only (the trainer logs and compares them); NaN stays NaN, the writer nulls it."""
+  return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float, np.number))
+          and not isinstance(v, bool)}

@@ -1,0 +1,259 @@
+"""CoNLL-2003 token tagging: named entities (`task=ner`) or part-of-speech tags (`task=pos`).
+
+Each word is tokenized on its own; its first sub-token carries the word's label and the rest are
+ignored (label weight 0), as BERT tags CoNLL. A sentence longer than the window is split at word
+boundaries into several rows, so every word of every sentence gets exactly one prediction; a
+single word with more sub-tokens than fit keeps its first ones.
+
+NER is scored at the entity level (precision, recall, F1; `bertjax.evaluation.ner`, conlleval
+semantics), POS by token accuracy. Each evaluation writes WORKDIR/predictions/step_<N>/
+dev_predictions.txt (`token tag` lines, a blank line after each sentence: what
+`python -m bertjax.evaluate ner` scores) and metrics.json; the final one also predicts and scores
+the test file when there is one.
+
+Data: `config.data_dir` with CoNLL-2003 files (`token POS chunk NER` columns; names from
+train_file, dev_file, test_file), or the tfds `conll2003` dataset when data_dir is empty.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from bertjax.errors import UserError, fail
+from bertjax.evaluation import ner as ner_eval
+from bertjax.tasks import base
+
+# Label sets in tfds' ClassLabel order, so tfds label ids index them directly.
+NER_LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
+POS_LABELS = ('"', "''", "#", "$", "(", ")", ",", ".", ":", "``", "CC", "CD", "DT", "EX", "FW",
+              "IN", "JJ", "JJR", "JJS", "LS", "MD", "NN", "NNP", "NNPS", "NNS", "NN|SYM", "PDT",
+              "POS", "PRP", "PRP$", "RB", "RBR", "RBS", "RP", "SYM", "TO", "UH", "VB", "VBD",
+              "VBG", "VBN", "VBP", "VBZ", "WDT", "WP", "WP$", "WRB")
+LABELS = {"ner": NER_LABELS, "pos": POS_LABELS}
+TFDS_FIELD = {"ner": "ner", "pos": "pos"}
+DEFAULT_FILES = {"train": "train.txt", "dev": "valid.txt", "test": "test.txt"}
+TFDS_SPLITS = {"train": "train", "dev": "validation", "test": "test"}
+
+
+def read_sentences(config, task: str, split: str,
+                   required: bool = True) -> tuple[list[tuple[list[str], list[str]]], str] | None:
+  """[(words, labels)] of one split and where it came from; None for an absent optional split.
+
+  A label outside the task's label set raises `UserError` naming the file and line.
+  """
+  labels = LABELS[task]
+  known = set(labels)
+  if not required and config.get(f"{split}_file") == "none":
+    return None
+  local = bool(config.data_dir or config.get(f"{split}_file"))
+  if local:
+    path = base.resolve_file(config, config.get(f"{split}_file", ""), DEFAULT_FILES[split])
+    if not path.is_file():
+      if required:
+        fail(f"CoNLL-2003 {split} file not found: {path}; set --config.data_dir (and "
+             f"--config.{split}_file) to CoNLL-2003 files (token POS chunk NER)")
+      return None
+    out = []
+    for s in ner_eval.read_conll(path):
+      tags = s.tags if task == "ner" else s.pos
+      for k, tag in enumerate(tags):
+        if tag not in known:
+          fail(f"{path}:{s.line + k}: {task.upper()} tag {tag!r} is not a CoNLL-2003 {task} "
+               f"label ({', '.join(labels[:9])}{', ...' if len(labels) > 9 else ''}); fix the "
+               "line")
+      out.append((list(s.tokens), list(tags)))
+    return out, str(path)
+  try:
+    source = base.open_tfds("conll2003", TFDS_SPLITS[split], config.get("tfds_data_dir", ""))
+  except UserError:
+    if required:
+      raise
+    return None
+  out = []
+  for i in range(len(source)):
+    ex = source[i]
+    words = [base.text(w) for w in np.asarray(ex["tokens"]).tolist()]
+    ids = [int(x) for x in np.asarray(ex[TFDS_FIELD[task]]).tolist()]
+    if len(ids) != len(words) or any(not 0 <= x < len(labels) for x in ids):
+      fail(f"tfds conll2003 {TFDS_SPLITS[split]} record {i}: {len(words)} tokens with labels "
+           f"{ids[:5]}...; labels must be one per token in 0..{len(labels) - 1}")
+    out.append((words, [labels[x] for x in ids]))
+  return out, f"tfds conll2003 {TFDS_SPLITS[split]}"
+
+
+def word_pieces(tokenizer, sentences: Sequence[Sequence[str]]) -> list[list[list[int]]]:
+  """Sub-token ids of every word, tokenized word by word (never empty: [UNK] stands in)."""
+  words = [w for s in sentences for w in s]
+  # Byte-level BPE spells a word start as a leading space (RoBERTa tags with add_prefix_space).
+  prefix = " " if tokenizer.kind == "bpe" else ""
+  flat = tokenizer.encode_batch([prefix + w for w in words]) if words else []
+  out, k = [], 0
+  for s in sentences:
+    out.append([p or [tokenizer.unk_id] for p in flat[k:k + len(s)]])
+    k += len(s)
+  return out
+
+
+def tag_features(tokenizer, sentences: Sequence[tuple[Sequence[str], Sequence[str]]],
+                 labels: Sequence[str], max_seq_length: int
+                 ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+  """Rows of `[CLS] pieces [SEP]` with labels on first sub-tokens.
+
+  Returns (arrays {input_ids, attention_mask, token_type_ids, labels, label_weights}
+  <[rows, seq]>, owner <int>[rows] (the sentence of each row), word <int>[rows, seq] (the word
+  index each labelled position stands for, -1 elsewhere)).
+  """
+  index = {t: i for i, t in enumerate(labels)}
+  pieces = word_pieces(tokenizer, [w for w, _ in sentences])
+  budget = max_seq_length - 2
+  rows, owner, word_pos = [], [], []
+
+  def flush(sentence, tokens, tags, words):
+    ids = [tokenizer.cls_id, *tokens, tokenizer.sep_id]
+    rows.append({"input_ids": base.pad_row(ids, max_seq_length, tokenizer.pad_id),
+                 "attention_mask": base.pad_row([1] * len(ids), max_seq_length, 0),
+                 "token_type_ids": [0] * max_seq_length,
+                 "labels": base.pad_row([0, *tags], max_seq_length, 0),
+                 "label_weights": base.pad_row([0.0, *[float(w >= 0) for w in words]],
+                                               max_seq_length, 0.0)})
+    owner.append(sentence)
+    word_pos.append(base.pad_row([-1, *words], max_seq_length, -1))
+
+  for si, ((words, tags), word_ids) in enumerate(zip(sentences, pieces)):
+    tokens, row_tags, row_words = [], [], []
+    for wi, p in enumerate(word_ids):
+      p = p[:budget]
+      if tokens and len(tokens) + len(p) > budget:
+        flush(si, tokens, row_tags, row_words)
+        tokens, row_tags, row_words = [], [], []
+      tokens += p
+      row_tags += [index[tags[wi]]] + [0] * (len(p) - 1)
+      row_words += [wi] + [-1] * (len(p) - 1)
+    if tokens or not words:
+      flush(si, tokens, row_tags, row_words)
+  dtypes = {"input_ids": np.int32, "attention_mask": np.int32, "token_type_ids": np.int32,
+            "labels": np.int32, "label_weights": np.float32}
+  return (base.stack(rows, list(dtypes), dtypes), np.asarray(owner, np.int64),
+          np.asarray(word_pos, np.int64).reshape(len(rows), max_seq_length))
+
+
+class TaggingTask(base.TaskObjective):
+  """NER or POS tagging on CoNLL-2003 (`config.task`: ner | pos)."""
+  name = "ner"
+
+  def __init__(self, config):
+    super().__init__(config)
+    task = config.get("task", "ner")
+    if task not in LABELS:
+      fail(f"unknown tagging task {task!r}; set --config.task to ner or pos")
+    self.task = task
+    self.labels = LABELS[task]
+    self.test_sets: list[base.EvalSet] = []
+
+  def prepare(self, config, workdir):
+    everything, train_from = read_sentences(config, self.task, "train")
+    train = everything[:config.max_train_examples or None]
+    tok = self.load_tokenizer(config, workdir, lambda: (" ".join(w) for w, _ in everything))
+    arrays, _, _ = tag_features(tok, train, self.labels, config.max_seq_length)
+    base.announce(f"{self.task} train ({train_from}): {len(train)} sentences -> "
+                  f"{base.num_rows(arrays)} rows")
+    dev = self._eval_set(config, "dev", read_sentences(config, self.task, "dev"))
+    self.test_sets = []
+    test = read_sentences(config, self.task, "test", required=False)
+    if test is not None and test[0]:
+      self.test_sets.append(self._eval_set(config, "test", test))
+    return arrays, [dev]
+
+  def _eval_set(self, config, split: str, data) -> base.EvalSet:
+    sentences, source = data
+    arrays, owner, word = tag_features(self.tokenizer, sentences, self.labels,
+                                       config.max_seq_length)
+    base.announce(f"{self.task} {split} ({source}): {len(sentences)} sentences -> "
+                  f"{base.num_rows(arrays)} rows")
+    return base.EvalSet(name=split, arrays=arrays,
+                        meta={"sentences": sentences, "owner": owner, "word": word,
+                              "source": source})
+
+  def build_model(self, model_config):
+    return base.TokenClassifier(model_config, num_labels=len(self.labels))
+
+  def feature_spec(self, seq_len):
+    return {"labels": ((seq_len,), jnp.int32), "label_weights": ((seq_len,), jnp.float32)}
+
+  def loss_denominator(self, batch):
+    w = batch["label_weights"].astype(jnp.float32) * batch["weight"][:, None]
+    return jnp.maximum(jnp.sum(w), 1.0)
+
+  def outputs(self, model, params, batch, rng, deterministic):
+    logits = model.apply({"params": params}, **self.model_inputs(batch),
+                         deterministic=deterministic, rngs={"dropout": rng})
+    w = batch["label_weights"].astype(jnp.float32) * batch["weight"][:, None]
+    labels = batch["labels"].astype(jnp.int32)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels) * w
+    predicted = jnp.argmax(logits, -1).astype(jnp.int32)
+    correct = (predicted == labels).astype(jnp.float32) * w
+    return {"loss": jnp.sum(ce, -1), "predicted": predicted,
+            "correct": jnp.sum(correct, -1), "labelled": jnp.sum(w, -1),
+            "metrics": {"accuracy": (jnp.sum(correct), jnp.sum(w))}}
+
+  def _tags(self, eval_set: base.EvalSet, predicted: np.ndarray) -> list[list[str]]:
+    """Predicted tags per sentence, each word taken from the position its row labels."""
+    sentences = eval_set.meta["sentences"]
+    tags: list[list[str | None]] = [[None] * len(words) for words, _ in sentences]
+    owner, word = eval_set.meta["owner"], eval_set.meta["word"]
+    for r in range(len(owner)):
+      pos = np.flatnonzero(word[r] >= 0)
+      for p in pos:
+        tags[owner[r]][word[r, p]] = self.labels[predicted[r, p]]
+    missing = sum(t is None for s in tags for t in s)
+    if missing:  # a bug, never a user error: every word has a labelled position
+      raise RuntimeError(f"{missing} words of the {eval_set.name} set got no prediction")
+    return tags  # type: ignore[return-value]
+
+  def _score(self, eval_set: base.EvalSet, params, context) -> tuple[dict[str, Any], list]:
+    out = self.predict(params, context, eval_set)
+    tags = self._tags(eval_set, out["predicted"])
+    gold = [t for _, t in eval_set.meta["sentences"]]
+    n_tokens = float(out["labelled"].sum())
+    metrics: dict[str, Any] = {"accuracy": float(out["correct"].sum()) / max(n_tokens, 1.0),
+                               "loss": float(out["loss"].sum()) / max(n_tokens, 1.0),
+                               "sentences": len(gold)}
+    if self.task == "ner":
+      m = ner_eval.ner_metrics(gold, tags)
+      metrics.update({k: m[k] for k in ("precision", "recall", "f1", "num_gold", "num_predicted",
+                                        "num_correct")})
+      metrics.update({f"f1_{t}": v["f1"] for t, v in m["per_type"].items()})
+    return metrics, tags
+
+  def evaluate(self, params, context) -> dict[str, float]:
+    out_dir = self.output_dir(context)
+    dev = self.eval_sets[0]
+    metrics, tags = self._score(dev, params, context)
+    path = out_dir / "dev_predictions.txt"
+    if jax.process_index() == 0:
+      ner_eval.write_ner_predictions(path, [w for w, _ in dev.meta["sentences"]], tags)
+    main = "f1" if self.task == "ner" else "accuracy"
+    lines = [f"{self.task} dev {main} {metrics[main]:.4f} ({metrics['sentences']} sentences) "
+             f"-> {path}"]
+    record = {"step": context.step, "task": self.task, "dev": metrics}
+    if self.is_final(context):
+      for s in self.test_sets:
+        test_metrics, test_tags = self._score(s, params, context)
+        test_path = out_dir / "test_predictions.txt"
+        if jax.process_index() == 0:
+          ner_eval.write_ner_predictions(test_path, [w for w, _ in s.meta["sentences"]],
+                                         test_tags)
+        record["test"] = test_metrics
+        metrics.update({f"test_{k}": v for k, v in test_metrics.items()
+                        if k in ("f1", "precision", "recall", "accuracy")})
+        lines.append(f"{self.task} test {main} {test_metrics[main]:.4f} "
+                     f"({test_metrics['sentences']} sentences) -> {test_path}")
+    base.write_json(out_dir / "metrics.json", record)
+    for line in lines:
+      base.announce(f"step {context.step}: {line}")
+    return base.finite_metrics(metrics)
