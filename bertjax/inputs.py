@@ -76,7 +76,9 @@ class SyntheticBatches:
   """Random token batches, deterministic in (seed, batch index): for benchmarks and layout tests.
 
   Row i of batch k is the same whatever the process layout, so sharded and single-device runs
-  see the same global batch; each process yields its own rows.
+  see the same global batch; each process yields its own rows. Every masked token also counts as
+  a one-token span (span_left / span_right / span_offset, as the pipeline's 'span' masking gives),
+  so span objectives run on them too.
   """
 
   def __init__(self, config, vocab_size: int, seed: int, per_process: int):
@@ -105,7 +107,10 @@ class SyntheticBatches:
     batch = {"input_ids": masked, "attention_mask": mask, "token_type_ids": types,
              "masked_positions": positions.astype(np.int32), "masked_ids": original,
              "masked_weights": np.ones((rows, p), np.float32),
-             "next_sentence_label": rng.integers(0, 2, size=rows).astype(np.int32)}
+             "next_sentence_label": rng.integers(0, 2, size=rows).astype(np.int32),
+             "span_left": (positions - 1).astype(np.int32),
+             "span_right": np.minimum(positions + 1, seq - 1).astype(np.int32),
+             "span_offset": np.zeros((rows, p), np.int32)}
     lo = jax.process_index() * self.per_process
     return {k: v[lo:lo + self.per_process] for k, v in batch.items()}
 

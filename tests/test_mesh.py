@@ -9,7 +9,7 @@ import sys
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-OBJECTIVES = ("mlm_nsp",)
+OBJECTIVES = ("mlm_nsp", "rtd")
 MESHES = ("8,1,1", "2,4,1", "2,2,2")
 
 

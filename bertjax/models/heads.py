@@ -1,4 +1,4 @@
-"""Output heads placed on the encoder: pretraining (MLM, NSP/SOP, RTD) and fine-tuning.
+"""Output heads placed on the encoder: pretraining (MLM, NSP/SOP, RTD, SBO) and fine-tuning.
 
 The MLM head runs only on gathered masked positions (`gather_positions`), never on every
 position of every row: with a 30k vocabulary that projection dominates a small model's step.
@@ -79,3 +79,43 @@ class TokenHead(nn.Module):
   def __call__(self, x, deterministic: bool = True):
     x = nn.Dropout(self.config.hidden_dropout_prob)(x, deterministic=deterministic)
     return _dense(self.num_labels, ("embed", None), "classifier", self.config)(x).astype(jnp.float32)
+
+
+class SpanBoundaryHead(nn.Module):
+  """SpanBERT's span boundary objective: each masked token predicted from its span's boundary.
+
+  For a masked token x_i of the span x_s..x_e, the input is the encodings of the two tokens just
+  outside the span, x_{s-1} and x_{e+1}, and a relative position embedding p_{i-s+1}; a 2-layer
+  MLP (each layer GeLU then LayerNorm, as the paper) maps them to a vector that the decoder tied to
+  the word embeddings turns into vocabulary logits, plus a bias.
+
+  Call with hidden <float>[batch, seq, hidden], span_left / span_right <int32>[batch, p] (the
+  boundary positions), span_offset <int32>[batch, p] (i - s, 0-based) and the encoder (for its
+  tied embedding table); returns <float32>[batch, p, vocab]. Offsets past `max_span_length` share
+  its last embedding, so longer spans of many sub-word pieces never index out of the table.
+  """
+  config: ModelConfig
+  max_span_length: int = 32
+
+  @nn.compact
+  def __call__(self, hidden, span_left, span_right, span_offset, encoder):
+    cfg = self.config
+    left = gather_positions(hidden, span_left)
+    right = gather_positions(hidden, span_right)
+    offset = jnp.clip(span_offset, 0, self.max_span_length - 1)
+    position = nn.Embed(self.max_span_length, cfg.hidden_size,
+                        embedding_init=nn.with_logical_partitioning(
+                            nn.initializers.normal(stddev=0.02), (None, "embed")),
+                        dtype=cfg.compute_dtype, param_dtype=jnp.float32,
+                        name="position_embeddings")(offset)
+    x = jnp.concatenate([left, right, position.astype(left.dtype)], axis=-1)
+    act = activation("gelu")
+    x = _dense(cfg.hidden_size, (None, "embed"), "dense_0", cfg)(x)
+    x = _layer_norm(cfg, "layer_norm_0")(act(x))
+    # The second layer ends in the embedding size, so the tied decoder applies to ALBERT-style
+    # factorized embeddings too (SpanBERT's own sizes have embed_size == hidden_size).
+    x = _dense(cfg.embed_size, ("embed", "embed_in"), "dense_1", cfg)(x)
+    x = _layer_norm(cfg, "layer_norm_1", "embed_in")(act(x))
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),
+                      (cfg.vocab_size,), jnp.float32)
+    return encoder.attend(x).astype(jnp.float32) + bias

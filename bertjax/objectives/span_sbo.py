@@ -1,0 +1,83 @@
+"""SpanBERT's objective: masked language modelling of whole-word spans plus the span boundary
+objective (SBO), on single contiguous segments without next sentence prediction.
+
+The pipeline's 'span' masking (geometric span lengths, p=0.2 clipped at 10 words, until 15% of the
+tokens are masked; see `bertjax.objectives.masking`) also yields, for every masked position, the
+positions of its span's two boundary tokens and its offset inside the span; the SBO head predicts
+the token from those alone. loss = MLM + SBO, both averaged over the batch's masked tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+
+from bertjax.errors import fail
+from bertjax.models.heads import SpanBoundaryHead
+from bertjax.models.pretraining import PretrainingModel
+from bertjax.objectives.base import Objective, masked_lm_terms
+
+SPAN_KEYS = ("span_left", "span_right", "span_offset")
+
+
+class SpanBertModel(PretrainingModel):
+  """Encoder + MLM head + span boundary head (params {"encoder", "mlm", "sbo"}).
+
+  Returns a dict: `mlm_logits` and `sbo_logits` <float32>[batch, predictions, vocab] at
+  `masked_positions`, and the encoder's `output`.
+  """
+  pair_head: bool = False
+
+  def setup(self):
+    super().setup()
+    self.sbo = SpanBoundaryHead(self.config)
+
+  def __call__(self, input_ids, attention_mask=None, token_type_ids=None, masked_positions=None,
+               span_left=None, span_right=None, span_offset=None, *, segment_ids=None,
+               deterministic: bool = True):
+    result = super().__call__(input_ids, attention_mask, token_type_ids, masked_positions,
+                              segment_ids=segment_ids, deterministic=deterministic)
+    if span_left is not None:
+      result["sbo_logits"] = self.sbo(result["output"].last_hidden_state, span_left, span_right,
+                                      span_offset, self.encoder)
+    return result
+
+
+class SpanSbo(Objective):
+  name = "span_sbo"
+  data_kind = "single"
+  masking = "span"
+
+  def masking_kwargs(self, config) -> dict[str, Any]:
+    kwargs = super().masking_kwargs(config)
+    if kwargs["strategy"] != "span":
+      fail(f"objective span_sbo needs span masking (the SBO head reads each span's boundaries), "
+           f"not masking.strategy={kwargs['strategy']!r}; set --config.masking.strategy=span or "
+           f"leave it empty")
+    return kwargs
+
+  def make_model(self, model_config):
+    return SpanBertModel(model_config)
+
+  def init_batch(self, batch_size, seq_len, num_predictions):
+    batch = super().init_batch(batch_size, seq_len, num_predictions)
+    for key in SPAN_KEYS:
+      batch[key] = jnp.zeros((batch_size, num_predictions), jnp.int32)
+    return batch
+
+  def model_inputs(self, batch):
+    return {**super().model_inputs(batch), **{k: batch[k] for k in SPAN_KEYS}}
+
+  def denominators(self, batch):
+    return {"mlm": jnp.maximum(jnp.sum(batch["masked_weights"].astype(jnp.float32)), 1.0)}
+
+  def loss(self, model, params, batch, rng, denominators, deterministic):
+    out = model.apply({"params": params}, **self.model_inputs(batch), deterministic=deterministic,
+                      rngs={"dropout": rng})
+    mlm_loss, metrics = masked_lm_terms(out["mlm_logits"], batch["masked_ids"],
+                                        batch["masked_weights"], denominators["mlm"])
+    sbo_loss, sbo_metrics = masked_lm_terms(out["sbo_logits"], batch["masked_ids"],
+                                            batch["masked_weights"], denominators["mlm"],
+                                            prefix="sbo")
+    return mlm_loss + sbo_loss, {**metrics, **sbo_metrics}
