@@ -321,7 +321,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   writer = MetricWriter(workdir, config.total_steps, tensorboard=config.tensorboard)
   step = int(jax.device_get(state.step))
   first_metrics, last_metrics, last_eval = None, None, None
-  sums, tokens, t_log = None, 0, time.time()
+  sums, tokens, timed_steps, t_log, compiling = None, 0, 0, time.time(), True
   stop_reason = "finished"
 
   best = BestKeeper(workdir, config.get("best_metric", ""), config.get("best_mode", "max"))
@@ -338,27 +338,34 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   with _Preemption() as preemption:
     while step < config.total_steps:
       batch = next(data.train)
-      tokens += int(np.sum(batch["attention_mask"])) * jax.process_count()
       with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         state, metrics = train_step(state, sharding.shard_batch(batch, mesh))
       step += 1
       sums = add_metrics(sums, metrics)
+      if compiling:
+        # Throughput windows start after the first step, so compilation is not counted in them.
+        jax.block_until_ready(metrics)
+        compiling, t_log = False, time.time()
+      else:
+        tokens += int(np.sum(batch["attention_mask"])) * jax.process_count()
+        timed_steps += 1
       if step % config.log_every == 0 or step == config.total_steps:
         logged = summarize(sums)
         # learning_rate and grad_norm were summed over the window: report the last step's values.
-        steps_in_window = float(jax.device_get(sums["loss"][1]))
         for k in ("learning_rate", "grad_norm"):
           logged[k] = float(jax.device_get(metrics[k][0]))
-        logged["loss"] = float(jax.device_get(sums["loss"][0])) / steps_in_window
         elapsed = time.time() - t_log
-        logged["tokens_per_s"] = tokens / elapsed if elapsed > 0 else float("nan")
-        logged["steps_per_s"] = steps_in_window / elapsed if elapsed > 0 else float("nan")
+        if timed_steps and elapsed > 0:
+          logged["tokens_per_s"] = tokens / elapsed
+          logged["steps_per_s"] = timed_steps / elapsed
         writer.write(step, "train", logged)
         first_metrics = first_metrics or logged
         last_metrics = logged
-        sums, tokens, t_log = None, 0, time.time()
+        sums, tokens, timed_steps, t_log = None, 0, 0, time.time()
       if config.eval_every and step % config.eval_every == 0:
+        t_eval = time.time()
         last_eval = run_eval(step) or last_eval
+        t_log += time.time() - t_eval  # evaluation time is not training time
       if step % config.checkpoint_every == 0 or step == config.total_steps:
         ckpt.save(step, state, data.train.get_state(), force=True)
       if preemption.requested:
