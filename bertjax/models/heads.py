@@ -116,6 +116,6 @@ class SpanBoundaryHead(nn.Module):
     # factorized embeddings too (SpanBERT's own sizes have embed_size == hidden_size).
     x = _dense(cfg.embed_size, ("embed", "embed_in"), "dense_1", cfg)(x)
     x = _layer_norm(cfg, "layer_norm_1", "embed_in")(act(x))
-    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),
-                      (cfg.vocab_size,), jnp.float32)
+    bias_init = nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",))
+    bias = self.param("bias", bias_init, (cfg.vocab_size,), jnp.float32)
     return encoder.attend(x).astype(jnp.float32) + bias
