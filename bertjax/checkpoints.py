@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from bertjax.errors import fail
+from bertjax.errors import UserError, fail
 
 
 class Checkpointer:
@@ -27,8 +27,10 @@ class Checkpointer:
     self.directory = pathlib.Path(directory).absolute()
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            enable_async_checkpointing=async_save)
-    self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                         item_names=("state", "data"))
+    self.manager = ocp.CheckpointManager(
+        self.directory, options=options,
+        item_handlers={"state": ocp.StandardCheckpointHandler(),
+                       "data": ocp.JsonCheckpointHandler()})
 
   def all_steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
@@ -56,11 +58,14 @@ class Checkpointer:
     damaged = []
     for step in reversed(steps):
       try:
+        self._check_same_model(step, abstract_state)
         restored = self.manager.restore(
             step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
                                           data=ocp.args.JsonRestore()))
         self._set_aside(damaged)
         return step, restored["state"], dict(restored["data"] or {})
+      except UserError:
+        raise
       except (ValueError, KeyError) as e:
         if _is_structure_mismatch(e):
           fail(f"the checkpoint at {self.directory / str(step)} holds a different model or "
@@ -78,6 +83,22 @@ class Checkpointer:
            f"to start fresh")
     return None
 
+  def _check_same_model(self, step: int, abstract_state: Any) -> None:
+    """Compares parameter names and shapes with the checkpoint's metadata before reading arrays,
+    so a workdir of another model is refused with one line (and nothing is touched)."""
+    meta = self.manager.item_metadata(step)["state"]
+    saved = {_path(p): tuple(m.shape) for p, m in jax.tree_util.tree_flatten_with_path(meta["params"])[0]}
+    wanted = {_path(p): tuple(a.shape)
+              for p, a in jax.tree_util.tree_flatten_with_path(abstract_state.params)[0]}
+    if saved == wanted:
+      return
+    where = self.directory / str(step)
+    for name in sorted(set(saved) | set(wanted)):
+      if saved.get(name) != wanted.get(name):
+        fail(f"the checkpoint at {where} holds a different model than this config ({name}: "
+             f"{saved.get(name, 'absent')} there, {wanted.get(name, 'absent')} here); use a new "
+             f"--workdir or the config it was trained with")
+
   def _set_aside(self, steps: list[int]) -> None:
     """Renames damaged checkpoints out of the way (kept for inspection, never deleted)."""
     for step in steps:
@@ -91,6 +112,10 @@ class Checkpointer:
   def close(self) -> None:
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def _path(path) -> str:
+  return "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
 
 
 def _short(e: Exception) -> str:

@@ -296,86 +296,89 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
 
   ckpt = checkpoints.Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints,
                                   async_save=config.async_checkpointing)
-  restored = ckpt.restore_latest(_abstract_with_shardings(abstract_state, state_shardings))
-  if restored is not None:
-    step0, state, data_state = restored
-    data.train.set_state(data_state)
-    logging.info("resumed from the checkpoint at step %d in %s", step0, ckpt.directory)
-  elif config.init_from:
-    state, report = load_init_from(state, config.init_from, state_shardings)
-    logging.info(report)
-    print(report, flush=True)
-  (workdir / "config.json").write_text(config_lib.to_json(config))
-  if data.tokenizer is not None and jax.process_index() == 0 and not (workdir / "tokenizer").exists():
-    data.tokenizer.save(workdir / "tokenizer")
+  try:
+    restored = ckpt.restore_latest(_abstract_with_shardings(abstract_state, state_shardings))
+    if restored is not None:
+      step0, state, data_state = restored
+      data.train.set_state(data_state)
+      logging.info("resumed from the checkpoint at step %d in %s", step0, ckpt.directory)
+    elif config.init_from:
+      state, report = load_init_from(state, config.init_from, state_shardings)
+      logging.info(report)
+      print(report, flush=True)
+    (workdir / "config.json").write_text(config_lib.to_json(config))
+    if data.tokenizer is not None and jax.process_index() == 0 and not (workdir / "tokenizer").exists():
+      data.tokenizer.save(workdir / "tokenizer")
 
-  rules = sharding.rules_from_config(config)
-  batch_shard = sharding.batch_sharding(mesh)
-  metric_shard = sharding.replicated(mesh)
-  train_step = jax.jit(make_train_step(objective, model, optimizer, accum),
-                       in_shardings=(state_shardings, batch_shard),
-                       out_shardings=(state_shardings, metric_shard), donate_argnums=(0,))
-  eval_step = jax.jit(make_eval_step(objective, model),
-                      in_shardings=(state_shardings.params, batch_shard), out_shardings=metric_shard)
+    rules = sharding.rules_from_config(config)
+    batch_shard = sharding.batch_sharding(mesh)
+    metric_shard = sharding.replicated(mesh)
+    train_step = jax.jit(make_train_step(objective, model, optimizer, accum),
+                         in_shardings=(state_shardings, batch_shard),
+                         out_shardings=(state_shardings, metric_shard), donate_argnums=(0,))
+    eval_step = jax.jit(make_eval_step(objective, model),
+                        in_shardings=(state_shardings.params, batch_shard), out_shardings=metric_shard)
 
-  writer = MetricWriter(workdir, config.total_steps, tensorboard=config.tensorboard)
-  step = int(jax.device_get(state.step))
-  first_metrics, last_metrics, last_eval = None, None, None
-  sums, tokens, timed_steps, t_log, compiling = None, 0, 0, time.time(), True
-  stop_reason = "finished"
+    writer = MetricWriter(workdir, config.total_steps, tensorboard=config.tensorboard)
+    step = int(jax.device_get(state.step))
+    first_metrics, last_metrics, last_eval = None, None, None
+    sums, tokens, timed_steps, t_log, compiling = None, 0, 0, time.time(), True
+    stop_reason = "finished"
 
-  best = BestKeeper(workdir, config.get("best_metric", ""), config.get("best_mode", "max"))
+    best = BestKeeper(workdir, config.get("best_metric", ""), config.get("best_mode", "max"))
 
-  def run_eval(step):
-    context = EvalContext(mesh=mesh, rules=rules, workdir=workdir, step=step, eval_step=eval_step,
-                          batches=data.eval_batches)
-    metrics = objective.evaluate(state.params, context)
-    if metrics:
-      writer.write(step, "eval", metrics)
-      best.update(step, metrics, state.params)
-    return metrics
+    def run_eval(step):
+      context = EvalContext(mesh=mesh, rules=rules, workdir=workdir, step=step, eval_step=eval_step,
+                            batches=data.eval_batches)
+      metrics = objective.evaluate(state.params, context)
+      if metrics:
+        writer.write(step, "eval", metrics)
+        best.update(step, metrics, state.params)
+      return metrics
 
-  with _Preemption() as preemption:
-    while step < config.total_steps:
-      batch = next(data.train)
-      with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        state, metrics = train_step(state, sharding.shard_batch(batch, mesh))
-      step += 1
-      sums = add_metrics(sums, metrics)
-      if compiling:
-        # Throughput windows start after the first step, so compilation is not counted in them.
-        jax.block_until_ready(metrics)
-        compiling, t_log = False, time.time()
-      else:
-        tokens += int(np.sum(batch["attention_mask"])) * jax.process_count()
-        timed_steps += 1
-      if step % config.log_every == 0 or step == config.total_steps:
-        logged = summarize(sums)
-        # learning_rate and grad_norm were summed over the window: report the last step's values.
-        for k in ("learning_rate", "grad_norm"):
-          logged[k] = float(jax.device_get(metrics[k][0]))
-        elapsed = time.time() - t_log
-        if timed_steps and elapsed > 0:
-          logged["tokens_per_s"] = tokens / elapsed
-          logged["steps_per_s"] = timed_steps / elapsed
-        writer.write(step, "train", logged)
-        first_metrics = first_metrics or logged
-        last_metrics = logged
-        sums, tokens, timed_steps, t_log = None, 0, 0, time.time()
-      if config.eval_every and step % config.eval_every == 0:
-        t_eval = time.time()
-        last_eval = run_eval(step) or last_eval
-        t_log += time.time() - t_eval  # evaluation time is not training time
-      if step % config.checkpoint_every == 0 or step == config.total_steps:
-        ckpt.save(step, state, data.train.get_state(), force=True)
-      if preemption.requested:
-        ckpt.save(step, state, data.train.get_state(), force=True)
-        stop_reason = "preempted (SIGTERM): checkpoint saved"
-        break
-  if config.eval_every and step == config.total_steps and (last_eval is None or
-                                                           step % config.eval_every):
-    last_eval = run_eval(step) or last_eval
-  ckpt.close()
+    with _Preemption() as preemption:
+      while step < config.total_steps:
+        batch = next(data.train)
+        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+          state, metrics = train_step(state, sharding.shard_batch(batch, mesh))
+        step += 1
+        sums = add_metrics(sums, metrics)
+        if compiling:
+          # Throughput windows start after the first step, so compilation is not counted in them.
+          jax.block_until_ready(metrics)
+          compiling, t_log = False, time.time()
+        else:
+          tokens += int(np.sum(batch["attention_mask"])) * jax.process_count()
+          timed_steps += 1
+        if step % config.log_every == 0 or step == config.total_steps:
+          logged = summarize(sums)
+          # learning_rate and grad_norm were summed over the window: report the last step's values.
+          for k in ("learning_rate", "grad_norm"):
+            logged[k] = float(jax.device_get(metrics[k][0]))
+          elapsed = time.time() - t_log
+          if timed_steps and elapsed > 0:
+            logged["tokens_per_s"] = tokens / elapsed
+            logged["steps_per_s"] = timed_steps / elapsed
+          writer.write(step, "train", logged)
+          first_metrics = first_metrics or logged
+          last_metrics = logged
+          sums, tokens, timed_steps, t_log = None, 0, 0, time.time()
+        if config.eval_every and step % config.eval_every == 0:
+          t_eval = time.time()
+          last_eval = run_eval(step) or last_eval
+          t_log += time.time() - t_eval  # evaluation time is not training time
+        if step % config.checkpoint_every == 0 or step == config.total_steps:
+          ckpt.save(step, state, data.train.get_state(), force=True)
+        if preemption.requested:
+          ckpt.save(step, state, data.train.get_state(), force=True)
+          stop_reason = "preempted (SIGTERM): checkpoint saved"
+          break
+    if config.eval_every and step == config.total_steps and (last_eval is None or
+                                                             step % config.eval_every):
+      last_eval = run_eval(step) or last_eval
+  finally:
+    # Also on errors: orbax's background threads must finish before the process exits.
+    ckpt.close()
   writer.close()
   summary = {"workdir": str(workdir), "step": step, "status": stop_reason,
              "checkpoint": str(ckpt.directory / str(ckpt.latest_step())) if ckpt.latest_step() else None,
