@@ -100,6 +100,32 @@ def parse_variant(arg: str | None, config_file: str, **defaults) -> ml_collectio
   return ml_collections.ConfigDict(options)
 
 
+def finetune_config() -> ml_collections.ConfigDict:
+  """`base_config()` plus the settings GLUE, SQuAD and CoNLL fine-tuning share (BERT's recipe)."""
+  c = base_config()
+  # Used for random init only; with init_from the architecture comes from the checkpoint and
+  # only dropout, dtype and remat are taken from here.
+  c.model = model_config("bert-base")
+  c.init_from = ""                 # converted checkpoint (convert from-hf) or pretraining workdir
+  c.batch_size = 32
+  c.best_mode = "max"
+  c.checkpoint_every = 1000
+  c.eval_batch_size = 0            # rows per prediction batch (0: the training micro-batch)
+  c.eval_every = 0                 # steps between dev evals (0: once per epoch); also at the end
+  c.log_every = 50
+  c.optimizer.layerwise_lr_decay = 1.0  # ELECTRA's recipe: 0.8 (base) / 0.9 (large); 1.0 disables
+  c.optimizer.name = "adamw"
+  c.optimizer.warmup_fraction = 0.1  # BERT's 10% linear warmup
+  c.optimizer.warmup_steps = -1    # -1: warmup_fraction of total_steps
+  c.optimizer.weight_decay = 0.01
+  c.seed = 0                       # data order, dropout and head init
+  c.seeds = ()                     # one run per seed into WORKDIR/seed_<n> (empty: just `seed`)
+  c.tfds_data_dir = ""             # where tfds finds built datasets (empty: tfds's default)
+  c.keep_checkpoints = 1           # fine-tuning runs are short; the last checkpoint is what counts
+  c.optimizer.decay = "linear"     # linear decay to 0 after warmup
+  return c
+
+
 def choose(value: str, choices: dict, what: str):
   """`choices[value]`, or a one-line error listing the valid values."""
   if value not in choices:

@@ -18,41 +18,21 @@ own text, 512 training examples for 8 epochs from the local GLUE copy (BERTJAX_D
 
 from bertjax.tasks.base import parse_variant, shared_data_dir
 from bertjax.tasks.glue import TASKS
-from configs.common import base_config, model_config
+from configs.common import finetune_config, model_config
 
 
 def get_config(arg=None):
   values, flags = parse_variant(arg, {"task": TASKS}, ("runlocal",), "configs/glue.py")
-  c = base_config()
+  c = finetune_config()
   c.objective = "glue"
   c.task = values.get("task", "rte")  # cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli
-  # Used for random init only; with init_from the architecture comes from the checkpoint and
-  # only dropout, dtype and remat are taken from here.
-  c.model = model_config("bert-base")
-  c.init_from = ""                 # converted checkpoint (convert from-hf) or pretraining workdir
   c.data_dir = ""                  # GLUE tsv: glue_data/ or glue_data/<TASK>/; empty: tfds
-  c.tfds_data_dir = ""             # where tfds finds built datasets (empty: tfds's default)
   c.max_seq_length = 128           # [CLS] A [SEP] B [SEP]; the longer sentence is truncated first
-  c.batch_size = 32
   c.learning_rate = 2e-5           # BERT picks 2e-5..5e-5 on dev; 2e-5 is its safest choice
   c.num_epochs = 3.0               # converted to total_steps from the train set size at run time
   c.total_steps = 0                # 0: num_epochs * train examples / batch_size
   c.max_train_examples = 0         # use only the first N training examples (0: all)
-  c.eval_batch_size = 0            # rows per prediction batch (0: the training micro-batch)
-  c.eval_every = 0                 # steps between dev evals (0: once per epoch); also at the end
   c.best_metric = "score"          # GLUE score (mean of the task's metrics); best in WORKDIR/best
-  c.best_mode = "max"
-  c.seed = 0                       # data order, dropout and head init
-  c.seeds = ()                     # one run per seed into WORKDIR/seed_<n> (empty: just `seed`)
-  c.log_every = 50
-  c.checkpoint_every = 1000
-  c.keep_checkpoints = 1           # fine-tuning runs are short; the last checkpoint is what counts
-  c.optimizer.name = "adamw"
-  c.optimizer.weight_decay = 0.01
-  c.optimizer.warmup_steps = -1    # -1: warmup_fraction of total_steps
-  c.optimizer.warmup_fraction = 0.1  # BERT's 10% linear warmup
-  c.optimizer.decay = "linear"     # linear decay to 0 after warmup
-  c.optimizer.layerwise_lr_decay = 1.0  # ELECTRA's recipe: 0.8 (base) / 0.9 (large); 1.0 disables
   if "runlocal" in flags:
     vocab = 2000
     c.model = model_config("bert-tiny", vocab_size=vocab, hidden_size=64, intermediate_size=128,

@@ -17,45 +17,25 @@ project's data folder has no train split): a smoke test, not a benchmark.
 """
 
 from bertjax.tasks.base import parse_variant, shared_data_dir
-from configs.common import base_config, model_config
+from configs.common import finetune_config, model_config
 
 
 def get_config(arg=None):
   values, flags = parse_variant(arg, {"task": ("ner", "pos")}, ("runlocal",), "configs/ner.py")
-  c = base_config()
+  c = finetune_config()
   c.objective = "ner"
   c.task = values.get("task", "ner")  # ner (entity F1) | pos (token accuracy)
-  # Used for random init only; with init_from the architecture comes from the checkpoint and
-  # only dropout, dtype and remat are taken from here.
-  c.model = model_config("bert-base")
-  c.init_from = ""                 # converted checkpoint (convert from-hf) or pretraining workdir
   c.data_dir = ""                  # folder with CoNLL-2003 files; empty: tfds conll2003
   c.train_file = ""                # in data_dir (or absolute); empty: train.txt
   c.dev_file = ""                  # in data_dir (or absolute); empty: valid.txt
   c.test_file = ""                 # in data_dir (or absolute); empty: test.txt if there; none: skip
-  c.tfds_data_dir = ""             # where tfds finds built datasets (empty: tfds's default)
   c.max_seq_length = 128           # longer sentences are split at word boundaries into several rows
-  c.batch_size = 32
   c.learning_rate = 5e-5
   c.num_epochs = 3.0               # converted to total_steps from the number of training rows
   c.total_steps = 0                # 0: num_epochs * training rows / batch_size
   c.max_train_examples = 0         # use only the first N training sentences (0: all)
-  c.eval_batch_size = 0            # rows per prediction batch (0: the training micro-batch)
-  c.eval_every = 0                 # steps between dev evals (0: once per epoch); also at the end
   # The dev metric whose best parameters are kept in WORKDIR/best.
   c.best_metric = "f1" if c.task == "ner" else "accuracy"
-  c.best_mode = "max"
-  c.seed = 0                       # data order, dropout and head init
-  c.seeds = ()                     # one run per seed into WORKDIR/seed_<n> (empty: just `seed`)
-  c.log_every = 50
-  c.checkpoint_every = 1000
-  c.keep_checkpoints = 1
-  c.optimizer.name = "adamw"
-  c.optimizer.weight_decay = 0.01
-  c.optimizer.warmup_steps = -1    # -1: warmup_fraction of total_steps
-  c.optimizer.warmup_fraction = 0.1  # BERT's 10% linear warmup
-  c.optimizer.decay = "linear"
-  c.optimizer.layerwise_lr_decay = 1.0  # ELECTRA's recipe: 0.8 (base) / 0.9 (large); 1.0 disables
   if "runlocal" in flags:
     vocab = 3000
     c.model = model_config("bert-tiny", vocab_size=vocab, hidden_size=64, intermediate_size=128,

@@ -18,49 +18,29 @@ evaluated on the whole subset, which includes those questions: a smoke test, not
 """
 
 from bertjax.tasks.base import parse_variant, shared_data_dir
-from configs.common import base_config, model_config
+from configs.common import finetune_config, model_config
 
 
 def get_config(arg=None):
   values, flags = parse_variant(arg, {"version": ("1.1", "2.0")}, ("runlocal",),
                                 "configs/squad.py")
-  c = base_config()
+  c = finetune_config()
   c.objective = "squad"
   c.version = values.get("version", "1.1")  # 1.1 | 2.0 (unanswerable questions: null at [CLS])
-  # Used for random init only; with init_from the architecture comes from the checkpoint and
-  # only dropout, dtype and remat are taken from here.
-  c.model = model_config("bert-base")
-  c.init_from = ""                 # converted checkpoint (convert from-hf) or pretraining workdir
   c.data_dir = ""                  # folder of the official json files; empty: tfds squad/v<version>
   c.train_file = ""                # in data_dir (or absolute); empty: train-v<version>.json
   c.dev_file = ""                  # in data_dir (or absolute); empty: dev-v<version>.json
-  c.tfds_data_dir = ""             # where tfds finds built datasets (empty: tfds's default)
   c.max_seq_length = 384           # [CLS] question [SEP] passage window [SEP]
   c.doc_stride = 128               # tokens between the starts of consecutive passage windows
   c.max_query_length = 64          # questions are cut to this many tokens
   c.max_answer_length = 30         # longest predicted answer, in tokens
   c.n_best_size = 20               # answers kept per question in nbest_predictions.json
   c.null_score_diff_threshold = 0.0  # v2.0: "" when null score - best span score exceeds this
-  c.batch_size = 32
   c.learning_rate = 3e-5
   c.num_epochs = 2.0               # converted to total_steps from the number of training windows
   c.total_steps = 0                # 0: num_epochs * training windows / batch_size
   c.max_train_examples = 0         # use only the first N training questions (0: all)
-  c.eval_batch_size = 0            # rows per prediction batch (0: the training micro-batch)
-  c.eval_every = 0                 # steps between dev evals (0: once per epoch); also at the end
   c.best_metric = "f1"             # dev F1; the best params are kept in WORKDIR/best
-  c.best_mode = "max"
-  c.seed = 0                       # data order, dropout and head init
-  c.seeds = ()                     # one run per seed into WORKDIR/seed_<n> (empty: just `seed`)
-  c.log_every = 50
-  c.checkpoint_every = 1000
-  c.keep_checkpoints = 1
-  c.optimizer.name = "adamw"
-  c.optimizer.weight_decay = 0.01
-  c.optimizer.warmup_steps = -1    # -1: warmup_fraction of total_steps
-  c.optimizer.warmup_fraction = 0.1  # BERT's 10% linear warmup
-  c.optimizer.decay = "linear"
-  c.optimizer.layerwise_lr_decay = 1.0  # ELECTRA's recipe: 0.8 (base) / 0.9 (large); 1.0 disables
   if "runlocal" in flags:
     vocab = 3000
     c.model = model_config("bert-tiny", vocab_size=vocab, hidden_size=64, intermediate_size=128,

@@ -2,10 +2,7 @@
 checkpoint, tfds input, pair encoding, layer-wise learning rates and bad input."""
 
 import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import flax.linen as nn
 import jax
@@ -20,24 +17,11 @@ from bertjax.objectives import get_objective
 from bertjax.tasks import base
 from bertjax.tasks import glue as glue_task
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-TINY = {"model.hidden_size": 32, "model.intermediate_size": 64, "model.num_attention_heads": 2,
-        "model.num_hidden_layers": 2, "tensorboard": False, "async_checkpointing": False,
-        "checkpoint_every": 100000}
+from helpers import REPO, TINY, load_config, run_module
 
 
 def glue_config(variant: str, **overrides):
-  config = config_lib.load_config_file(str(REPO / "configs/glue.py") + ":" + variant)
-  settings = {**TINY, **overrides}
-  config_lib.apply_overrides(config, [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
-                                      for k, v in settings.items()])
-  return config
-
-
-def run_module(*args, timeout=300):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
-  return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True,
-                        text=True, timeout=timeout)
+  return load_config(f"configs/glue.py:{variant}", **{**TINY, **overrides})
 
 
 def glue_copy(tmp_path, data_dir, folder: str, test_rows: int = 0) -> pathlib.Path:

@@ -4,37 +4,22 @@ end with scored predictions, POS, tfds input and bad input."""
 import json
 import os
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from bertjax import config_lib, train
+from bertjax import train
 from bertjax.data import tokenizers
 from bertjax.errors import UserError
 from bertjax.evaluation import ner as ner_eval
 from bertjax.objectives import get_objective
 from bertjax.tasks import ner
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-TINY = {"model.hidden_size": 32, "model.intermediate_size": 64, "model.num_attention_heads": 2,
-        "model.num_hidden_layers": 2, "tensorboard": False, "async_checkpointing": False,
-        "checkpoint_every": 100000}
+from helpers import REPO, TINY, load_config, run_module
 
 
 def ner_config(variant: str, **overrides):
-  config = config_lib.load_config_file(str(REPO / "configs/ner.py") + ":" + variant)
-  settings = {**TINY, **overrides}
-  config_lib.apply_overrides(config, [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
-                                      for k, v in settings.items()])
-  return config
-
-
-def run_module(*args, timeout=300):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
-  return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True,
-                        text=True, timeout=timeout)
+  return load_config(f"configs/ner.py:{variant}", **{**TINY, **overrides})
 
 
 def conll_part(src: pathlib.Path, dst: pathlib.Path, first: int, count: int) -> pathlib.Path:

@@ -4,8 +4,6 @@ force, v1.1 and v2.0 end to end on the real subsets, and bad input."""
 import json
 import os
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,24 +17,11 @@ from bertjax.evaluation import squad as squad_eval
 from bertjax.objectives import get_objective
 from bertjax.tasks import squad
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-TINY = {"model.hidden_size": 32, "model.intermediate_size": 64, "model.num_attention_heads": 2,
-        "model.num_hidden_layers": 2, "tensorboard": False, "async_checkpointing": False,
-        "checkpoint_every": 100000}
+from helpers import REPO, TINY, load_config, run_module
 
 
 def squad_config(variant: str, **overrides):
-  config = config_lib.load_config_file(str(REPO / "configs/squad.py") + ":" + variant)
-  settings = {**TINY, **overrides}
-  config_lib.apply_overrides(config, [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
-                                      for k, v in settings.items()])
-  return config
-
-
-def run_module(*args, timeout=300):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
-  return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True,
-                        text=True, timeout=timeout)
+  return load_config(f"configs/squad.py:{variant}", **{**TINY, **overrides})
 
 
 def subset(data_dir, version: str, titles, tmp_path, name: str, extra=None) -> pathlib.Path:
