@@ -46,6 +46,21 @@ def configure_logging():
   root.setLevel(logging.INFO)
 
 
+def print_summary(summary: dict) -> None:
+  """A few readable lines: where the run started and ended, and where its checkpoint is."""
+  def fmt(metrics):
+    keys = [k for k in ("loss", "mlm_accuracy", "nsp_accuracy", "sop_accuracy", "rtd_accuracy",
+                        "accuracy", "f1", "exact_match") if k in (metrics or {})]
+    return ", ".join(f"{k} {metrics[k]:.4f}" for k in keys) or "n/a"
+  if "first_train" not in summary:
+    return
+  print(f"start (first logged steps): {fmt(summary['first_train'])}")
+  print(f"end (last logged steps):    {fmt(summary['last_train'])}")
+  if summary.get("last_eval"):
+    print(f"last evaluation:            {fmt(summary['last_eval'])}")
+  print(f"checkpoint:                 {summary.get('checkpoint')} ({summary.get('status')})")
+
+
 def main(argv=None):
   args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
   configure_logging()
@@ -72,6 +87,7 @@ def main(argv=None):
     summary = multiseed.run_seeds(config, args.workdir)
   else:
     summary = train.train_and_evaluate(config, args.workdir)
+  print_summary(summary)
   print("summary: " + json.dumps(summary))
 
 
