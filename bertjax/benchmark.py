@@ -75,11 +75,23 @@ def device_peak(device) -> tuple[float | None, str]:
   return None, f"unknown device {kind!r}"
 
 
+def host_peak_rss_bytes() -> int:
+  """This process's peak resident memory. VmHWM, unlike ru_maxrss, is not inherited from the
+  parent across fork+exec, so a reference run in a subprocess reports only its own peak."""
+  try:
+    for line in open("/proc/self/status"):
+      if line.startswith("VmHWM:"):
+        return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
 def peak_memory_bytes(device) -> int:
   stats = device.memory_stats() if hasattr(device, "memory_stats") else None
   if stats and "peak_bytes_in_use" in stats:
     return int(stats["peak_bytes_in_use"])
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+  return host_peak_rss_bytes()
 
 
 def build_config(args):
@@ -226,7 +238,7 @@ def bench_torch(cfg, batch_size: int, seq_len: int, num_predictions: int, steps:
   step_s = statistics.median(times)
   return {"framework": "hf-torch", "tokens_per_s": batch_size * seq_len / step_s,
           "step_time_s": step_s, "torch_threads": torch.get_num_threads(),
-          "peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+          "peak_memory_bytes": host_peak_rss_bytes(),
           "torch_version": torch.__version__, "transformers_version": transformers.__version__}
 
 

@@ -15,11 +15,14 @@ then distil a 2-layer student from it (DistilBERT's recipe), then distil on a GL
 DistilBERT from bert-base (Sanh et al., 2019), on a corpus prepared with BERT's vocabulary:
 
   python -m bertjax.convert from-hf --model-dir bert-base-uncased --workdir runs/bert-base-uncased
-  python launch.py --config configs/distill.py:student=distilbert --workdir runs/distilbert \
+  JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=True python launch.py \
+      --config configs/distill.py:student=distilbert --workdir runs/distilbert \
       --config.distill.teacher=runs/bert-base-uncased --config.data_dir=PREPARED
 
 where PREPARED comes from `python -m bertjax.data.prepare ... --tokenizer runs/bert-base-uncased/
-tokenizer`. Without data_dir, `data.corpus` is prepared with the teacher's tokenizer.
+tokenizer`. Without data_dir, `data.corpus` is prepared with the teacher's tokenizer. The
+environment variable makes JAX pass the frozen teacher's params to the jitted step as sharded
+arguments rather than compiling 440 MB of them in as constants.
 
 Variants:
   student=distilbert  6 layers of bert-base, initialized from teacher layers 0, 2, ..., 10; T=2;
@@ -29,7 +32,10 @@ Variants:
                       distillation: hidden-state MSE through W_h + attention-score MSE over the
                       uniform layer map (student layer i <-> teacher layer 3i+2 of 12)
   task=<glue task>    task distillation (objective distill_glue): configs/glue.py's settings, the
-                      teacher a workdir fine-tuned with it, loss 1.0 soft CE (T=2) + 1.0 hard
+                      teacher a workdir fine-tuned with it, loss 1.0 soft CE (T=2) + 1.0 hard;
+                      TinyBERT's intermediate losses (--config.distill.hidden_weight=1.0
+                      --config.distill.attention_weight=1.0 --config.distill.layer_map=uniform)
+                      add the most in tests/test_distill.py's SST-2 run
   runlocal            tiny models on the WikiText-2 sample (or, with task=, the local GLUE copy)
 
 Every setting is in `config.distill` (see bertjax/objectives/distill.py for the losses).

@@ -87,10 +87,13 @@ def has_embedding_projection(cfg: ModelConfig) -> bool:
 @flax.struct.dataclass
 class EncoderOutput:
   """last_hidden_state: <float>[batch, seq, hidden]; pooler_output: <float>[batch, hidden] or None;
-  hidden_states: the embedding output and each layer's output (when asked for), else None."""
+  hidden_states: the embedding output and each layer's output (when asked for), else None;
+  attentions: each layer's pre-softmax attention scores <float>[batch, heads, q, k], the scaled
+  q.k before any masking (when asked for: `output_attentions`), else None."""
   last_hidden_state: Array
   pooler_output: Array | None = None
   hidden_states: tuple[Array, ...] | None = None
+  attentions: tuple[Array, ...] | None = None
 
 
 def make_attention_mask(attention_mask: Array, segment_ids: Array | None = None) -> Array:
@@ -157,27 +160,34 @@ class Embeddings(nn.Module):
 
 
 class SelfAttention(nn.Module):
+  """Multi-head self-attention. Returns <float>[batch, seq, hidden], or with `output_attentions`
+  (hidden, <float>[batch, heads, q, k] pre-softmax scores before masking)."""
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x, mask, deterministic: bool):
+  def __call__(self, x, mask, deterministic: bool, output_attentions: bool = False):
     cfg = self.config
     heads = (cfg.num_attention_heads, cfg.head_dim)
     q = _dense(heads, ("embed", "heads", "kv"), "query", cfg)(x)
     k = _dense(heads, ("embed", "heads", "kv"), "key", cfg)(x)
     v = _dense(heads, ("embed", "heads", "kv"), "value", cfg)(x)
     dropout = cfg.attention_probs_dropout_prob
-    if deterministic or dropout == 0.0:
+    raw_scores = None
+    if (deterministic or dropout == 0.0) and not output_attentions:
       # The fused kernel (cuDNN flash attention on GPU) has no dropout, so it serves inference and
       # dropout-free training.
       out = jax.nn.dot_product_attention(q, k, v, mask=mask)
     else:
-      scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(cfg.head_dim).astype(q.dtype)
-      scores = jnp.where(mask, scores, jnp.finfo(scores.dtype).min)
+      # The explicit path: needed for dropout, and to hand the scores out (the fused kernel never
+      # materializes them), as attention-transfer distillation (TinyBERT) reads them.
+      raw_scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(cfg.head_dim).astype(q.dtype)
+      scores = jnp.where(mask, raw_scores, jnp.finfo(raw_scores.dtype).min)
       probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(q.dtype)
-      probs = nn.Dropout(dropout)(probs, deterministic=False)
+      if not deterministic and dropout > 0.0:
+        probs = nn.Dropout(dropout)(probs, deterministic=False)
       out = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
-    return _dense(cfg.hidden_size, ("heads", "kv", "embed"), "output", cfg, axis=(-2, -1))(out)
+    out = _dense(cfg.hidden_size, ("heads", "kv", "embed"), "output", cfg, axis=(-2, -1))(out)
+    return (out, raw_scores) if output_attentions else out
 
 
 class TransformerLayer(nn.Module):
@@ -185,7 +195,9 @@ class TransformerLayer(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x, mask, deterministic: bool):
+  def __call__(self, x, mask, deterministic: bool, output_attentions: bool = False):
+    """<float>[batch, seq, hidden] -> the same, or with `output_attentions` (that, the layer's
+    pre-softmax attention scores <float>[batch, heads, q, k])."""
     cfg = self.config
     act_names = ("act_batch", "act_len", "act_embed")
     drop = lambda y: nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
@@ -195,17 +207,27 @@ class TransformerLayer(nn.Module):
     intermediate = _dense(cfg.intermediate_size, ("embed", "mlp"), "intermediate", cfg)
     output = _dense(cfg.hidden_size, ("mlp", "embed"), "output", cfg)
     act = activation(cfg.hidden_act)
+    scores = None
+
+    def attend(y):
+      nonlocal scores
+      if not output_attentions:
+        return attention(y, mask, deterministic)
+      y, scores = attention(y, mask, deterministic, True)
+      return y
+
     if cfg.pre_layer_norm:
-      x = x + drop(attention(attn_ln(x), mask, deterministic))
+      x = x + drop(attend(attn_ln(x)))
       x = nn.with_logical_constraint(x, act_names)
       h = nn.with_logical_constraint(act(intermediate(out_ln(x))), ("act_batch", "act_len", "act_mlp"))
       x = x + drop(output(h))
     else:
-      x = attn_ln(x + drop(attention(x, mask, deterministic)))
+      x = attn_ln(x + drop(attend(x)))
       x = nn.with_logical_constraint(x, act_names)
       h = nn.with_logical_constraint(act(intermediate(x)), ("act_batch", "act_len", "act_mlp"))
       x = out_ln(x + drop(output(h)))
-    return nn.with_logical_constraint(x, act_names)
+    x = nn.with_logical_constraint(x, act_names)
+    return (x, scores) if output_attentions else x
 
 
 class Encoder(nn.Module):
@@ -230,7 +252,7 @@ class Encoder(nn.Module):
       self.embeddings = Embeddings(cfg)
     if has_embedding_projection(cfg):
       self.embedding_projection = _dense(cfg.hidden_size, ("embed_in", "embed"), "embedding_projection", cfg)
-    layer_cls = nn.remat(TransformerLayer, static_argnums=(3,)) if cfg.remat else TransformerLayer
+    layer_cls = nn.remat(TransformerLayer, static_argnums=(3, 4)) if cfg.remat else TransformerLayer
     self.layers = [layer_cls(cfg, name=f"layer_{g}") for g in range(cfg.num_groups)]
     if cfg.pre_layer_norm:
       self.final_layer_norm = _layer_norm(cfg, "final_layer_norm")
@@ -239,7 +261,8 @@ class Encoder(nn.Module):
 
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, segment_ids=None,
                position_ids=None, deterministic: bool = True,
-               output_hidden_states: bool = False) -> EncoderOutput:
+               output_hidden_states: bool = False,
+               output_attentions: bool = False) -> EncoderOutput:
     cfg = self.config
     input_ids = jnp.asarray(input_ids)
     if attention_mask is None:
@@ -253,16 +276,23 @@ class Encoder(nn.Module):
       x = self.embedding_projection(x)
     x = nn.with_logical_constraint(x, ("act_batch", "act_len", "act_embed"))
     mask = make_attention_mask(attention_mask, segment_ids)
-    states = [x]
+    states, attentions = [x], []
     for i in range(cfg.num_hidden_layers):
-      x = self.layers[i * cfg.num_groups // cfg.num_hidden_layers](x, mask, deterministic)
+      layer = self.layers[i * cfg.num_groups // cfg.num_hidden_layers]
+      # Both flags positional: remat marks them static by position.
+      if output_attentions:
+        x, scores = layer(x, mask, deterministic, True)
+        attentions.append(scores)
+      else:
+        x = layer(x, mask, deterministic, False)
       states.append(x)
     if cfg.pre_layer_norm:
       x = self.final_layer_norm(x)
       states[-1] = x
     pooled = jnp.tanh(self.pooler(x[:, 0])) if cfg.use_pooler else None
     return EncoderOutput(last_hidden_state=x, pooler_output=pooled,
-                         hidden_states=tuple(states) if output_hidden_states else None)
+                         hidden_states=tuple(states) if output_hidden_states else None,
+                         attentions=tuple(attentions) if output_attentions else None)
 
   def attend(self, x: Array) -> Array:
     return self.embeddings.attend(x)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bertjax.errors import fail
 from bertjax.objectives.base import Objective
+from bertjax.objectives.distill import Distill, DistillGlue
 from bertjax.objectives.mlm_nsp import Mlm, MlmNsp, MlmSop
 from bertjax.objectives.rtd import Rtd
 from bertjax.objectives.span_sbo import SpanSbo
@@ -13,7 +14,7 @@ from bertjax.tasks.squad import SquadTask
 
 OBJECTIVES: dict[str, type[Objective]] = {
     cls.name: cls for cls in (MlmNsp, Mlm, MlmSop, SpanSbo, Rtd, GlueTask, SquadTask,
-                              TaggingTask)}
+                              TaggingTask, Distill, DistillGlue)}
 
 
 def get_objective(config) -> Objective:
