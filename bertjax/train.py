@@ -27,7 +27,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from bertjax import checkpoints, config_lib, optim, sharding
+from bertjax import checkpoints, optim, sharding
 from bertjax.errors import fail
 from bertjax.metric_writers import MetricWriter
 from bertjax.models.config import ModelConfig
@@ -306,7 +306,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       state, report = load_init_from(state, config.init_from, state_shardings)
       logging.info(report)
       print(report, flush=True)
-    (workdir / "config.json").write_text(config_lib.to_json(config))
+    # The model actually trained (fine-tuning takes init_from's architecture), so this workdir can
+    # itself be used as init_from or a teacher.
+    resolved = config.to_dict()
+    resolved["model"] = model_cfg.to_dict()
+    (workdir / "config.json").write_text(json.dumps(resolved, indent=2, sort_keys=True, default=str))
     if data.tokenizer is not None and jax.process_index() == 0 and not (workdir / "tokenizer").exists():
       data.tokenizer.save(workdir / "tokenizer")
 

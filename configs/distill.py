@@ -15,7 +15,7 @@ then distil a 2-layer student from it (DistilBERT's recipe), then distil on a GL
 DistilBERT from bert-base (Sanh et al., 2019), on a corpus prepared with BERT's vocabulary:
 
   python -m bertjax.convert from-hf --model-dir bert-base-uncased --workdir runs/bert-base-uncased
-  JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=True python launch.py \
+  python launch.py \
       --config configs/distill.py:student=distilbert --workdir runs/distilbert \
       --config.distill.teacher=runs/bert-base-uncased --config.data_dir=PREPARED
 

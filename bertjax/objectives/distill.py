@@ -30,9 +30,8 @@ Metrics: each term (soft_ce, plus soft_kl = soft_ce minus the teacher's entropy,
 when the student matches; mlm_loss / task_loss; cosine_loss; hidden_mse; attention_mse), the
 student's and the teacher's accuracy on the true labels, and `agreement` (same argmax).
 
-With JAX's current default, arrays a jitted function closes over are compiled into the
-executable as constants; for a large teacher set JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=True, which
-passes them to the step as sharded arguments instead (same results).
+The teacher's arrays reach the jitted step as sharded arguments, not compiled-in constants: the
+objective turns on JAX's `jax_use_simplified_jaxpr_constants` when it loads the teacher.
 
 `config.distill.student_init`: "teacher_layers" copies the teacher's embeddings, head and an evenly
 spread subset of its layers into the student (DistilBERT: teacher layers 0, 2, 4, ... into student
@@ -66,8 +65,6 @@ from bertjax.tasks import glue as glue_task
 _log = logging.getLogger(__name__)
 
 STUDENT_INITS = ("teacher_layers", "scratch")
-# Teachers larger than this get a warning about how JAX compiles closed-over arrays (see load).
-INLINE_WARN_BYTES = 64 << 20
 # Objectives whose workdirs keep the architecture of their init_from rather than config.model.
 _TASK_OBJECTIVES = ("glue", "squad", "ner", "distill_glue")
 # ModelConfig fields that decide parameter shapes: teacher_layers init needs them equal.
@@ -470,12 +467,10 @@ class Teacher:
 
     self.params = jax.tree.map(place, restored, shardings)
     n = sum(int(np.prod(s)) for s in shapes.values())
-    if 4 * n > INLINE_WARN_BYTES and not jax.config.jax_use_simplified_jaxpr_constants:
-      # The loss closes over the teacher; JAX's current default compiles closed-over arrays into
-      # the executable as (replicated) constants, its newer mode passes them as sharded arguments.
-      _log.warning("distill: the teacher's %d MiB of params will be compiled into the train step "
-                   "as constants; set JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=True to pass them as "
-                   "sharded arguments instead", 4 * n >> 20)
+    # The loss closes over the teacher. JAX's default compiles closed-over arrays into the
+    # executable as replicated constants; its newer mode passes them as sharded arguments, which
+    # is what a large teacher needs (results are identical).
+    jax.config.update("jax_use_simplified_jaxpr_constants", True)
     task_base.announce(f"distill: teacher {self.path} ({self.config.num_hidden_layers} layers, "
                        f"hidden {self.config.hidden_size}, {n:,} params), frozen")
 
