@@ -135,6 +135,9 @@ def model_config_to_hf_config(cfg: ModelConfig, architectures: list[str] | None 
   t = cfg.architecture
   if cfg.pre_layer_norm:
     fail("a pre_layer_norm model has no Hugging Face equivalent; only post-LN models export")
+  if cfg.scan_layers:
+    fail("a model.scan_layers checkpoint stacks its layers; export works on unrolled layers only "
+         "(train or convert with scan_layers=False)")
   if t in ("bert", "roberta") and cfg.embed_size != cfg.hidden_size:
     fail(f"a {t} model with embedding_size != hidden_size has no Hugging Face equivalent; use "
          "architecture albert or electra for factorized embeddings")

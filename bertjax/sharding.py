@@ -35,6 +35,7 @@ DEFAULT_RULES = (
     ("mlp", "tensor"),
     ("embed_in", None),
     ("embed_out", None),
+    ("layers", None),   # the stacked layer axis of model.scan_layers
 )
 
 

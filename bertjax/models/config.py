@@ -50,6 +50,9 @@ class ModelConfig:
   mlm_head_act: str | None = None
   dtype: str = "float32"
   remat: bool = False
+  # One compiled layer body scanned over a stacked `layers` parameter tree (faster compiles for
+  # deep models). Its checkpoint layout differs from the unrolled one; not for ALBERT sharing.
+  scan_layers: bool = False
 
   def __post_init__(self):
     if self.architecture not in ARCHITECTURES:
@@ -63,6 +66,8 @@ class ModelConfig:
            f"model.num_attention_heads={self.num_attention_heads}; pick sizes that divide")
     if self.dtype not in DTYPES:
       fail(f"unknown model.dtype={self.dtype!r}; use one of {', '.join(DTYPES)}")
+    if self.scan_layers and self.num_hidden_groups not in (None, self.num_hidden_layers):
+      fail("model.scan_layers needs one parameter set per layer; turn it off for ALBERT sharing")
     groups = self.num_groups
     if not 1 <= groups <= self.num_hidden_layers or self.num_hidden_layers % groups:
       fail(f"model.num_hidden_groups={groups} must divide model.num_hidden_layers="

@@ -16,6 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertjax.errors import fail
 from bertjax.models.config import ModelConfig
 
 Array = jax.Array
@@ -230,6 +231,17 @@ class TransformerLayer(nn.Module):
     return (x, scores) if output_attentions else x
 
 
+class _ScanBody(nn.Module):
+  """One layer as a scan step: carry the hidden states, also emit them (for hidden_states)."""
+  config: ModelConfig
+  layer_cls: Any
+
+  @nn.compact
+  def __call__(self, x, mask, deterministic: bool):
+    x = self.layer_cls(self.config, name="layer")(x, mask, deterministic, False)
+    return x, x
+
+
 class Encoder(nn.Module):
   """The encoder stack with embeddings and (optionally) the pooler.
 
@@ -253,7 +265,13 @@ class Encoder(nn.Module):
     if has_embedding_projection(cfg):
       self.embedding_projection = _dense(cfg.hidden_size, ("embed_in", "embed"), "embedding_projection", cfg)
     layer_cls = nn.remat(TransformerLayer, static_argnums=(3, 4)) if cfg.remat else TransformerLayer
-    self.layers = [layer_cls(cfg, name=f"layer_{g}") for g in range(cfg.num_groups)]
+    if cfg.scan_layers:
+      self.scanned = nn.scan(
+          _ScanBody, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+          in_axes=(nn.broadcast, nn.broadcast), length=cfg.num_hidden_layers,
+          metadata_params={nn.PARTITION_NAME: "layers"})(cfg, layer_cls, name="layers")
+    else:
+      self.layers = [layer_cls(cfg, name=f"layer_{g}") for g in range(cfg.num_groups)]
     if cfg.pre_layer_norm:
       self.final_layer_norm = _layer_norm(cfg, "final_layer_norm")
     if cfg.use_pooler:
@@ -277,7 +295,12 @@ class Encoder(nn.Module):
     x = nn.with_logical_constraint(x, ("act_batch", "act_len", "act_embed"))
     mask = make_attention_mask(attention_mask, segment_ids)
     states, attentions = [x], []
-    for i in range(cfg.num_hidden_layers):
+    if cfg.scan_layers:
+      if output_attentions:
+        fail("output_attentions is not available with model.scan_layers; turn scanning off")
+      x, stacked = self.scanned(x, mask, deterministic)
+      states += [stacked[i] for i in range(cfg.num_hidden_layers)]
+    for i in range(0 if cfg.scan_layers else cfg.num_hidden_layers):
       layer = self.layers[i * cfg.num_groups // cfg.num_hidden_layers]
       # Both flags positional: remat marks them static by position.
       if output_attentions:
