@@ -84,18 +84,22 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-def parse_variant(arg: str | None, config_file: str, **defaults) -> ml_collections.ConfigDict:
+def parse_variant(arg: str | None, config_file: str, choices: dict | None = None,
+                  **defaults) -> ml_collections.ConfigDict:
   """`size=base,runlocal` -> {size: 'base', runlocal: True, ...defaults}: a config's variant.
 
   Every key must be one of `defaults`: `key=value` sets a string option, a bare `key` turns a
-  flag (a bool default) on. `config_file` names the file in the error for anything else.
+  flag (a bool default) on. `choices` optionally lists the values a string option may take.
+  `config_file` names the file in the error for anything else.
   """
   options = dict(defaults)
   for item in filter(None, (arg or "").split(",")):
-    key, sep, value = item.partition("=")
+    key, sep, value = (part.strip() for part in item.partition("="))
     if key not in defaults or bool(sep) == isinstance(defaults[key], bool):
       valid = ", ".join(f"{k}" if isinstance(v, bool) else f"{k}=..." for k, v in defaults.items())
       fail(f"unknown variant {item!r} for {config_file}; use a comma-separated list of {valid}")
+    if sep and choices and key in choices and value not in choices[key]:
+      fail(f"{config_file}: {key}={value!r} is not one of {', '.join(choices[key])}")
     options[key] = value if sep else True
   return ml_collections.ConfigDict(options)
 

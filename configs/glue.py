@@ -16,16 +16,16 @@ own text, 512 training examples for 8 epochs from the local GLUE copy (BERTJAX_D
 ../shared/data): a smoke test of well under a minute on a laptop CPU (SST-2: dev accuracy ~0.6).
 """
 
-from bertjax.tasks.base import parse_variant, shared_data_dir
+from bertjax.tasks.base import shared_data_dir
 from bertjax.tasks.glue import TASKS
-from configs.common import finetune_config, model_config
+from configs.common import finetune_config, model_config, parse_variant
 
 
 def get_config(arg=None):
-  values, flags = parse_variant(arg, {"task": TASKS}, ("runlocal",), "configs/glue.py")
+  v = parse_variant(arg, "configs/glue.py", {"task": TASKS}, task="rte", runlocal=False)
   c = finetune_config()
   c.objective = "glue"
-  c.task = values.get("task", "rte")  # cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli
+  c.task = v.task  # cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli
   c.data_dir = ""                  # GLUE tsv: glue_data/ or glue_data/<TASK>/; empty: tfds
   c.max_seq_length = 128           # [CLS] A [SEP] B [SEP]; the longer sentence is truncated first
   c.learning_rate = 2e-5           # BERT picks 2e-5..5e-5 on dev; 2e-5 is its safest choice
@@ -33,7 +33,7 @@ def get_config(arg=None):
   c.total_steps = 0                # 0: num_epochs * train examples / batch_size
   c.max_train_examples = 0         # use only the first N training examples (0: all)
   c.best_metric = "score"          # GLUE score (mean of the task's metrics); best in WORKDIR/best
-  if "runlocal" in flags:
+  if v.runlocal:
     vocab = 2000
     c.model = model_config("bert-tiny", vocab_size=vocab, hidden_size=64, intermediate_size=128,
                            max_position_embeddings=128, hidden_dropout_prob=0.0,

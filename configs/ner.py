@@ -16,15 +16,15 @@ sentences, trained on 1000 sentences of CoNLL-2003 test.txt and evaluated on val
 project's data folder has no train split): a smoke test, not a benchmark.
 """
 
-from bertjax.tasks.base import parse_variant, shared_data_dir
-from configs.common import finetune_config, model_config
+from bertjax.tasks.base import shared_data_dir
+from configs.common import finetune_config, model_config, parse_variant
 
 
 def get_config(arg=None):
-  values, flags = parse_variant(arg, {"task": ("ner", "pos")}, ("runlocal",), "configs/ner.py")
+  v = parse_variant(arg, "configs/ner.py", {"task": ("ner", "pos")}, task="ner", runlocal=False)
   c = finetune_config()
   c.objective = "ner"
-  c.task = values.get("task", "ner")  # ner (entity F1) | pos (token accuracy)
+  c.task = v.task  # ner (entity F1) | pos (token accuracy)
   c.data_dir = ""                  # folder with CoNLL-2003 files; empty: tfds conll2003
   c.train_file = ""                # in data_dir (or absolute); empty: train.txt
   c.dev_file = ""                  # in data_dir (or absolute); empty: valid.txt
@@ -36,7 +36,7 @@ def get_config(arg=None):
   c.max_train_examples = 0         # use only the first N training sentences (0: all)
   # The dev metric whose best parameters are kept in WORKDIR/best.
   c.best_metric = "f1" if c.task == "ner" else "accuracy"
-  if "runlocal" in flags:
+  if v.runlocal:
     vocab = 3000
     c.model = model_config("bert-tiny", vocab_size=vocab, hidden_size=64, intermediate_size=128,
                            max_position_embeddings=128, hidden_dropout_prob=0.0,

@@ -17,16 +17,16 @@ passages, trained on 600 questions of the SQuAD subset in BERTJAX_DATA (or ../sh
 evaluated on the whole subset, which includes those questions: a smoke test, not a benchmark.
 """
 
-from bertjax.tasks.base import parse_variant, shared_data_dir
-from configs.common import finetune_config, model_config
+from bertjax.tasks.base import shared_data_dir
+from configs.common import finetune_config, model_config, parse_variant
 
 
 def get_config(arg=None):
-  values, flags = parse_variant(arg, {"version": ("1.1", "2.0")}, ("runlocal",),
-                                "configs/squad.py")
+  v = parse_variant(arg, "configs/squad.py", {"version": ("1.1", "2.0")}, version="1.1",
+                    runlocal=False)
   c = finetune_config()
   c.objective = "squad"
-  c.version = values.get("version", "1.1")  # 1.1 | 2.0 (unanswerable questions: null at [CLS])
+  c.version = v.version  # 1.1 | 2.0 (unanswerable questions: null at [CLS])
   c.data_dir = ""                  # folder of the official json files; empty: tfds squad/v<version>
   c.train_file = ""                # in data_dir (or absolute); empty: train-v<version>.json
   c.dev_file = ""                  # in data_dir (or absolute); empty: dev-v<version>.json
@@ -41,7 +41,7 @@ def get_config(arg=None):
   c.total_steps = 0                # 0: num_epochs * training windows / batch_size
   c.max_train_examples = 0         # use only the first N training questions (0: all)
   c.best_metric = "f1"             # dev F1; the best params are kept in WORKDIR/best
-  if "runlocal" in flags:
+  if v.runlocal:
     vocab = 3000
     c.model = model_config("bert-tiny", vocab_size=vocab, hidden_size=64, intermediate_size=128,
                            max_position_embeddings=128, hidden_dropout_prob=0.0,

@@ -334,7 +334,7 @@ def test_bad_rows_are_one_line_exit_2(tmp_path, data_dir, row, needle):
 def test_bad_variant_and_task(tmp_path):
   with pytest.raises(UserError, match="task='rtee' is not one of"):
     config_lib.load_config_file(str(REPO / "configs/glue.py") + ":task=rtee")
-  with pytest.raises(UserError, match="unknown configs/glue.py variant 'fast'"):
+  with pytest.raises(UserError, match="unknown variant 'fast' for configs/glue.py"):
     config_lib.load_config_file(str(REPO / "configs/glue.py") + ":fast")
   config = glue_config("task=rte", task="mnli_matched")
   with pytest.raises(UserError, match="unknown GLUE task 'mnli_matched'"):

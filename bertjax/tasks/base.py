@@ -285,30 +285,6 @@ def shared_data_dir(*parts: str) -> str:
   return str(path) if path.exists() else ""
 
 
-def parse_variant(arg: str | None, keys: Mapping[str, Sequence[str]], flags: Sequence[str],
-                  where: str) -> tuple[dict[str, str], set[str]]:
-  """`key=value,flag,...` of `configs/x.py:ARG` -> ({key: value}, {flags}).
-
-  keys: allowed keys and their allowed values (empty: any value).
-  """
-  values: dict[str, str] = {}
-  on: set[str] = set()
-  usage = ", ".join([f"{k}=..." for k in keys] + list(flags))
-  for item in filter(None, (arg or "").split(",")):
-    key, sep, value = (s.strip() for s in item.partition("="))
-    if sep:
-      if key not in keys:
-        fail(f"unknown {where} setting {key!r} in {arg!r}; use {usage}")
-      if keys[key] and value not in keys[key]:
-        fail(f"{where}: {key}={value!r} is not one of {', '.join(keys[key])}")
-      values[key] = value
-    elif key in flags:
-      on.add(key)
-    else:
-      fail(f"unknown {where} variant {item!r}; use {usage}")
-  return values, on
-
-
 # ---------------------------------------------------------------------------------------------
 # The task objective.
 
