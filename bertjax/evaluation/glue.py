@@ -153,6 +153,24 @@ def _split(split: str) -> str:
   return split
 
 
+def _parse_label(cell: str, t, label_index: dict, where: str, what: str, number_hint: str,
+                 label_hint: str):
+  """A gold or predicted cell -> a float score (regression) or a label index; bad cells fail
+  with `where` (file:line) and `what` (score, label or prediction) in the message."""
+  raw = cell.strip()
+  if t.is_regression:
+    try:
+      value = float(raw)
+    except ValueError:
+      value = math.nan
+    if not math.isfinite(value):
+      fail(f"{where}: {what} {raw!r} is not a finite number{number_hint}")
+    return value
+  if raw not in label_index:
+    fail(f"{where}: {what} {raw!r} is not a {t.name} label ({', '.join(t.labels)}){label_hint}")
+  return label_index[raw]
+
+
 def read_glue_tsv(path: str | os.PathLike, task: str, split: str) -> list[dict[str, Any]]:
   """Reads one official GLUE tsv file.
 
@@ -191,19 +209,9 @@ def read_glue_tsv(path: str | os.PathLike, task: str, split: str) -> list[dict[s
              f"GLUE {t.name} {split}; fix the row (or check the task and split)")
       label = None
       if cols.label is not None:
-        raw = row[cols.label].strip()
-        if t.is_regression:
-          try:
-            label = float(raw)
-          except ValueError:
-            label = math.nan
-          if not math.isfinite(label):
-            fail(f"{path}:{line}: score {raw!r} is not a finite number; fix the row")
-        else:
-          if raw not in label_index:
-            fail(f"{path}:{line}: label {raw!r} is not a {t.name} label "
-                 f"({', '.join(t.labels)}); fix the row (or check the task)")
-          label = label_index[raw]
+        label = _parse_label(row[cols.label], t, label_index, f"{path}:{line}",
+                             "score" if t.is_regression else "label", "; fix the row",
+                             "; fix the row (or check the task)")
       rows.append({
           "idx": len(rows),
           "sentence1": row[cols.sentence1],
@@ -436,19 +444,7 @@ def read_predictions_tsv(path: str | os.PathLike, task: str) -> tuple[np.ndarray
       if idx in seen:
         fail(f"{path}:{line}: index {idx} already given on line {seen[idx]}; keep one row each")
       seen[idx] = line
-      raw = row[1].strip()
-      if t.is_regression:
-        try:
-          value = float(raw)
-        except ValueError:
-          value = math.nan
-        if not math.isfinite(value):
-          fail(f"{path}:{line}: prediction {raw!r} is not a finite number")
-      else:
-        if raw not in label_index:
-          fail(f"{path}:{line}: prediction {raw!r} is not a {t.name} label "
-               f"({', '.join(t.labels)})")
-        value = label_index[raw]
+      value = _parse_label(row[1], t, label_index, f"{path}:{line}", "prediction", "", "")
       indices.append(idx)
       preds.append(value)
   dtype = np.float64 if t.is_regression else np.int64
