@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from bertjax.errors import fail
 from bertjax.models.config import ModelConfig
+from bertjax.models.dropout import Dropout
 
 Array = jax.Array
 
@@ -147,7 +148,7 @@ class Embeddings(nn.Module):
         embedding_init=nn.with_logical_partitioning(dense_init(), (None, "embed")),
         dtype=cfg.compute_dtype, param_dtype=jnp.float32)
     self.layer_norm = _layer_norm(cfg, "layer_norm")
-    self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+    self.dropout = Dropout(cfg.hidden_dropout_prob)
 
   def __call__(self, input_ids, token_type_ids, position_ids, deterministic: bool):
     x = (self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
@@ -185,7 +186,7 @@ class SelfAttention(nn.Module):
       scores = jnp.where(mask, raw_scores, jnp.finfo(raw_scores.dtype).min)
       probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(q.dtype)
       if not deterministic and dropout > 0.0:
-        probs = nn.Dropout(dropout)(probs, deterministic=False)
+        probs = Dropout(dropout)(probs, deterministic=False)
       out = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
     out = _dense(cfg.hidden_size, ("heads", "kv", "embed"), "output", cfg, axis=(-2, -1))(out)
     return (out, raw_scores) if output_attentions else out
@@ -201,7 +202,7 @@ class TransformerLayer(nn.Module):
     pre-softmax attention scores <float>[batch, heads, q, k])."""
     cfg = self.config
     act_names = ("act_batch", "act_len", "act_embed")
-    drop = lambda y: nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
+    drop = lambda y: Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
     attention = SelfAttention(cfg, name="attention")
     attn_ln = _layer_norm(cfg, "attention_layer_norm")
     out_ln = _layer_norm(cfg, "output_layer_norm")

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.models.config import ModelConfig
+from bertjax.models.dropout import Dropout
 from bertjax.models.encoder import _dense, _layer_norm, activation
 
 
@@ -44,7 +45,7 @@ class PairHead(nn.Module):
 
   @nn.compact
   def __call__(self, pooled, deterministic: bool = True):
-    pooled = nn.Dropout(self.config.hidden_dropout_prob)(pooled, deterministic=deterministic)
+    pooled = Dropout(self.config.hidden_dropout_prob)(pooled, deterministic=deterministic)
     return _dense(2, ("embed", None), "classifier", self.config)(pooled).astype(jnp.float32)
 
 
@@ -66,7 +67,7 @@ class ClassificationHead(nn.Module):
 
   @nn.compact
   def __call__(self, pooled, deterministic: bool = True):
-    pooled = nn.Dropout(self.config.hidden_dropout_prob)(pooled, deterministic=deterministic)
+    pooled = Dropout(self.config.hidden_dropout_prob)(pooled, deterministic=deterministic)
     return _dense(self.num_labels, ("embed", None), "classifier", self.config)(pooled).astype(jnp.float32)
 
 
@@ -77,7 +78,7 @@ class TokenHead(nn.Module):
 
   @nn.compact
   def __call__(self, x, deterministic: bool = True):
-    x = nn.Dropout(self.config.hidden_dropout_prob)(x, deterministic=deterministic)
+    x = Dropout(self.config.hidden_dropout_prob)(x, deterministic=deterministic)
     return _dense(self.num_labels, ("embed", None), "classifier", self.config)(x).astype(jnp.float32)
 
 

@@ -79,11 +79,21 @@ class Objective:
     raise NotImplementedError
 
 
+def top1_correct(logits, labels) -> jax.Array:
+  """<float32> 1 where the label's logit is the largest (ties count as correct).
+
+  Cheaper than `argmax(logits) == labels` over a 30k vocabulary: the row maximum is the one the
+  softmax already computes, and the label's logit is a gather, not a second pass with indices.
+  """
+  target = jnp.take_along_axis(logits, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
+  return (target >= jnp.max(logits, axis=-1)).astype(jnp.float32)
+
+
 def masked_lm_terms(logits, masked_ids, masked_weights, denominator, prefix="mlm") -> tuple[jax.Array, Metrics]:
   """Cross-entropy and accuracy of <float32>[batch, p, vocab] logits at the masked positions."""
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, masked_ids)
   w = masked_weights.astype(jnp.float32)
-  correct = (jnp.argmax(logits, -1) == masked_ids).astype(jnp.float32)
+  correct = top1_correct(logits, masked_ids)
   loss_sum = jnp.sum(ce * w)
   return loss_sum / denominator, {f"{prefix}_loss": (loss_sum, jnp.sum(w)),
                                   f"{prefix}_accuracy": (jnp.sum(correct * w), jnp.sum(w))}
