@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import sys
+import warnings
 
 
 def parse_args(argv):
@@ -67,6 +68,10 @@ def main(argv=None):
   # Compiled steps are cached across runs (a resumed or repeated run skips most compilation).
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/bertjax/jax"))
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  from bertjax import xla_defaults  # pylint: disable=g-import-not-at-top
+  if xla_defaults.onednn_active():
+    # On CPUs the oneDNN matmuls cannot be cached (bertjax/xla_defaults.py); say nothing per step.
+    warnings.filterwarnings("ignore", message="Error writing persistent compilation cache entry")
   if args.sweep:
     from bertjax import sweep  # pylint: disable=g-import-not-at-top
     record = sweep.run_sweep(args.sweep, args.workdir, dry_run=args.dry_run, tpu=args.tpu,

@@ -11,24 +11,20 @@ It is also the reference for the quickstart's learning curve: what our model lea
 steps on this corpus is what transformers' implementation learns.
 """
 
+import os
+import subprocess
+import sys
+
 import flax.linen as nn
 import jax
 import numpy as np
-import optax
 import pytest
-import torch
-import transformers as T
 
-from bertjax import convert, optim, sharding, train
+from bertjax import convert, hf_reference, optim, sharding, train
 from bertjax.objectives import get_objective
-from tests.helpers import load_config
+from tests.helpers import REPO, load_config
 
 STEPS, WARMUP = 30, 5
-
-
-def torch_schedule(step: int, total: int, warmup: int) -> float:
-  """optax: linear 0 -> peak over `warmup` steps, then linear peak -> 0 at `total`."""
-  return step / warmup if step < warmup else max(0.0, (total - step) / (total - warmup))
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +41,10 @@ def setup(tmp_path_factory):
 
 def test_pretraining_losses_match_transformers(setup):
   config, objective, batches = setup
+  if os.environ.get("BERTJAX_XLA_DEFAULTS") != "0":  # the run below: bertjax's CPU defaults on
+    assert "--xla_cpu_use_onednn=true" in os.environ.get("XLA_FLAGS", "")
   cfg = objective.model_config(config)
-  torch.manual_seed(0)
-  hf = T.BertForPreTraining(T.BertConfig(**convert.model_config_to_hf_config(cfg)))
-  hf.train()
+  hf = hf_reference.build_model(cfg, seed=0)
   state_dict = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
   converted, missing, _ = convert.hf_to_params(state_dict, cfg, ("mlm", "pair"))
   assert not missing
@@ -72,35 +68,21 @@ def test_pretraining_losses_match_transformers(setup):
       ours.append(float(metrics["loss"][0]))
 
   # Theirs: the usual PyTorch loop with the same hyperparameters.
-  o = config.optimizer
-  no_decay = [p for n, p in hf.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
-  decay = [p for n, p in hf.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
-  opt = torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
-                           {"params": no_decay, "weight_decay": 0.0}],
-                          lr=config.learning_rate, betas=(o.b1, o.b2), eps=o.eps)
-  sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: torch_schedule(s, STEPS, WARMUP))
-  theirs = []
-  for b in batches:
-    t = {k: torch.from_numpy(np.asarray(v)).long() for k, v in b.items() if k != "masked_weights"}
-    out = hf(input_ids=t["input_ids"], attention_mask=t["attention_mask"],
-             token_type_ids=t["token_type_ids"])
-    logits = torch.gather(out.prediction_logits, 1,
-                          t["masked_positions"][..., None].expand(-1, -1, cfg.vocab_size))
-    w = torch.from_numpy(np.asarray(b["masked_weights"], np.float32))
-    ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), t["masked_ids"].flatten(),
-                                           reduction="none")
-    mlm = (ce * w.flatten()).sum() / w.sum()
-    nsp = torch.nn.functional.cross_entropy(out.seq_relationship_logits,
-                                            t["next_sentence_label"].flatten())
-    loss = mlm + nsp
-    opt.zero_grad()
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(hf.parameters(), o.grad_clip_norm)
-    opt.step()
-    sched.step()
-    theirs.append(loss.item())
+  theirs = [r["loss"] for r in hf_reference.train(hf, batches, config)]
 
   ours, theirs = np.array(ours), np.array(theirs)
   np.testing.assert_allclose(ours, theirs, rtol=2e-5, atol=0)
   # Not a flat curve that trivially agrees: both learned over these steps.
   assert ours[-5:].mean() < ours[0] - 0.5, ours
+
+
+def test_same_losses_with_the_default_onednn_matmuls():
+  """The suite runs without bertjax's oneDNN flags (tests/conftest.py); users' runs have them:
+  the parity above must hold there too."""
+  env = dict(os.environ, BERTJAX_XLA_DEFAULTS="1", JAX_PLATFORMS="cpu")
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                      f"{__file__}::test_pretraining_losses_match_transformers"],
+                     cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+  assert "1 passed" in r.stdout

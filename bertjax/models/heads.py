@@ -20,6 +20,17 @@ def gather_positions(x: jax.Array, positions: jax.Array) -> jax.Array:
   return jnp.take_along_axis(x, positions[..., None].astype(jnp.int32), axis=1)
 
 
+def add_vocab_bias(logits: jax.Array, bias: jax.Array) -> jax.Array:
+  """logits + bias, with the bias broadcast as an outer product with ones.
+
+  Same values; the difference is the backward pass: the bias gradient becomes a matrix-vector
+  product instead of a column reduction over [rows, vocab], which XLA:CPU ran ~5x slower (about
+  15 ms of a 530 ms bert-mini step, PERFORMANCE.md).
+  """
+  ones = jnp.ones(logits.shape[:-1], logits.dtype)
+  return logits + jnp.einsum("...,v->...v", ones, bias.astype(logits.dtype))
+
+
 class MLMHead(nn.Module):
   """Dense + activation + LayerNorm, then the decoder tied to the word embeddings, plus a bias.
 
@@ -36,7 +47,7 @@ class MLMHead(nn.Module):
     x = _layer_norm(cfg, "layer_norm", "embed_in")(x)
     bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),
                       (cfg.vocab_size,), jnp.float32)
-    return encoder.attend(x).astype(jnp.float32) + bias
+    return add_vocab_bias(encoder.attend(x).astype(jnp.float32), bias)
 
 
 class PairHead(nn.Module):
@@ -119,4 +130,4 @@ class SpanBoundaryHead(nn.Module):
     x = _layer_norm(cfg, "layer_norm_1", "embed_in")(act(x))
     bias_init = nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",))
     bias = self.param("bias", bias_init, (cfg.vocab_size,), jnp.float32)
-    return encoder.attend(x).astype(jnp.float32) + bias
+    return add_vocab_bias(encoder.attend(x).astype(jnp.float32), bias)

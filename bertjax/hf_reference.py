@@ -1,0 +1,75 @@
+"""Transformers' PyTorch BertForPreTraining trained on our batches: the reference learning curve.
+
+Used by tests/test_training_parity.py (same start, same batches: the per-step losses must agree
+with bertjax's train step) and by experiments/quickstart_hf_reference.py (what the reference
+implementation learns in the quickstart's 200 steps). Needs torch and transformers
+(requirements-dev.txt); nothing else in bertjax imports this module.
+
+The loop mirrors `bertjax.optim` + `bertjax.train`: AdamW with weight decay off biases and
+LayerNorm, global-norm clipping, linear warmup from 0 then linear decay to 0 at `total_steps`,
+MLM cross-entropy averaged over the masked positions plus NSP cross-entropy over the rows.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+
+def schedule_factor(step: int, total: int, warmup: int) -> float:
+  """optax's warmup-then-linear-decay (bertjax.optim.make_schedule) as a multiplier of the peak."""
+  if step < warmup:
+    return step / warmup
+  return max(0.0, (total - step) / max(total - warmup, 1))
+
+
+def build_model(model_cfg, seed: int = 0):
+  """A randomly initialized BertForPreTraining of `model_cfg`'s shape, in training mode."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from bertjax import convert  # pylint: disable=g-import-not-at-top
+  torch.manual_seed(seed)
+  hf_config = transformers.BertConfig(**convert.model_config_to_hf_config(model_cfg))
+  model = transformers.BertForPreTraining(hf_config)
+  model.train()
+  return model
+
+
+def train(model, batches: Iterable[dict], config) -> list[dict]:
+  """Trains `model` one step per batch with `config`'s optimizer settings; per-step metrics."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import torch.nn.functional as F  # pylint: disable=g-import-not-at-top
+  o = config.optimizer
+  total = int(config.total_steps)
+  warmup = int(o.warmup_steps if o.warmup_steps >= 0 else round(o.warmup_fraction * total))
+  no_decay = lambda n: n.endswith("bias") or "LayerNorm" in n
+  named = list(model.named_parameters())
+  opt = torch.optim.AdamW(
+      [{"params": [p for n, p in named if not no_decay(n)], "weight_decay": o.weight_decay},
+       {"params": [p for n, p in named if no_decay(n)], "weight_decay": 0.0}],
+      lr=config.learning_rate, betas=(o.b1, o.b2), eps=o.eps)
+  sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: schedule_factor(s, total, warmup))
+  vocab = model.config.vocab_size
+  rows = []
+  for step, b in enumerate(batches, start=1):
+    t = {k: torch.from_numpy(np.asarray(v)).long() for k, v in b.items() if k != "masked_weights"}
+    out = model(input_ids=t["input_ids"], attention_mask=t["attention_mask"],
+                token_type_ids=t["token_type_ids"])
+    logits = torch.gather(out.prediction_logits, 1,
+                          t["masked_positions"][..., None].expand(-1, -1, vocab))
+    w = torch.from_numpy(np.asarray(b["masked_weights"], np.float32)).flatten()
+    ce = F.cross_entropy(logits.flatten(0, 1), t["masked_ids"].flatten(), reduction="none")
+    mlm = (ce * w).sum() / w.sum()
+    correct = (logits.argmax(-1).flatten() == t["masked_ids"].flatten()).float()
+    nsp = F.cross_entropy(out.seq_relationship_logits, t["next_sentence_label"].flatten())
+    loss = mlm + nsp
+    opt.zero_grad()
+    loss.backward()
+    if o.grad_clip_norm > 0:
+      torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip_norm)
+    opt.step()
+    sched.step()
+    rows.append({"step": step, "loss": loss.item(), "mlm_loss": mlm.item(),
+                 "nsp_loss": nsp.item(), "mlm_accuracy": float((correct * w).sum() / w.sum())})
+  return rows

@@ -1,0 +1,50 @@
+"""XLA:CPU settings bertjax turns on before JAX starts its backends.
+
+Matrix multiplies through oneDNN (the library PyTorch uses on CPUs) instead of XLA:CPU's default
+kernels: +13% tokens/s on the bert-mini train step on this project's 2-core reference machine,
+no change on bert-base (PERFORMANCE.md). The flags are experimental XLA options, and XLA aborts
+on flags it does not know, so they are added only for the jaxlib versions they were checked
+with, never when the user has set them (either way) in XLA_FLAGS, and not with
+BERTJAX_XLA_DEFAULTS=0. GPU and TPU backends ignore xla_cpu_* flags.
+
+XLA reads XLA_FLAGS when the first backend starts: importing bertjax before running any JAX
+computation is enough (launch.py, the benchmark and the CLIs all do).
+
+The cost: XLA:CPU cannot serialize oneDNN calls, so with these flags the persistent compilation
+cache stores nothing on CPUs (each run compiles again, a few seconds for small models). The test
+suite, which compiles hundreds of tiny steps, turns the flags off for that reason
+(tests/conftest.py) and checks training with them on in one test.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+
+CPU_FLAGS = ("--xla_cpu_use_onednn=true",
+             "--xla_cpu_experimental_onednn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT")
+CHECKED_JAXLIB = ("0.10.2",)
+
+
+def version_of_jaxlib() -> str | None:
+  try:
+    return importlib.metadata.version("jaxlib")
+  except importlib.metadata.PackageNotFoundError:
+    return None
+
+
+def apply(environ=os.environ) -> list[str]:
+  """Adds CPU_FLAGS to XLA_FLAGS where safe; returns the flags added."""
+  if environ.get("BERTJAX_XLA_DEFAULTS", "1") == "0":
+    return []
+  if version_of_jaxlib() not in CHECKED_JAXLIB:
+    return []
+  current = environ.get("XLA_FLAGS", "")
+  added = [f for f in CPU_FLAGS if f.split("=")[0] not in current]
+  if added:
+    environ["XLA_FLAGS"] = " ".join([current, *added]).strip()
+  return added
+
+
+def onednn_active(environ=os.environ) -> bool:
+  return CPU_FLAGS[0] in environ.get("XLA_FLAGS", "")
