@@ -3,7 +3,11 @@
 200 steps of the real config (tokenizer trained and corpus prepared at first run). On this
 corpus a tiny model first reaches the unigram entropy (6.41 nats for the 4000-piece vocabulary)
 and only then starts using context, so 200 steps lower the total loss by about 22% from its
-initial ln(4000) + ln(2), not the 30% the issue asked for; the assertions below hold with margin.
+initial ln(4000) + ln(2), not the 30% the pretraining issue asked for. That is the task, not our
+implementation: transformers' BertForPreTraining trained on the same batches with the same
+settings goes from 8.98 to 7.00 (-22.0%, experiments/quickstart_hf_reference.py), and
+tests/test_training_parity.py holds both to the same per-step losses. The assertions below hold
+with margin.
 """
 
 import json
