@@ -6,8 +6,7 @@ implementation learns in the quickstart's 200 steps). Needs torch and transforme
 (requirements-dev.txt); nothing else in bertjax imports this module.
 
 The loop mirrors `bertjax.optim` + `bertjax.train`: AdamW with weight decay off biases and
-LayerNorm, global-norm clipping, linear warmup from 0 then linear decay to 0 at `total_steps`,
-MLM cross-entropy averaged over the masked positions plus NSP cross-entropy over the rows.
+LayerNorm, global-norm clipping, the learning rate from `bertjax.optim.make_schedule`, MLM cross-entropy averaged over the masked positions plus NSP cross-entropy over the rows.
 """
 
 from __future__ import annotations
@@ -15,13 +14,6 @@ from __future__ import annotations
 from typing import Iterable
 
 import numpy as np
-
-
-def schedule_factor(step: int, total: int, warmup: int) -> float:
-  """optax's warmup-then-linear-decay (bertjax.optim.make_schedule) as a multiplier of the peak."""
-  if step < warmup:
-    return step / warmup
-  return max(0.0, (total - step) / max(total - warmup, 1))
 
 
 def build_model(model_cfg, seed: int = 0):
@@ -40,16 +32,17 @@ def train(model, batches: Iterable[dict], config) -> list[dict]:
   """Trains `model` one step per batch with `config`'s optimizer settings; per-step metrics."""
   import torch  # pylint: disable=g-import-not-at-top
   import torch.nn.functional as F  # pylint: disable=g-import-not-at-top
+  from bertjax import optim  # pylint: disable=g-import-not-at-top
   o = config.optimizer
-  total = int(config.total_steps)
-  warmup = int(o.warmup_steps if o.warmup_steps >= 0 else round(o.warmup_fraction * total))
+  schedule = optim.make_schedule(config)  # the trainer's own, as a multiple of the peak below
   no_decay = lambda n: n.endswith("bias") or "LayerNorm" in n
   named = list(model.named_parameters())
   opt = torch.optim.AdamW(
       [{"params": [p for n, p in named if not no_decay(n)], "weight_decay": o.weight_decay},
        {"params": [p for n, p in named if no_decay(n)], "weight_decay": 0.0}],
       lr=config.learning_rate, betas=(o.b1, o.b2), eps=o.eps)
-  sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: schedule_factor(s, total, warmup))
+  sched = torch.optim.lr_scheduler.LambdaLR(
+      opt, lambda s: float(schedule(s)) / config.learning_rate)
   vocab = model.config.vocab_size
   rows = []
   for step, b in enumerate(batches, start=1):

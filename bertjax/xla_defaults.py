@@ -1,8 +1,8 @@
 """XLA:CPU settings bertjax turns on before JAX starts its backends.
 
 Matrix multiplies through oneDNN (the library PyTorch uses on CPUs) instead of XLA:CPU's default
-kernels: +13% tokens/s on the bert-mini train step on this project's 2-core reference machine,
-no change on bert-base (PERFORMANCE.md). The flags are experimental XLA options, and XLA aborts
+kernels: +9-13% tokens/s on the bert-mini train step and +4-9% on bert-base on this project's
+2-core reference machine (PERFORMANCE.md), at some memory (bert-base peak +0.45 GiB). The flags are experimental XLA options, and XLA aborts
 on flags it does not know, so they are added only for the jaxlib versions they were checked
 with, never when the user has set them (either way) in XLA_FLAGS, and not with
 BERTJAX_XLA_DEFAULTS=0. GPU and TPU backends ignore xla_cpu_* flags.

@@ -35,6 +35,7 @@ def keep_mask(rng: jax.Array, shape: tuple[int, ...], rate: float) -> jax.Array:
   bytes_ = jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(*lead, -1)[..., :n]
   return bytes_ >= jnp.uint8(round(rate * LEVELS))
 
+
 class Dropout(nn.Module):
   """Drop-in for `flax.linen.Dropout(rate)(x, deterministic)` with byte-resolution masks."""
   rate: float
