@@ -12,7 +12,9 @@ line printed is one JSON object holding every figure.
 FLOPs: model FLOPs per token = 6 * N_matmul + 12 * L * S * H (attention scores and values),
 where N_matmul counts the weights a token passes through as matrix multiplies (not embedding
 lookups), and the MLM decoder and transform count only at the masked positions (P of S tokens),
-which is all our head computes. Hardware FLOPs add the forward pass recomputed under remat.
+which is all our head computes. Likewise the last layer's queries, attention output and
+feed-forward count only at the rows the heads read (P + 1 with [CLS]; `model.gather_last_layer`).
+Hardware FLOPs add the forward pass recomputed under remat.
 MFU = tokens/s * model FLOPs per token / peak FLOP/s of the device (a table of bf16 peaks for
 accelerators; on a CPU, a large float32 matmul's rate measured in the same run).
 """
@@ -35,19 +37,41 @@ PEAK_FLOPS = {
 }
 
 
-def model_flops_per_token(cfg, seq_len: int, num_predictions: int, pair_head: bool = True) -> dict:
-  """The FLOP count behind MFU, itemized (see the module docstring)."""
+def model_flops_per_token(cfg, seq_len: int, num_predictions: int, pair_head: bool = True,
+                          last_layer_rows: int | None = None) -> dict:
+  """The FLOP count behind MFU, itemized (see the module docstring).
+
+  `last_layer_rows`: rows per sequence at which the last layer computes its queries, attention
+  output and feed-forward (model.gather_last_layer: the masked positions and [CLS]); None: all.
+  Keys and values are counted at every row either way.
+  """
   h, e, v, i, layers = (cfg.hidden_size, cfg.embed_size, cfg.vocab_size, cfg.intermediate_size,
                         cfg.num_hidden_layers)
   per_layer = 4 * h * h + 2 * h * i                      # q, k, v, output; MLP in and out
-  encoder = layers * per_layer + (e * h if e != h else 0)  # + the embedding projection
-  attention = 12 * layers * seq_len * h
+  rows = seq_len if last_layer_rows is None else min(last_layer_rows, seq_len)
+  last = 2 * h * h + (2 * h * h + 2 * h * i) * rows / seq_len
+  encoder = (layers - 1) * per_layer + last + (e * h if e != h else 0)  # + embedding projection
+  attention = 12 * (layers - 1) * seq_len * h + 12 * rows * h
   frac = num_predictions / seq_len                       # masked positions per token
   mlm = (e * h + e * v) * frac                           # transform + tied decoder
   pair = (h * h + 2 * h) / seq_len if pair_head else 0.0  # pooler + NSP, once per sequence
   items = {"encoder": 6 * encoder, "attention": attention, "mlm_head": 6 * mlm, "pair_head": 6 * pair}
   items["total"] = sum(items.values())
   return items
+
+
+# Objectives whose heads read only gathered rows: how many per sequence (with [CLS]).
+_GATHERED_ROWS = {"mlm_nsp": lambda p: p + 1, "mlm": lambda p: p + 1, "mlm_sop": lambda p: p + 1,
+                  "span_sbo": lambda p: 3 * p + 1}
+
+
+def last_layer_rows(cfg, config) -> int | None:
+  """Rows the last layer computes per sequence under `config` (None: every row)."""
+  rows = _GATHERED_ROWS.get(config.objective)
+  if rows is None or not cfg.gather_last_layer or cfg.scan_layers:
+    return None
+  n = rows(config.max_predictions_per_seq)
+  return n if n < config.max_seq_length else None
 
 
 def measure_cpu_peak(size: int = 2048, repeats: int = 5) -> float:
@@ -170,7 +194,8 @@ def bench_jax(config, steps: int) -> dict:
   tokens = config.batch_size * config.max_seq_length
   device = jax.devices()[0]
   flops = model_flops_per_token(cfg, config.max_seq_length, config.max_predictions_per_seq,
-                                pair_head=getattr(objective, "pair_head", False))
+                                pair_head=getattr(objective, "pair_head", False),
+                                last_layer_rows=last_layer_rows(cfg, config))
   hw_per_token = flops["total"] + (flops["encoder"] / 3 + flops["attention"] / 3 if cfg.remat else 0)
   peak, peak_source = device_peak(device)
   if peak is None and device.platform == "cpu":

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bertjax.benchmark import model_flops_per_token
+from bertjax.benchmark import last_layer_rows, model_flops_per_token
 from bertjax.models.presets import preset
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -26,6 +26,24 @@ def test_flop_count_matches_hand_count():
   # Pooler + NSP classifier once per 16-token sequence.
   assert flops["pair_head"] == pytest.approx(6 * (128 * 128 + 2 * 128) / 16)
   assert flops["total"] == pytest.approx(2_359_296 + 49_152 + 5_884_800 + 6_240)
+
+
+def test_gathered_last_layer_counts_only_its_rows():
+  cfg = preset("bert-tiny")
+  full = model_flops_per_token(cfg, seq_len=16, num_predictions=4, pair_head=True)
+  part = model_flops_per_token(cfg, seq_len=16, num_predictions=4, pair_head=True,
+                               last_layer_rows=5)
+  # The last of 2 layers: k, v at all 16 rows; q, output and the MLP at 5 of them.
+  last = 2 * 128 * 128 + (2 * 128 * 128 + 2 * 128 * 512) * 5 / 16
+  assert part["encoder"] == pytest.approx(6 * ((4 * 128 * 128 + 2 * 128 * 512) + last))
+  assert part["attention"] == 12 * 16 * 128 + 12 * 5 * 128
+  assert part["mlm_head"] == full["mlm_head"] and part["pair_head"] == full["pair_head"]
+  # The runner asks for P + 1 rows on MLM objectives, 3P + 1 for SpanBERT, every row for ELECTRA.
+  from ml_collections import ConfigDict
+  rows = lambda objective, **kw: last_layer_rows(cfg.replace(**kw), ConfigDict(
+      {"objective": objective, "max_predictions_per_seq": 20, "max_seq_length": 128}))
+  assert (rows("mlm_nsp"), rows("mlm"), rows("span_sbo"), rows("rtd")) == (21, 21, 61, None)
+  assert rows("mlm_nsp", gather_last_layer=False) is None and rows("mlm", scan_layers=True) is None
 
 
 def test_albert_counts_its_projection_and_shared_layers_once_per_use():

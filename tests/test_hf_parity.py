@@ -77,8 +77,10 @@ def close(ours, theirs, what: str):
   assert diff < TOL, f"{what}: max abs diff {diff}"
 
 
-def gathered(logits: torch.Tensor) -> np.ndarray:
-  return np.take_along_axis(logits.numpy(), MASKED[..., None], axis=1)
+def gathered(values: torch.Tensor) -> np.ndarray:
+  """Rows at the masked positions: all our pretraining models compute (their last layer
+  included, model.gather_last_layer)."""
+  return np.take_along_axis(values.numpy(), MASKED[..., None], axis=1)
 
 
 # ----------------------------------------------------------------------------- parity
@@ -92,7 +94,7 @@ def test_bert_pretraining_parity(tmp_path):
   ref, base = hf_run(hf, ids, mask, types), hf_run(hf.bert, ids, mask, types)
   out = PretrainingModel(c.config).apply({"params": c.params}, ids, mask, types, MASKED,
                                          deterministic=True)
-  close(out["output"].last_hidden_state, base.last_hidden_state, "hidden")
+  close(out["output"].last_hidden_state, gathered(base.last_hidden_state), "hidden")
   close(out["output"].pooler_output, base.pooler_output, "pooled")
   close(out["mlm_logits"], gathered(ref.prediction_logits), "mlm")
   close(out["pair_logits"], ref.seq_relationship_logits, "nsp")
@@ -113,7 +115,7 @@ def test_albert_pretraining_parity(tmp_path, groups, emb):
   ref, base = hf_run(hf, ids, mask, types), hf_run(hf.albert, ids, mask, types)
   out = PretrainingModel(c.config).apply({"params": c.params}, ids, mask, types, MASKED,
                                          deterministic=True)
-  close(out["output"].last_hidden_state, base.last_hidden_state, "hidden")
+  close(out["output"].last_hidden_state, gathered(base.last_hidden_state), "hidden")
   close(out["output"].pooler_output, base.pooler_output, "pooled")
   close(out["mlm_logits"], gathered(ref.prediction_logits), "mlm")
   close(out["pair_logits"], ref.sop_logits, "sop")
@@ -129,7 +131,7 @@ def test_roberta_parity(tmp_path):
   ref = hf_run(mlm, ids, mask, types)
   out = PretrainingModel(c.config, pair_head=False).apply(
       {"params": c.params}, ids, mask, types, MASKED, deterministic=True)
-  close(out["output"].last_hidden_state, ref.hidden_states[-1], "hidden")
+  close(out["output"].last_hidden_state, gathered(ref.hidden_states[-1]), "hidden")
   close(out["mlm_logits"], gathered(ref.logits), "mlm")
   # A RobertaModel carries the pooler: compare pooled output through the public entry point.
   base = randomize(T.RobertaModel(cfg), seed=3)
@@ -166,7 +168,7 @@ def test_electra_generator_parity(tmp_path, act):
   ref = hf_run(hf, ids, mask, types)
   out = ElectraGenerator(c.config).apply({"params": c.params}, ids, mask, types, MASKED,
                                          deterministic=True)
-  close(out["output"].last_hidden_state, ref.hidden_states[-1], "hidden")
+  close(out["output"].last_hidden_state, gathered(ref.hidden_states[-1]), "hidden")
   close(out["mlm_logits"], gathered(ref.logits), "mlm")
 
 

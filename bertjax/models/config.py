@@ -53,6 +53,11 @@ class ModelConfig:
   # One compiled layer body scanned over a stacked `layers` parameter tree (faster compiles for
   # deep models). Its checkpoint layout differs from the unrolled one; not for ALBERT sharing.
   scan_layers: bool = False
+  # Pretraining heads read only the masked positions and [CLS]: the last layer then computes its
+  # queries, attention output, feed-forward and LayerNorms at those rows only (keys and values
+  # still at every position). Same values; about (1 - (p + 1) / seq) of that layer's work saved.
+  # Not with scan_layers (one body for every layer).
+  gather_last_layer: bool = True
 
   def __post_init__(self):
     if self.architecture not in ARCHITECTURES:

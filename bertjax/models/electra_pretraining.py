@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from bertjax.errors import fail
 from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import Encoder
-from bertjax.models.heads import DiscriminatorHead, MLMHead, gather_positions
+from bertjax.models.heads import DiscriminatorHead, MLMHead
 
 
 def generator_config(disc: ModelConfig, hidden_fraction: float,
@@ -65,8 +65,9 @@ class ElectraGeneratorTower(nn.Module):
 
   def __call__(self, input_ids, attention_mask, token_type_ids, masked_positions,
                deterministic: bool):
-    out = self.encoder(input_ids, attention_mask, token_type_ids, deterministic=deterministic)
-    return self.mlm(gather_positions(out.last_hidden_state, masked_positions), self.encoder)
+    out = self.encoder(input_ids, attention_mask, token_type_ids,
+                       output_positions=masked_positions, deterministic=deterministic)
+    return self.mlm(out.last_hidden_state, self.encoder)
 
 
 def sample_categorical(rng: jax.Array, logits: jax.Array) -> jax.Array:

@@ -94,7 +94,8 @@ def has_embedding_projection(cfg: ModelConfig) -> bool:
 
 @flax.struct.dataclass
 class EncoderOutput:
-  """last_hidden_state: <float>[batch, seq, hidden]; pooler_output: <float>[batch, hidden] or None;
+  """last_hidden_state: <float>[batch, seq, hidden] (<float>[batch, p, hidden] when the encoder
+  was called with `output_positions`); pooler_output: <float>[batch, hidden] or None;
   hidden_states: the embedding output and each layer's output (when asked for), else None;
   attentions: each layer's pre-softmax attention scores <float>[batch, heads, q, k], the scaled
   q.k before any masking (when asked for: `output_attentions`), else None."""
@@ -173,12 +174,15 @@ class SelfAttention(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x, mask, deterministic: bool, output_attentions: bool = False):
+  def __call__(self, x, mask, deterministic: bool, output_attentions: bool = False, keys=None):
+    """`keys`: the states keys and values are computed from, when the queries `x` are only some
+    of the positions (see `TransformerLayer`); None: `x` itself."""
     cfg = self.config
+    keys = x if keys is None else keys
     heads = (cfg.num_attention_heads, cfg.head_dim)
     q = _dense(heads, ("embed", "heads", "kv"), "query", cfg)(x)
-    k = _dense(heads, ("embed", "heads", "kv"), "key", cfg)(x)
-    v = _dense(heads, ("embed", "heads", "kv"), "value", cfg)(x)
+    k = _dense(heads, ("embed", "heads", "kv"), "key", cfg)(keys)
+    v = _dense(heads, ("embed", "heads", "kv"), "value", cfg)(keys)
     dropout = cfg.attention_probs_dropout_prob
     raw_scores = None
     if (deterministic or dropout == 0.0) and not output_attentions:
@@ -198,15 +202,36 @@ class SelfAttention(nn.Module):
     return (out, raw_scores) if output_attentions else out
 
 
+def gather_positions(x: Array, positions: Array) -> Array:
+  """<T>[batch, seq, ...], <int32>[batch, p] -> <T>[batch, p, ...]: the rows at `positions`."""
+  index = positions.astype(jnp.int32).reshape(positions.shape + (1,) * (x.ndim - 2))
+  return jnp.take_along_axis(x, index, axis=1)
+
+
 class TransformerLayer(nn.Module):
   """Self-attention + feed-forward, each with a residual and LayerNorm (post-LN or pre-LN)."""
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x, mask, deterministic: bool, output_attentions: bool = False):
+  def __call__(self, x, mask, deterministic: bool, output_attentions: bool = False,
+               query_positions=None):
     """<float>[batch, seq, hidden] -> the same, or with `output_attentions` (that, the layer's
-    pre-softmax attention scores <float>[batch, heads, q, k])."""
+    pre-softmax attention scores <float>[batch, heads, q, k]).
+
+    `query_positions` <int32>[batch, p]: compute the layer's output only at those positions,
+    <float>[batch, p, hidden]. Keys and values still come from every position, so each row is
+    exactly what the full layer gives there; the queries, attention output, feed-forward and
+    LayerNorms run on p rows instead of seq.
+    """
     cfg = self.config
+    keys = None
+    if query_positions is not None:
+      if output_attentions:
+        fail("output_attentions needs every query position; call the layer without query_positions")
+      keys = x
+      x = gather_positions(x, query_positions)
+      if mask.shape[2] > 1:  # per-query masks (packed rows): keep the chosen queries' rows
+        mask = jnp.take_along_axis(mask, query_positions[:, None, :, None].astype(jnp.int32), axis=2)
     act_names = ("act_batch", "act_len", "act_embed")
     drop = lambda y: Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
     attention = SelfAttention(cfg, name="attention")
@@ -217,20 +242,20 @@ class TransformerLayer(nn.Module):
     act = activation(cfg.hidden_act)
     scores = None
 
-    def attend(y):
+    def attend(y, y_keys):
       nonlocal scores
       if not output_attentions:
-        return attention(y, mask, deterministic)
+        return attention(y, mask, deterministic, False, y_keys)
       y, scores = attention(y, mask, deterministic, True)
       return y
 
     if cfg.pre_layer_norm:
-      x = x + drop(attend(attn_ln(x)))
+      x = x + drop(attend(attn_ln(x), None if keys is None else attn_ln(keys)))
       x = nn.with_logical_constraint(x, act_names)
       h = nn.with_logical_constraint(act(intermediate(out_ln(x))), ("act_batch", "act_len", "act_mlp"))
       x = x + drop(output(h))
     else:
-      x = attn_ln(x + drop(attend(x)))
+      x = attn_ln(x + drop(attend(x, keys)))
       x = nn.with_logical_constraint(x, act_names)
       h = nn.with_logical_constraint(act(intermediate(x)), ("act_batch", "act_len", "act_mlp"))
       x = out_ln(x + drop(output(h)))
@@ -285,9 +310,12 @@ class Encoder(nn.Module):
       self.pooler = _dense(cfg.hidden_size, ("embed", "embed_out"), "pooler", cfg)
 
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, segment_ids=None,
-               position_ids=None, deterministic: bool = True,
+               position_ids=None, output_positions=None, deterministic: bool = True,
                output_hidden_states: bool = False,
                output_attentions: bool = False) -> EncoderOutput:
+    """`output_positions` <int32>[batch, p]: `last_hidden_state` holds only those positions,
+    <float>[batch, p, hidden] (what pretraining heads read). With `model.gather_last_layer` the
+    last layer then computes only them and [CLS] (for the pooler); the values are the same."""
     cfg = self.config
     input_ids = jnp.asarray(input_ids)
     if attention_mask is None:
@@ -301,6 +329,15 @@ class Encoder(nn.Module):
       x = self.embedding_projection(x)
     x = nn.with_logical_constraint(x, ("act_batch", "act_len", "act_embed"))
     mask = make_attention_mask(attention_mask, segment_ids)
+    # The last layer at [CLS] and the output positions only. Not under scan (one body for every
+    # layer), nor when every layer's full states or scores are asked for.
+    last_positions = None
+    if (output_positions is not None and cfg.gather_last_layer and not cfg.scan_layers
+        and not output_hidden_states and not output_attentions
+        and output_positions.shape[1] + 1 < input_ids.shape[1]):
+      output_positions = jnp.asarray(output_positions, jnp.int32)
+      last_positions = jnp.concatenate([jnp.zeros_like(output_positions[:, :1]), output_positions],
+                                       axis=1)
     states, attentions = [x], []
     if cfg.scan_layers:
       if output_attentions:
@@ -309,10 +346,12 @@ class Encoder(nn.Module):
       states += [stacked[i] for i in range(cfg.num_hidden_layers)]
     for i in range(0 if cfg.scan_layers else cfg.num_hidden_layers):
       layer = self.layers[i * cfg.num_groups // cfg.num_hidden_layers]
-      # Both flags positional: remat marks them static by position.
+      # Flags positional: remat marks them static by position.
       if output_attentions:
         x, scores = layer(x, mask, deterministic, True)
         attentions.append(scores)
+      elif last_positions is not None and i == cfg.num_hidden_layers - 1:
+        x = layer(x, mask, deterministic, False, last_positions)
       else:
         x = layer(x, mask, deterministic, False)
       states.append(x)
@@ -320,6 +359,10 @@ class Encoder(nn.Module):
       x = self.final_layer_norm(x)
       states[-1] = x
     pooled = jnp.tanh(self.pooler(x[:, 0])) if cfg.use_pooler else None
+    if last_positions is not None:
+      x = x[:, 1:]
+    elif output_positions is not None:
+      x = gather_positions(x, output_positions)
     return EncoderOutput(last_hidden_state=x, pooler_output=pooled,
                          hidden_states=tuple(states) if output_hidden_states else None,
                          attentions=tuple(attentions) if output_attentions else None)

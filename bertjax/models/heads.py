@@ -12,12 +12,7 @@ import jax.numpy as jnp
 
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
-from bertjax.models.encoder import _dense, _layer_norm, activation
-
-
-def gather_positions(x: jax.Array, positions: jax.Array) -> jax.Array:
-  """<float>[batch, seq, d], <int32>[batch, p] -> <float>[batch, p, d]."""
-  return jnp.take_along_axis(x, positions[..., None].astype(jnp.int32), axis=1)
+from bertjax.models.encoder import _dense, _layer_norm, activation, gather_positions
 
 
 def add_vocab_bias(logits: jax.Array, bias: jax.Array) -> jax.Array:

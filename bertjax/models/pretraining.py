@@ -6,14 +6,16 @@ import flax.linen as nn
 
 from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import Encoder
-from bertjax.models.heads import MLMHead, PairHead, gather_positions
+from bertjax.models.heads import MLMHead, PairHead
 
 
 class PretrainingModel(nn.Module):
   """BERT (MLM + NSP), ALBERT (MLM + SOP), RoBERTa/SpanBERT (MLM only).
 
   Returns a dict: `mlm_logits` <float32>[batch, predictions, vocab] at `masked_positions`,
-  `pair_logits` <float32>[batch, 2] when `pair_head`, and the encoder's `output`.
+  `pair_logits` <float32>[batch, 2] when `pair_head`, and the encoder's `output` (whose
+  `last_hidden_state` holds only the masked positions when they are given: see
+  `Encoder.__call__`'s `output_positions`).
   """
   config: ModelConfig
   pair_head: bool = True
@@ -27,11 +29,10 @@ class PretrainingModel(nn.Module):
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None, masked_positions=None, *,
                segment_ids=None, deterministic: bool = True):
     out = self.encoder(input_ids, attention_mask, token_type_ids, segment_ids=segment_ids,
-                       deterministic=deterministic)
+                       output_positions=masked_positions, deterministic=deterministic)
     result = {"output": out}
     if masked_positions is not None:
-      result["mlm_logits"] = self.mlm(gather_positions(out.last_hidden_state, masked_positions),
-                                      self.encoder)
+      result["mlm_logits"] = self.mlm(out.last_hidden_state, self.encoder)
     if self.pair_head:
       result["pair_logits"] = self.pair(out.pooler_output, deterministic)
     return result

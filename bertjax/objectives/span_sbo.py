@@ -36,12 +36,20 @@ class SpanBertModel(PretrainingModel):
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None, masked_positions=None,
                span_left=None, span_right=None, span_offset=None, *, segment_ids=None,
                deterministic: bool = True):
-    result = super().__call__(input_ids, attention_mask, token_type_ids, masked_positions,
+    if span_left is None or masked_positions is None:
+      return super().__call__(input_ids, attention_mask, token_type_ids, masked_positions,
                               segment_ids=segment_ids, deterministic=deterministic)
-    if span_left is not None:
-      result["sbo_logits"] = self.sbo(result["output"].last_hidden_state, span_left, span_right,
-                                      span_offset, self.encoder)
-    return result
+    # One gather for both heads: the encoder returns the masked positions, then the left and the
+    # right boundaries, so its last layer computes only those rows (model.gather_last_layer).
+    p = masked_positions.shape[1]
+    positions = jnp.concatenate([masked_positions, span_left, span_right], axis=1)
+    out = self.encoder(input_ids, attention_mask, token_type_ids, segment_ids=segment_ids,
+                       output_positions=positions, deterministic=deterministic)
+    states = out.last_hidden_state
+    rows = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), masked_positions.shape)
+    return {"output": out.replace(last_hidden_state=states[:, :p]),
+            "mlm_logits": self.mlm(states[:, :p], self.encoder),
+            "sbo_logits": self.sbo(states, rows + p, rows + 2 * p, span_offset, self.encoder)}
 
 
 class SpanSbo(Objective):
