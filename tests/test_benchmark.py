@@ -65,7 +65,8 @@ def test_benchmark_cli_reports_json_and_compares(tmp_path):
   assert result["tokens_per_s"] > 0 and result["reference"]["tokens_per_s"] > 0
   assert result["speedup_vs_reference"] == pytest.approx(
       result["tokens_per_s"] / result["reference"]["tokens_per_s"])
+  # MLM + NSP: the last layer at the 4 masked rows and [CLS] (model.gather_last_layer).
   assert result["model_flops_per_token"] == pytest.approx(
-      model_flops_per_token(preset("bert-tiny"), 16, 4)["total"])
+      model_flops_per_token(preset("bert-tiny"), 16, 4, last_layer_rows=5)["total"])
   assert 0 < result["mfu"] < 1
   assert result["compile_time_s"] > 0 and result["peak_memory_bytes"] > 0

@@ -9,6 +9,7 @@ Activations are constrained with `act_batch`, `act_len`, `act_embed`, ... names.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import flax
@@ -75,12 +76,61 @@ def _dense(features, names, name, cfg: ModelConfig, axis=-1):
   return Dense(features, tuple(names), num_in=num_in, dtype=cfg.compute_dtype, name=name)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def layer_norm(x: Array, scale: Array, bias: Array, epsilon: float) -> Array:
+  """LayerNorm over the last axis, statistics in at least float32; the variance as
+  E[x^2] - E[x]^2, one pass over the row (as flax's LayerNorm; two passes cost 4% on bert-mini).
+
+  Its backward pass is written out: it keeps only `x` and the per-row mean and inverse deviation,
+  and recomputes the normalized rows. Left to autodiff, XLA:CPU also keeps the inverse deviation
+  and the scale broadcast to the full activation shape: on bert-base (batch 8, seq 128) the
+  compiled step's temporary memory drops from 1146 to 1077 MB with this.
+  """
+  return _layer_norm_fwd(x, scale, bias, epsilon)[0]
+
+
+def _layer_norm_fwd(x, scale, bias, epsilon):
+  x32 = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+  mean = jnp.mean(x32, axis=-1, keepdims=True)
+  var = jnp.maximum(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) - jnp.square(mean), 0.0)
+  rstd = jax.lax.rsqrt(var + epsilon)
+  y = ((x32 - mean) * rstd * scale + bias).astype(x.dtype)
+  return y, (x, mean, rstd, scale)
+
+
+def _layer_norm_bwd(epsilon, residuals, g):
+  del epsilon
+  x, mean, rstd, scale = residuals
+  xhat = (x.astype(mean.dtype) - mean) * rstd
+  g32 = g.astype(mean.dtype)
+  rows = tuple(range(g.ndim - 1))
+  gs = g32 * scale
+  dx = rstd * (gs - jnp.mean(gs, axis=-1, keepdims=True)
+               - xhat * jnp.mean(gs * xhat, axis=-1, keepdims=True))
+  return dx.astype(x.dtype), jnp.sum(g32 * xhat, axis=rows), jnp.sum(g32, axis=rows)
+
+
+layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+
+
+class LayerNorm(nn.Module):
+  """LayerNorm with `scale` and `bias` parameters (the layout of `nn.LayerNorm`)."""
+  epsilon: float
+  dtype: Any = jnp.float32
+  axis_name: str = "embed"
+
+  @nn.compact
+  def __call__(self, x):
+    size = x.shape[-1]
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(),
+                                                             (self.axis_name,)), (size,), jnp.float32)
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                           (self.axis_name,)), (size,), jnp.float32)
+    return layer_norm(x.astype(self.dtype), scale, bias, self.epsilon)
+
+
 def _layer_norm(cfg: ModelConfig, name: str, axis_name: str = "embed"):
-  return nn.LayerNorm(
-      epsilon=cfg.layer_norm_eps, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), (axis_name,)),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (axis_name,)),
-      name=name)
+  return LayerNorm(cfg.layer_norm_eps, cfg.compute_dtype, axis_name, name=name)
 
 
 def has_embedding_projection(cfg: ModelConfig) -> bool:
@@ -239,7 +289,9 @@ class TransformerLayer(nn.Module):
     out_ln = _layer_norm(cfg, "output_layer_norm")
     intermediate = _dense(cfg.intermediate_size, ("embed", "mlp"), "intermediate", cfg)
     output = _dense(cfg.hidden_size, ("mlp", "embed"), "output", cfg)
-    act = activation(cfg.hidden_act)
+    # Rematerialized: the backward pass recomputes the activation's internals from its input
+    # rather than keeping them (one [tokens, intermediate] buffer less per layer at the peak).
+    act = jax.checkpoint(activation(cfg.hidden_act))
     scores = None
 
     def attend(y, y_keys):
