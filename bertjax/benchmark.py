@@ -181,6 +181,10 @@ def bench_jax(config, steps: int) -> dict:
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     xla_flops = float(cost.get("flops", 0.0)) if cost else 0.0
+    # The compiled step's own buffers, as XLA planned them: exact and repeatable, where the
+    # process's peak memory also holds the runtime and varies by tens of MB between runs.
+    memory = compiled.memory_analysis()
+    xla_temp = int(memory.temp_size_in_bytes) if memory is not None else None
     device_batches = [sharding.shard_batch(b, mesh) for b in host_batches]
     state, m = compiled(state, device_batches[0])  # warm-up
     jax.block_until_ready(m)
@@ -209,7 +213,7 @@ def bench_jax(config, steps: int) -> dict:
       "num_predictions": config.max_predictions_per_seq, "dtype": cfg.dtype, "remat": cfg.remat,
       "num_params": int(n_params), "tokens_per_s": tps, "step_time_s": step_s,
       "step_time_min_s": min(times), "compile_time_s": compile_s,
-      "peak_memory_bytes": peak_memory_bytes(device),
+      "peak_memory_bytes": peak_memory_bytes(device), "xla_temp_bytes": xla_temp,
       "model_flops_per_token": flops["total"], "flops_breakdown": flops,
       "hardware_flops_per_token": hw_per_token,
       "xla_flops_per_token": xla_flops / tokens if xla_flops else None,

@@ -70,3 +70,4 @@ def test_benchmark_cli_reports_json_and_compares(tmp_path):
       model_flops_per_token(preset("bert-tiny"), 16, 4, last_layer_rows=5)["total"])
   assert 0 < result["mfu"] < 1
   assert result["compile_time_s"] > 0 and result["peak_memory_bytes"] > 0
+  assert 0 < result["xla_temp_bytes"] < result["peak_memory_bytes"]

@@ -78,8 +78,9 @@ def _dense(features, names, name, cfg: ModelConfig, axis=-1):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def layer_norm(x: Array, scale: Array, bias: Array, epsilon: float) -> Array:
-  """LayerNorm over the last axis, statistics in at least float32; the variance as
-  E[x^2] - E[x]^2, one pass over the row (as flax's LayerNorm; two passes cost 4% on bert-mini).
+  """LayerNorm over the last axis, statistics in at least float32, the variance in two passes
+  (as PyTorch). The one-pass E[x^2] - E[x]^2 was up to 3% faster on bert-mini, but moved ELECTRA's
+  5-step losses on a 2x2x2 mesh by 2e-5 relative to one device, where two passes agree to 1e-7.
 
   Its backward pass is written out: it keeps only `x` and the per-row mean and inverse deviation,
   and recomputes the normalized rows. Left to autodiff, XLA:CPU also keeps the inverse deviation
@@ -92,9 +93,9 @@ def layer_norm(x: Array, scale: Array, bias: Array, epsilon: float) -> Array:
 def _layer_norm_fwd(x, scale, bias, epsilon):
   x32 = x.astype(jnp.promote_types(x.dtype, jnp.float32))
   mean = jnp.mean(x32, axis=-1, keepdims=True)
-  var = jnp.maximum(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) - jnp.square(mean), 0.0)
-  rstd = jax.lax.rsqrt(var + epsilon)
-  y = ((x32 - mean) * rstd * scale + bias).astype(x.dtype)
+  centered = x32 - mean
+  rstd = jax.lax.rsqrt(jnp.mean(jnp.square(centered), axis=-1, keepdims=True) + epsilon)
+  y = (centered * rstd * scale + bias).astype(x.dtype)
   return y, (x, mean, rstd, scale)
 
 
