@@ -7,7 +7,8 @@ side with transformers' PyTorch BertForPreTraining at the same shapes.
 
 The step timed is the real one (`bertjax.train.make_train_step`: forward, backward, optimizer)
 on synthetic batches, after compilation; the step time is the median of `--steps` runs. The last
-line printed is one JSON object holding every figure.
+line printed is one JSON object holding every figure. `--rounds N` (with `--compare`) alternates
+the two sides N times in fresh processes and reports the median of the per-round ratios.
 
 FLOPs: model FLOPs per token = 6 * N_matmul + 12 * L * S * H (attention scores and values),
 where N_matmul counts the weights a token passes through as matrix multiplies (not embedding
@@ -286,6 +287,55 @@ def _torch_subprocess(config, steps: int) -> dict:
   return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def _without(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+  """`argv` less the given flags and their values (as `--flag value` or `--flag=value`)."""
+  out, skip = [], False
+  for a in argv:
+    if skip:
+      skip = False
+    elif a in flags:
+      skip = True
+    elif not a.startswith(tuple(f + "=" for f in flags)):
+      out.append(a)
+  return out
+
+
+def _alternate(config, args, argv: list[str]) -> dict:
+  """bertjax, then the reference, `args.rounds` times, each in a fresh process so that each peak
+  memory is its own. The reference's speed drifts by tens of percent over a session on a shared
+  machine; ratios from adjacent runs, and their median, are the comparable figures."""
+  ours_argv = _without(argv, ("--rounds", "--compare"))
+  rounds = []
+  for r in range(args.rounds):
+    p = subprocess.run([sys.executable, "-m", "bertjax.benchmark", *ours_argv],
+                       capture_output=True, text=True, timeout=3600,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if p.returncode != 0:
+      from bertjax.errors import fail  # pylint: disable=g-import-not-at-top
+      fail(f"the bertjax run of round {r + 1} failed: "
+           f"{(p.stderr.strip().splitlines() or ['no output'])[-1]}")
+    ours = json.loads(p.stdout.strip().splitlines()[-1])
+    ref = _torch_subprocess(config, args.steps)
+    rounds.append({"tokens_per_s": ours["tokens_per_s"], "reference_tokens_per_s": ref["tokens_per_s"],
+                   "speedup": ours["tokens_per_s"] / ref["tokens_per_s"],
+                   "peak_memory_bytes": ours["peak_memory_bytes"],
+                   "reference_peak_memory_bytes": ref["peak_memory_bytes"],
+                   "memory_ratio": ours["peak_memory_bytes"] / ref["peak_memory_bytes"]})
+    print(f"round {r + 1}: bertjax {ours['tokens_per_s']:.0f} tokens/s, hf-torch "
+          f"{ref['tokens_per_s']:.0f} -> {rounds[-1]['speedup']:.2f}x, memory "
+          f"{rounds[-1]['memory_ratio']:.2f}x")
+  median = lambda key: statistics.median(x[key] for x in rounds)
+  result = {**ours, "tokens_per_s": median("tokens_per_s"), "rounds": rounds,
+            "reference": {**ref, "tokens_per_s": median("reference_tokens_per_s")},
+            "speedup_vs_reference": median("speedup"),
+            "speedup_range": [min(x["speedup"] for x in rounds), max(x["speedup"] for x in rounds)],
+            "memory_ratio_vs_reference": median("memory_ratio")}
+  print(f"median of {len(rounds)} rounds: speedup {result['speedup_vs_reference']:.2f}x "
+        f"({result['speedup_range'][0]:.2f}-{result['speedup_range'][1]:.2f}), memory "
+        f"{result['memory_ratio_vs_reference']:.2f}x")
+  return result
+
+
 def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--preset", default="bert-mini", help="a model preset (bertjax.models.presets)")
@@ -298,6 +348,9 @@ def main(argv=None) -> dict:
   parser.add_argument("--remat", action="store_true")
   parser.add_argument("--dropout", type=float, help="override both dropout rates")
   parser.add_argument("--compare", choices=("hf-torch",))
+  parser.add_argument("--rounds", type=int, default=1,
+                      help="with --compare: alternate bertjax and the reference this many times, "
+                           "each in its own process, and report the median of the per-round ratios")
   parser.add_argument("--override", action="append", help="extra config override key=value")
   parser.add_argument("--_torch_worker", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
@@ -309,6 +362,13 @@ def main(argv=None) -> dict:
     print(json.dumps(result))
     return result
   config = build_config(args)
+  if args.rounds > 1:
+    if args.compare != "hf-torch":
+      from bertjax.errors import fail  # pylint: disable=g-import-not-at-top
+      fail("--rounds needs --compare hf-torch (it alternates bertjax and the reference)")
+    result = _alternate(config, args, sys.argv[1:] if argv is None else list(argv))
+    print(json.dumps(result))
+    return result
   result = bench_jax(config, args.steps)
   print(f"bertjax: {result['tokens_per_s']:.0f} tokens/s, step {result['step_time_s'] * 1e3:.1f} ms, "
         f"compile {result['compile_time_s']:.1f} s, MFU {result['mfu'] or float('nan'):.3f} "

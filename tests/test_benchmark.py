@@ -71,3 +71,31 @@ def test_benchmark_cli_reports_json_and_compares(tmp_path):
   assert 0 < result["mfu"] < 1
   assert result["compile_time_s"] > 0 and result["peak_memory_bytes"] > 0
   assert 0 < result["xla_temp_bytes"] < result["peak_memory_bytes"]
+
+
+def test_benchmark_rounds_alternate_and_report_the_median():
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  r = subprocess.run([sys.executable, "-m", "bertjax.benchmark", "--preset", "bert-tiny",
+                      "--batch_size", "2", "--seq_len", "16", "--steps", "2",
+                      "--override", "max_predictions_per_seq=4", "--compare", "hf-torch",
+                      "--rounds", "2"],
+                     cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+  assert r.returncode == 0, r.stderr[-3000:]
+  result = json.loads(r.stdout.strip().splitlines()[-1])
+  rounds = result["rounds"]
+  assert len(rounds) == 2 and r.stdout.count("round ") == 2
+  for x in rounds:
+    assert x["speedup"] == pytest.approx(x["tokens_per_s"] / x["reference_tokens_per_s"])
+    assert x["peak_memory_bytes"] > 0 and x["reference_peak_memory_bytes"] > 0
+  assert result["speedup_vs_reference"] == pytest.approx(
+      (rounds[0]["speedup"] + rounds[1]["speedup"]) / 2)
+  assert result["speedup_range"] == [min(x["speedup"] for x in rounds),
+                                     max(x["speedup"] for x in rounds)]
+
+
+def test_rounds_without_compare_is_a_clear_error():
+  r = subprocess.run([sys.executable, "-m", "bertjax.benchmark", "--preset", "bert-tiny",
+                      "--rounds", "2"], cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                     capture_output=True, text=True, timeout=300)
+  assert r.returncode != 0 and "Traceback" not in r.stderr
+  assert "--rounds needs --compare hf-torch" in r.stderr
