@@ -61,18 +61,15 @@ def model_flops_per_token(cfg, seq_len: int, num_predictions: int, pair_head: bo
   return items
 
 
-# Objectives whose heads read only gathered rows: how many per sequence (with [CLS]).
-_GATHERED_ROWS = {"mlm_nsp": lambda p: p + 1, "mlm": lambda p: p + 1, "mlm_sop": lambda p: p + 1,
-                  "span_sbo": lambda p: 3 * p + 1}
-
-
 def last_layer_rows(cfg, config) -> int | None:
   """Rows the last layer computes per sequence under `config` (None: every row)."""
-  rows = _GATHERED_ROWS.get(config.objective)
-  if rows is None or not cfg.gather_last_layer or cfg.scan_layers:
+  from bertjax.models import encoder  # pylint: disable=g-import-not-at-top
+  from bertjax.objectives import OBJECTIVES  # pylint: disable=g-import-not-at-top
+  per_prediction = OBJECTIVES[config.objective].output_rows_per_prediction
+  if per_prediction is None:
     return None
-  n = rows(config.max_predictions_per_seq)
-  return n if n < config.max_seq_length else None
+  return encoder.last_layer_rows(cfg, per_prediction * config.max_predictions_per_seq,
+                                 config.max_seq_length)
 
 
 def measure_cpu_peak(size: int = 2048, repeats: int = 5) -> float:

@@ -259,6 +259,14 @@ def gather_positions(x: Array, positions: Array) -> Array:
   return jnp.take_along_axis(x, index, axis=1)
 
 
+def last_layer_rows(cfg: ModelConfig, num_outputs: int, seq_len: int) -> int | None:
+  """Rows the last layer computes when asked for `num_outputs` positions: those and [CLS], or
+  None (every row: gathering is off, layers are scanned, or it would not save anything)."""
+  if not cfg.gather_last_layer or cfg.scan_layers or num_outputs + 1 >= seq_len:
+    return None
+  return num_outputs + 1
+
+
 class TransformerLayer(nn.Module):
   """Self-attention + feed-forward, each with a residual and LayerNorm (post-LN or pre-LN)."""
   config: ModelConfig
@@ -303,7 +311,11 @@ class TransformerLayer(nn.Module):
       return y
 
     if cfg.pre_layer_norm:
-      x = x + drop(attend(attn_ln(x), None if keys is None else attn_ln(keys)))
+      if keys is None:
+        x = x + drop(attend(attn_ln(x), None))
+      else:  # the query rows' normalized states are rows of the keys' ones
+        normed_keys = attn_ln(keys)
+        x = x + drop(attend(gather_positions(normed_keys, query_positions), normed_keys))
       x = nn.with_logical_constraint(x, act_names)
       h = nn.with_logical_constraint(act(intermediate(out_ln(x))), ("act_batch", "act_len", "act_mlp"))
       x = x + drop(output(h))
@@ -385,9 +397,8 @@ class Encoder(nn.Module):
     # The last layer at [CLS] and the output positions only. Not under scan (one body for every
     # layer), nor when every layer's full states or scores are asked for.
     last_positions = None
-    if (output_positions is not None and cfg.gather_last_layer and not cfg.scan_layers
-        and not output_hidden_states and not output_attentions
-        and output_positions.shape[1] + 1 < input_ids.shape[1]):
+    if (output_positions is not None and not output_hidden_states and not output_attentions
+        and last_layer_rows(cfg, output_positions.shape[1], input_ids.shape[1]) is not None):
       output_positions = jnp.asarray(output_positions, jnp.int32)
       last_positions = jnp.concatenate([jnp.zeros_like(output_positions[:, :1]), output_positions],
                                        axis=1)

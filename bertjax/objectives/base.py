@@ -25,6 +25,9 @@ class Objective:
   data_kind: str = "nsp"          # which instances the pipeline builds: nsp | sop | full | single
   masking: str = "token"          # default masking strategy (config may override)
   pair_head: bool = False
+  # Final-layer rows the heads read per masked prediction (the encoder's `output_positions`),
+  # None: every row. Lets the benchmark count what `model.gather_last_layer` computes.
+  output_rows_per_prediction: int | None = None
 
   def __init__(self, config):
     self.config = config

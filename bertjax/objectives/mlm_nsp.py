@@ -14,6 +14,7 @@ class MlmNsp(Objective):
   masking = "token"
   pair_head = True
   pair_name = "nsp"
+  output_rows_per_prediction = 1
 
   def make_model(self, model_config):
     return PretrainingModel(model_config, pair_head=self.pair_head)

@@ -56,6 +56,7 @@ class SpanSbo(Objective):
   name = "span_sbo"
   data_kind = "single"
   masking = "span"
+  output_rows_per_prediction = 3  # the masked token and its span's two boundaries
 
   def masking_kwargs(self, config) -> dict[str, Any]:
     kwargs = super().masking_kwargs(config)
