@@ -112,6 +112,7 @@ def finetune_config() -> ml_collections.ConfigDict:
   c.model = model_config("bert-base")
   c.init_from = ""                 # converted checkpoint (convert from-hf) or pretraining workdir
   c.batch_size = 32
+  c.pad_to_multiple_of = 32        # training batches cut to their longest row, rounded up to this (0: max_seq_length)
   c.best_mode = "max"
   c.checkpoint_every = 1000
   c.eval_batch_size = 0            # rows per prediction batch (0: the training micro-batch)

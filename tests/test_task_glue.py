@@ -391,7 +391,11 @@ def test_local_glue_tasks_build(tmp_path, data_dir, task, folder):
   pair = task != "cola"
   assert (dev_set.arrays["token_type_ids"].max(axis=1) == 1).all() == pair
   batch = next(inputs.train)
-  assert batch["input_ids"].shape == (config.batch_size, config.max_seq_length)
+  # Training batches stop at their longest row, rounded up to pad_to_multiple_of (32 by default).
+  rows, length = batch["input_ids"].shape
+  multiple = config.pad_to_multiple_of
+  assert rows == config.batch_size and multiple == 32 and length <= config.max_seq_length
+  assert length % multiple == 0 and batch["attention_mask"][:, length - multiple:].any()
   assert batch["weight"].tolist() == [1.0] * config.batch_size
 
 

@@ -119,6 +119,21 @@ def pad_row(ids: Sequence[int], length: int, value: int) -> list[int]:
   return list(ids) + [value] * (length - len(ids))
 
 
+def batch_length(attention_mask: np.ndarray, multiple: int) -> int:
+  """The sequence length a batch needs: its longest row (last attended position + 1), rounded
+  up to `multiple` so that only a few shapes are ever compiled, and at most the rows' length."""
+  seq = attention_mask.shape[1]
+  attended = attention_mask.any(axis=0)
+  longest = int(seq - np.argmax(attended[::-1])) if attended.any() else 1
+  return min(seq, -(-longest // multiple) * multiple)
+
+
+def trim_batch(batch: Mapping[str, np.ndarray], length: int, seq: int) -> dict[str, np.ndarray]:
+  """Every per-position array ([rows, seq, ...]) cut to its first `length` positions; the cut
+  positions are padding (attention mask 0), so the model computes the same on the kept ones."""
+  return {k: v[:, :length] if v.ndim >= 2 and v.shape[1] == seq else v for k, v in batch.items()}
+
+
 class FeatureIterator:
   """Training batches of feature rows, reshuffled every epoch; resumes exactly.
 
@@ -129,7 +144,13 @@ class FeatureIterator:
   """
 
   def __init__(self, arrays: Mapping[str, np.ndarray], batch_size: int, seed: int,
-               process_index: int = 0, process_count: int = 1):
+               process_index: int = 0, process_count: int = 1, pad_to_multiple_of: int = 0):
+    """`pad_to_multiple_of` > 0: cut each batch's sequence axis to its longest row, rounded up
+    to that multiple (`trim_batch`); 0: keep the rows' full length."""
+    if pad_to_multiple_of < 0:
+      fail(f"pad_to_multiple_of={pad_to_multiple_of} must be >= 0 (0: pad every batch to "
+           "max_seq_length)")
+    self.pad_to_multiple_of = pad_to_multiple_of
     self.arrays = dict(arrays)
     self.n = num_rows(self.arrays)
     if self.n == 0:
@@ -166,8 +187,12 @@ class FeatureIterator:
     idx = self.indices(self.position)
     self.position += self.batch_size
     lo = self.process_index * self.per_process
-    idx = idx[lo:lo + self.per_process]
-    return {k: v[idx] for k, v in self.arrays.items()}
+    batch = {k: v[idx[lo:lo + self.per_process]] for k, v in self.arrays.items()}
+    if not self.pad_to_multiple_of:
+      return batch
+    # The length comes from the whole global batch, so every process cuts to the same shape.
+    mask = self.arrays["attention_mask"]
+    return trim_batch(batch, batch_length(mask[idx], self.pad_to_multiple_of), mask.shape[1])
 
   def get_state(self) -> dict:
     return {"position": int(self.position), "num_rows": int(self.n), "seed": int(self.seed)}
@@ -377,7 +402,7 @@ class TaskObjective(Objective):
     train_arrays["weight"] = np.ones((n,), np.float32)
     resolve_schedule(config, n, self.name)
     train = FeatureIterator(train_arrays, config.batch_size, config.seed, jax.process_index(),
-                            jax.process_count())
+                            jax.process_count(), int(config.get("pad_to_multiple_of", 0)))
     micro_batch = config.batch_size // config.grad_accum_steps
 
     def eval_batches() -> Iterator[dict[str, np.ndarray]]:
