@@ -144,6 +144,7 @@ def build(config, workdir: pathlib.Path, objective) -> Inputs:
   special = SpecialIds.from_tokenizer(tokenizer)
   kw = dict(kind=objective.data_kind, max_seq_length=config.max_seq_length, special=special,
             word_start_mask=tokenizer.word_start_mask(), short_seq_prob=config.data.short_seq_prob,
+            pack=config.data.pack, pack_bins=config.data.pack_bins,
             **objective.masking_kwargs(config))
   train = pipeline.make_pretraining_iterator(
       train_docs, batch_size=per_process, seed=config.seed, shard_index=jax.process_index(),

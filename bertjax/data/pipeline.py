@@ -1,6 +1,7 @@
 """The grain input pipeline for pretraining: documents -> instances -> masked, padded batches.
 
   documents --(_InstanceDataset: epochs of `pretraining.walk_epoch`)--> instances
+            [--(packing.PackedDataset, when pack=True: several instances per row)--> rows]
             --map(_Featurize: pad to max_seq_length, dynamic masking)--> examples
             --batch(batch_size)--> batches of numpy arrays
 
@@ -23,6 +24,7 @@ from typing import Any, Sequence
 import grain
 import numpy as np
 
+from bertjax.data import packing
 from bertjax.data import pretraining
 from bertjax.errors import UserError
 from bertjax.objectives import masking
@@ -120,6 +122,10 @@ class _Featurize:
     example["token_type_ids"] = token_type_ids
     example["attention_mask"] = attention_mask
     example["next_sentence_label"] = np.int32(instance["next_sentence_label"])
+    if "segment_ids" in instance:  # a packed row
+      segment_ids = np.zeros(self.max_seq_length, np.int32)
+      segment_ids[:length] = instance["segment_ids"]
+      example["segment_ids"] = segment_ids
     return example
 
 
@@ -130,9 +136,12 @@ def make_pretraining_dataset(
     max_ngram: int = 3, span_p: float = 0.2, span_max: int = 10,
     replace_probs: Sequence[float] = (0.8, 0.1, 0.1), shard_index: int = 0,
     shard_count: int = 1, num_epochs: int | None = None, short_seq_prob: float | None = None,
-    drop_remainder: bool = True) -> grain.IterDataset:
+    drop_remainder: bool = True, pack: bool = False,
+    pack_bins: int = 16) -> grain.IterDataset:
   """The pretraining `grain.IterDataset` of batches; see `make_pretraining_iterator`."""
   pretraining.check_kind(kind, max_seq_length)
+  if pack:
+    packing.check_packing(kind, pack_bins)
   if batch_size < 1:
     raise UserError(f"batch_size={batch_size} must be >= 1 (it is the per-process batch size)")
   if num_epochs is not None and num_epochs < 1:
@@ -149,6 +158,9 @@ def make_pretraining_dataset(
                                special=special, shard_index=shard_index,
                                shard_count=shard_count, num_epochs=num_epochs,
                                short_seq_prob=short_seq_prob)
+  if pack:
+    instances = packing.PackedDataset(instances, max_seq_length=max_seq_length,
+                                      num_bins=pack_bins)
   featurize = _Featurize(max_seq_length=max_seq_length, seed=seed, special=special,
                          masking_kwargs=masking_kwargs)
   return instances.map(featurize).batch(batch_size, drop_remainder=drop_remainder)
@@ -161,7 +173,8 @@ def make_pretraining_iterator(
     max_ngram: int = 3, span_p: float = 0.2, span_max: int = 10,
     replace_probs: Sequence[float] = (0.8, 0.1, 0.1), shard_index: int = 0,
     shard_count: int = 1, num_epochs: int | None = None, short_seq_prob: float | None = None,
-    drop_remainder: bool = True) -> grain.DatasetIterator:
+    drop_remainder: bool = True, pack: bool = False,
+    pack_bins: int = 16) -> grain.DatasetIterator:
   """An iterator of pretraining batches with exact checkpoint/resume via get_state/set_state.
 
   Args:
@@ -178,12 +191,15 @@ def make_pretraining_iterator(
     num_epochs: stop after this many epochs; None repeats forever.
     short_seq_prob: probability of a shorter target length (None: 0.1 for nsp/sop, else 0).
     drop_remainder: drop a last partial batch (only reachable with num_epochs).
+    pack: put several instances into each row (kind 'single'; see `bertjax.data.packing`).
+    pack_bins: rows filled at once when packing (first-fit over that many rows).
 
   Returns:
     A `grain.DatasetIterator` of dicts: input_ids, token_type_ids, attention_mask
     `<int32>[B, L]`; masked_positions, masked_ids `<int32>[B, P]`; masked_weights
     `<float32>[B, P]`; next_sentence_label `<int32>[B]` (0 for full/single); and for
-    strategy='span' span_left, span_right, span_offset `<int32>[B, P]`.
+    strategy='span' span_left, span_right, span_offset `<int32>[B, P]`; when packing,
+    segment_ids `<int32>[B, L]` (1, 2, ... per instance in the row, 0 on padding).
   """
   return iter(make_pretraining_dataset(
       documents, kind=kind, max_seq_length=max_seq_length, batch_size=batch_size, seed=seed,
@@ -191,4 +207,4 @@ def make_pretraining_iterator(
       max_predictions=max_predictions, strategy=strategy, max_ngram=max_ngram, span_p=span_p,
       span_max=span_max, replace_probs=replace_probs, shard_index=shard_index,
       shard_count=shard_count, num_epochs=num_epochs, short_seq_prob=short_seq_prob,
-      drop_remainder=drop_remainder))
+      drop_remainder=drop_remainder, pack=pack, pack_bins=pack_bins))

@@ -72,7 +72,10 @@ class Objective:
 
   def model_inputs(self, batch: Batch) -> dict[str, Any]:
     keys = ("input_ids", "attention_mask", "token_type_ids", "masked_positions")
-    return {k: batch[k] for k in keys}
+    inputs = {k: batch[k] for k in keys}
+    if "segment_ids" in batch:  # packed rows (data.pack)
+      inputs["segment_ids"] = batch["segment_ids"]
+    return inputs
 
   def denominators(self, batch: Batch) -> dict[str, jax.Array]:
     raise NotImplementedError
