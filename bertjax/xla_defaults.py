@@ -1,19 +1,22 @@
-"""XLA:CPU settings bertjax turns on before JAX starts its backends.
+"""XLA:CPU settings bertjax can turn on before JAX starts its backends: opt-in, with
+BERTJAX_XLA_DEFAULTS=1.
 
 Matrix multiplies through oneDNN (the library PyTorch uses on CPUs) instead of XLA:CPU's default
-kernels: +9-13% tokens/s on the bert-mini train step and +4-9% on bert-base on this project's
-2-core reference machine (PERFORMANCE.md), at some memory (bert-base peak +0.45 GiB). The flags are experimental XLA options, and XLA aborts
-on flags it does not know, so they are added only for the jaxlib versions they were checked
-with, never when the user has set them (either way) in XLA_FLAGS, and not with
-BERTJAX_XLA_DEFAULTS=0. GPU and TPU backends ignore xla_cpu_* flags.
+kernels: +9-13% tokens/s on the bert-mini train step and +4-9% on bert-base on a 2-core Xeon with
+AVX-512 (PERFORMANCE.md), at some memory (bert-base peak +0.45 GiB). They were the default until
+they corrupted the heap on a 2-core AMD EPYC (AVX2): a bert-mini train step at sequence 512
+aborted with a segmentation fault or "free(): invalid pointer" in 2 of 3 runs, never without the
+flags. XLA marks them experimental; a crash that depends on the CPU and the shapes is not a
+default, so they are off unless asked for.
 
-XLA reads XLA_FLAGS when the first backend starts: importing bertjax before running any JAX
-computation is enough (launch.py, the benchmark and the CLIs all do).
+The flags are added only for the jaxlib versions they were checked with, never when the user has
+set them (either way) in XLA_FLAGS. GPU and TPU backends ignore xla_cpu_* flags. XLA reads
+XLA_FLAGS when the first backend starts: importing bertjax before running any JAX computation is
+enough (launch.py, the benchmark and the CLIs all do).
 
-The cost: XLA:CPU cannot serialize oneDNN calls, so with these flags the persistent compilation
-cache stores nothing on CPUs (each run compiles again, a few seconds for small models). The test
-suite, which compiles hundreds of tiny steps, turns the flags off for that reason
-(tests/conftest.py) and checks training with them on in one test.
+The cost besides: XLA:CPU cannot serialize oneDNN calls, so with these flags the persistent
+compilation cache stores nothing on CPUs (each run compiles again, a few seconds for small
+models).
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ def version_of_jaxlib() -> str | None:
 
 
 def apply(environ=os.environ) -> list[str]:
-  """Adds CPU_FLAGS to XLA_FLAGS where safe; returns the flags added."""
-  if environ.get("BERTJAX_XLA_DEFAULTS", "1") == "0":
+  """Adds CPU_FLAGS to XLA_FLAGS when asked (BERTJAX_XLA_DEFAULTS=1) and the jaxlib is one they
+  were checked with; returns the flags added."""
+  if environ.get("BERTJAX_XLA_DEFAULTS", "0") != "1":
     return []
   if version_of_jaxlib() not in CHECKED_JAXLIB:
     return []

@@ -54,7 +54,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.eval_batches = 4          # batches per evaluation
   c.data.short_seq_prob = 0.1      # BERT: probability of a shorter target length
   c.data.pack = False              # several instances per row, kept apart by segment ids (span_sbo data)
-  c.data.pack_bins = 16            # rows filled at once, first-fit, when packing
+  c.data.pack_bins = 64            # rows filled at once, first-fit, when packing
 
   c.masking = ml_collections.ConfigDict()
   c.masking.strategy = ""          # token | whole_word | ngram | span; empty: the objective's default

@@ -18,8 +18,8 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
     os.environ.get("TMPDIR", "/tmp"), "bertjax-test-jax-cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# XLA:CPU cannot cache compiled oneDNN matmuls, so the suite keeps bertjax's default oneDNN flags
-# off to keep its cache (bertjax/xla_defaults.py); tests/test_training_parity.py runs with them on.
+# bertjax's opt-in oneDNN flags stay off here (XLA:CPU cannot cache their compiled steps;
+# bertjax/xla_defaults.py); tests/test_training_parity.py runs once with them on.
 os.environ.setdefault("BERTJAX_XLA_DEFAULTS", "0")
 DATA_DIR = pathlib.Path(os.environ.get("BERTJAX_DATA", REPO.parent / "shared" / "data"))
 

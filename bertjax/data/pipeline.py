@@ -137,7 +137,7 @@ def make_pretraining_dataset(
     replace_probs: Sequence[float] = (0.8, 0.1, 0.1), shard_index: int = 0,
     shard_count: int = 1, num_epochs: int | None = None, short_seq_prob: float | None = None,
     drop_remainder: bool = True, pack: bool = False,
-    pack_bins: int = 16) -> grain.IterDataset:
+    pack_bins: int = 64) -> grain.IterDataset:
   """The pretraining `grain.IterDataset` of batches; see `make_pretraining_iterator`."""
   pretraining.check_kind(kind, max_seq_length)
   if pack:
@@ -174,7 +174,7 @@ def make_pretraining_iterator(
     replace_probs: Sequence[float] = (0.8, 0.1, 0.1), shard_index: int = 0,
     shard_count: int = 1, num_epochs: int | None = None, short_seq_prob: float | None = None,
     drop_remainder: bool = True, pack: bool = False,
-    pack_bins: int = 16) -> grain.DatasetIterator:
+    pack_bins: int = 64) -> grain.DatasetIterator:
   """An iterator of pretraining batches with exact checkpoint/resume via get_state/set_state.
 
   Args:
