@@ -27,7 +27,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from bertjax import checkpoints, optim, sharding
+from bertjax import checkpoints, optim, prefetch, sharding
 from bertjax.errors import fail
 from bertjax.metric_writers import MetricWriter
 from bertjax.models.config import ModelConfig
@@ -340,11 +340,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         best.update(step, metrics, state.params)
       return metrics
 
+    batches = prefetch.DevicePrefetch(data.train, lambda b: sharding.shard_batch(b, mesh),
+                                      config.get("prefetch_batches", 2))
     with _Preemption() as preemption:
       while step < config.total_steps:
-        batch = next(data.train)
+        batch, device_batch = next(batches)
         with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-          state, metrics = train_step(state, sharding.shard_batch(batch, mesh))
+          state, metrics = train_step(state, device_batch)
         step += 1
         sums = add_metrics(sums, metrics)
         if compiling:
@@ -372,9 +374,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
           last_eval = run_eval(step) or last_eval
           t_log += time.time() - t_eval  # evaluation time is not training time
         if step % config.checkpoint_every == 0 or step == config.total_steps:
-          ckpt.save(step, state, data.train.get_state(), force=True)
+          ckpt.save(step, state, batches.get_state(), force=True)
         if preemption.requested:
-          ckpt.save(step, state, data.train.get_state(), force=True)
+          ckpt.save(step, state, batches.get_state(), force=True)
           stop_reason = "preempted (SIGTERM): checkpoint saved"
           break
     if config.eval_every and step == config.total_steps and (last_eval is None or

@@ -26,6 +26,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.total_steps = 1000             # optimizer steps
   c.batch_size = 256               # global batch of one optimizer step (all hosts, all micro-batches)
   c.grad_accum_steps = 1           # micro-batches per step, accumulated inside the jitted step
+  c.prefetch_batches = 2           # batches sent to the devices ahead of the step (0: none)
   c.learning_rate = 1e-4           # peak learning rate
   c.seed = 0
   c.distributed = False            # call jax.distributed.initialize() (TPU pods, multi-host GPU)
