@@ -132,9 +132,11 @@ def build(config, workdir: pathlib.Path, objective) -> Inputs:
       return (next(it) for _ in range(config.data.eval_batches))
     return Inputs(train=train, eval_batches=synthetic_eval, vocab_size=vocab)
 
-  from bertjax.data import pipeline, prepare  # pylint: disable=g-import-not-at-top
+  from bertjax.data import packing, pipeline, prepare  # pylint: disable=g-import-not-at-top
   from bertjax.objectives.masking import SpecialIds  # pylint: disable=g-import-not-at-top
 
+  if config.data.pack:  # refuse before a tokenizer is trained or a corpus prepared
+    packing.check_packing(objective.data_kind, config.data.pack_bins)
   corpus = prepare.PreparedCorpus(prepared_corpus_dir(config, workdir))
   tokenizer = corpus.tokenizer
   n = len(corpus)

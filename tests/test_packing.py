@@ -181,6 +181,7 @@ def test_data_pack_reaches_span_sbo_and_its_gradients_stay_finite(tmp_path):
   assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
   plain = {k: v for k, v in batch.items() if k != "segment_ids"}
   assert abs(float(loss(params, plain)) - float(value)) > 1e-6
+  nsp = quickstart(**{"data.pack": True})
   with pytest.raises(UserError, match="data.pack"):
-    get_objective(quickstart(**{"data.pack": True})).build_inputs(
-        quickstart(**{"data.pack": True}), tmp_path / "nsp")
+    get_objective(nsp).build_inputs(nsp, tmp_path / "nsp")
+  assert not (tmp_path / "nsp").exists()  # refused before preparing anything

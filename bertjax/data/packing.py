@@ -42,7 +42,7 @@ def check_packing(kind: str, num_bins: int) -> None:
     raise UserError(f"data.pack=True is for single-segment data (objective span_sbo), not "
                     f"kind {kind!r}: {why}; set --config.data.pack=False")
   if num_bins < 1:
-    raise UserError(f"data.pack_bins={num_bins} must be >= 1 (rows filled at once; e.g. 16)")
+    raise UserError(f"data.pack_bins={num_bins} must be >= 1 (rows filled at once; e.g. 64)")
 
 
 def pack_instances(instances: list[Instance]) -> Instance:
