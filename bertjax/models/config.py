@@ -13,6 +13,7 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 
 from bertjax.errors import fail
+from bertjax.models.kernels import KERNEL_SETTINGS
 
 ARCHITECTURES = ("bert", "roberta", "albert", "electra")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh")
@@ -58,6 +59,9 @@ class ModelConfig:
   # still at every position). Same values; about (1 - (p + 1) / seq) of that layer's work saved.
   # Not with scan_layers (one body for every layer).
   gather_last_layer: bool = True
+  # Which device's implementation choices the encoder uses (bertjax.models.kernels): "auto" takes
+  # the backend JAX runs on; "cpu" | "gpu" | "tpu" force one (to measure them elsewhere).
+  kernels: str = "auto"
 
   def __post_init__(self):
     if self.architecture not in ARCHITECTURES:
@@ -71,6 +75,8 @@ class ModelConfig:
            f"model.num_attention_heads={self.num_attention_heads}; pick sizes that divide")
     if self.dtype not in DTYPES:
       fail(f"unknown model.dtype={self.dtype!r}; use one of {', '.join(DTYPES)}")
+    if self.kernels not in KERNEL_SETTINGS:
+      fail(f"unknown model.kernels={self.kernels!r}; use one of {', '.join(KERNEL_SETTINGS)}")
     if self.scan_layers and self.num_hidden_groups not in (None, self.num_hidden_layers):
       fail("model.scan_layers needs one parameter set per layer; turn it off for ALBERT sharing")
     groups = self.num_groups

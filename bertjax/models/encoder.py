@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.errors import fail
+from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
 
@@ -49,12 +50,15 @@ class Dense(nn.Module):
   """A dense layer over `num_in` trailing input axes into `features` (an int or a shape).
 
   Unlike `nn.DenseGeneral`, the kernel is created in its final multi-axis shape, so its logical
-  axis names (`names`: input axes then output axes) apply at initialization too.
+  axis names (`names`: input axes then output axes) apply at initialization too. `flat`: compute
+  it as one 2-D matrix product (`Kernels.flat_dense`); the values are the same.
   """
   features: int | tuple[int, ...]
   names: tuple[str | None, ...]
   num_in: int = 1
   dtype: Any = jnp.float32
+
+  flat: bool = True
 
   @nn.compact
   def __call__(self, x):
@@ -65,19 +69,23 @@ class Dense(nn.Module):
     bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
                                                            self.names[self.num_in:]),
                       out, jnp.float32)
-    # One 2-D product [rows, in] @ [in, out], the reshapes being free (row-major, contiguous).
-    # XLA:CPU hands oneDNN only row-major 2-D operands: for a dot_general over several axes it
-    # wrote transposed copies of activations, gradients and 3-D kernels around every product,
-    # and the backward pass's weight gradients ran slower (PERFORMANCE.md, fourth round).
+    x, kernel = x.astype(self.dtype), kernel.astype(self.dtype)
+    if not self.flat:
+      y = jax.lax.dot_general(x, kernel, ((tuple(range(x.ndim - self.num_in, x.ndim)),
+                                           tuple(range(self.num_in))), ((), ())))
+      return y + bias.astype(self.dtype)
+    # One 2-D product [rows, in] @ [in, out], the reshapes being free (row-major, contiguous):
+    # the CPU choice (bertjax.models.kernels).
     lead = x.shape[:x.ndim - self.num_in]
-    rows = x.astype(self.dtype).reshape(math.prod(lead), math.prod(in_shape))
-    y = rows @ kernel.astype(self.dtype).reshape(math.prod(in_shape), math.prod(out))
+    rows = x.reshape(math.prod(lead), math.prod(in_shape))
+    y = rows @ kernel.reshape(math.prod(in_shape), math.prod(out))
     return y.reshape(lead + out) + bias.astype(self.dtype)
 
 
 def _dense(features, names, name, cfg: ModelConfig, axis=-1):
   num_in = len(axis) if isinstance(axis, tuple) else 1
-  return Dense(features, tuple(names), num_in=num_in, dtype=cfg.compute_dtype, name=name)
+  return Dense(features, tuple(names), num_in=num_in, dtype=cfg.compute_dtype,
+               flat=kernels.for_model(cfg).flat_dense, name=name)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -118,11 +126,17 @@ def _layer_norm_bwd(epsilon, residuals, g):
 layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
 
 
+def layer_norm_autodiff(x: Array, scale: Array, bias: Array, epsilon: float) -> Array:
+  """The same LayerNorm, its backward pass left to autodiff (the ordinary formulation)."""
+  return _layer_norm_fwd(x, scale, bias, epsilon)[0]
+
+
 class LayerNorm(nn.Module):
   """LayerNorm with `scale` and `bias` parameters (the layout of `nn.LayerNorm`)."""
   epsilon: float
   dtype: Any = jnp.float32
   axis_name: str = "embed"
+  written_backward: bool = True  # `Kernels.layer_norm_vjp`; the values are the same
 
   @nn.compact
   def __call__(self, x):
@@ -131,11 +145,13 @@ class LayerNorm(nn.Module):
                                                              (self.axis_name,)), (size,), jnp.float32)
     bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
                                                            (self.axis_name,)), (size,), jnp.float32)
-    return layer_norm(x.astype(self.dtype), scale, bias, self.epsilon)
+    norm = layer_norm if self.written_backward else layer_norm_autodiff
+    return norm(x.astype(self.dtype), scale, bias, self.epsilon)
 
 
 def _layer_norm(cfg: ModelConfig, name: str, axis_name: str = "embed"):
-  return LayerNorm(cfg.layer_norm_eps, cfg.compute_dtype, axis_name, name=name)
+  return LayerNorm(cfg.layer_norm_eps, cfg.compute_dtype, axis_name,
+                   kernels.for_model(cfg).layer_norm_vjp, name=name)
 
 
 def has_embedding_projection(cfg: ModelConfig) -> bool:
@@ -160,6 +176,14 @@ class EncoderOutput:
   attentions: tuple[Array, ...] | None = None
 
 
+@flax.struct.dataclass
+class AttentionMask:
+  """Which keys each query sees. keys: <bool>[batch, 1, 1 or q, k]; lengths: <int32>[batch], the
+  real tokens of right-padded rows (what the fused cuDNN kernel takes), or None."""
+  keys: Array
+  lengths: Array | None = None
+
+
 def make_attention_mask(attention_mask: Array, segment_ids: Array | None = None) -> Array:
   """<bool>[batch, 1, q, k]: keys that are real tokens, and of the query's own example when packed.
 
@@ -171,6 +195,47 @@ def make_attention_mask(attention_mask: Array, segment_ids: Array | None = None)
     return keys
   same = segment_ids[:, :, None] == segment_ids[:, None, :]
   return keys & same[:, None, :, :]
+
+
+def attention_mask_for(cfg: ModelConfig, attention_mask: Array,
+                       segment_ids: Array | None = None) -> AttentionMask:
+  """The mask in the forms the chosen attention implementation reads. Key lengths (cuDNN) only
+  for rows without segments; they count the mask's ones, so rows must be right-padded (ones then
+  zeros), as every bertjax input builder and BERT-family tokenizer pads them."""
+  lengths = None
+  if segment_ids is None and kernels.for_model(cfg).attention_lengths:
+    lengths = jnp.sum(attention_mask.astype(jnp.int32), axis=-1)
+  return AttentionMask(make_attention_mask(attention_mask, segment_ids), lengths)
+
+
+def fused_attention(q: Array, k: Array, v: Array, mask: AttentionMask, implementation: str) -> Array:
+  """softmax(q.k / sqrt(d)) v through `jax.nn.dot_product_attention`: by key lengths when the
+  mask has them (cuDNN's padding mask; a [batch, 1, 1, k] boolean mask makes cuDNN refuse), else
+  by the boolean mask ([batch, 1, q, k] for packed rows, which cuDNN takes as a bias)."""
+  if mask.lengths is not None:
+    return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=mask.lengths,
+                                        implementation=implementation)
+  return jax.nn.dot_product_attention(q, k, v, mask=mask.keys, implementation=implementation)
+
+
+def explicit_attention(q: Array, k: Array, v: Array, keys: Array, dropout: Callable[[Array], Array]
+                       ) -> tuple[Array, Array]:
+  """(output, pre-softmax scores before masking): the path that applies attention dropout and
+  hands the scores out (TinyBERT's attention transfer reads them)."""
+  raw_scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(q.shape[-1]).astype(q.dtype)
+  scores = jnp.where(keys, raw_scores, jnp.finfo(raw_scores.dtype).min)
+  probs = dropout(jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(q.dtype))
+  return jnp.einsum("bhqk,bkhd->bqhd", probs, v), raw_scores
+
+
+def attention_implementation(cfg: ModelConfig, head_dim: int, dtype) -> str:
+  """The fused implementation for this model: cuDNN where the platform's kernels ask for it and
+  it applies (half precision, head size a multiple of 8 up to 128), else XLA's."""
+  impl = kernels.for_model(cfg).attention
+  if impl == "cudnn" and (jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16)
+                          or head_dim % 8 or head_dim > 128):
+    return "xla"
+  return impl
 
 
 def position_ids_for(cfg: ModelConfig, input_ids: Array, segment_ids: Array | None) -> Array:
@@ -192,29 +257,68 @@ def position_ids_for(cfg: ModelConfig, input_ids: Array, segment_ids: Array | No
   return jnp.broadcast_to(jnp.arange(seq)[None, :], input_ids.shape)
 
 
+def lookup(table: Array, ids: Array, dtype, one_hot_rows: int = 0) -> Array:
+  """Rows of a float32 `table` at `ids`, cast to `dtype` after the lookup.
+
+  Looking up the float32 table keeps the gradient's scatter-add in float32: a bfloat16 one rounds
+  every addition and, on GPUs, is about 20x slower under contention (openxla/xla#26371). Tables of
+  at most `one_hot_rows` rows (token types) are read as a one-hot product, whose gradient is a
+  matrix product instead of every token added into a few rows.
+  """
+  rows = table.shape[0]
+  if rows <= one_hot_rows:
+    one_hot = jax.nn.one_hot(ids, rows, dtype=table.dtype)
+    out = jnp.einsum("...r,re->...e", one_hot, table, precision=jax.lax.Precision.HIGHEST)
+  else:
+    out = jnp.take(table, ids, axis=0)
+  return out.astype(dtype)
+
+
+class Embed(nn.Module):
+  """An embedding table (the parameter layout of `nn.Embed`) read through `lookup`."""
+  num_embeddings: int
+  features: int
+  names: tuple[str | None, str | None]
+  dtype: Any = jnp.float32
+  one_hot_rows: int = 0
+
+  def setup(self):
+    init = nn.with_logical_partitioning(dense_init(), self.names)
+    self.embedding = self.param("embedding", init, (self.num_embeddings, self.features), jnp.float32)
+
+  def __call__(self, ids: Array) -> Array:
+    return lookup(self.embedding, ids, self.dtype, self.one_hot_rows)
+
+  def first_rows(self, n: int) -> Array:
+    """Rows 0..n-1 as <dtype>[1, n, features]: the default positions, with no gather at all."""
+    return self.embedding[None, :n].astype(self.dtype)
+
+  def attend(self, x: Array) -> Array:
+    """x @ table.T in `dtype`: logits over the table's rows (the tied MLM decoder)."""
+    return x.astype(self.dtype) @ self.embedding.astype(self.dtype).T
+
+
 class Embeddings(nn.Module):
   """Word + position + token-type embeddings, LayerNorm and dropout, all of size embed_size."""
   config: ModelConfig
 
   def setup(self):
     cfg = self.config
-    emb_init = lambda: nn.with_logical_partitioning(dense_init(), ("vocab", "embed"))
-    self.word_embeddings = nn.Embed(cfg.vocab_size, cfg.embed_size, embedding_init=emb_init(),
-                                    dtype=cfg.compute_dtype, param_dtype=jnp.float32)
-    self.position_embeddings = nn.Embed(
-        cfg.max_position_embeddings, cfg.embed_size,
-        embedding_init=nn.with_logical_partitioning(dense_init(), (None, "embed")),
-        dtype=cfg.compute_dtype, param_dtype=jnp.float32)
-    self.token_type_embeddings = nn.Embed(
-        cfg.type_vocab_size, cfg.embed_size,
-        embedding_init=nn.with_logical_partitioning(dense_init(), (None, "embed")),
-        dtype=cfg.compute_dtype, param_dtype=jnp.float32)
+    one_hot = kernels.for_model(cfg).one_hot_rows
+    embed = lambda n, names, **kw: Embed(n, cfg.embed_size, names, cfg.compute_dtype, **kw)
+    self.word_embeddings = embed(cfg.vocab_size, ("vocab", "embed"))
+    self.position_embeddings = embed(cfg.max_position_embeddings, (None, "embed"))
+    self.token_type_embeddings = embed(cfg.type_vocab_size, (None, "embed"), one_hot_rows=one_hot)
     self.layer_norm = _layer_norm(cfg, "layer_norm")
     self.dropout = Dropout(cfg.hidden_dropout_prob)
 
   def __call__(self, input_ids, token_type_ids, position_ids, deterministic: bool):
-    x = (self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
-         + self.token_type_embeddings(token_type_ids))
+    """position_ids None: 0..seq-1 in every row."""
+    if position_ids is None:
+      positions = self.position_embeddings.first_rows(input_ids.shape[-1])
+    else:
+      positions = self.position_embeddings(position_ids)
+    x = self.word_embeddings(input_ids) + positions + self.token_type_embeddings(token_type_ids)
     x = self.layer_norm(x)
     return self.dropout(x, deterministic=deterministic)
 
@@ -229,7 +333,8 @@ class SelfAttention(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x, mask, deterministic: bool, output_attentions: bool = False, keys=None):
+  def __call__(self, x, mask: AttentionMask, deterministic: bool, output_attentions: bool = False,
+               keys=None):
     """`keys`: the states keys and values are computed from, when the queries `x` are only some
     of the positions (see `TransformerLayer`); None: `x` itself."""
     cfg = self.config
@@ -238,21 +343,15 @@ class SelfAttention(nn.Module):
     q = _dense(heads, ("embed", "heads", "kv"), "query", cfg)(x)
     k = _dense(heads, ("embed", "heads", "kv"), "key", cfg)(keys)
     v = _dense(heads, ("embed", "heads", "kv"), "value", cfg)(keys)
-    dropout = cfg.attention_probs_dropout_prob
+    rate = cfg.attention_probs_dropout_prob
     raw_scores = None
-    if (deterministic or dropout == 0.0) and not output_attentions:
-      # The fused kernel (cuDNN flash attention on GPU) has no dropout, so it serves inference and
-      # dropout-free training.
-      out = jax.nn.dot_product_attention(q, k, v, mask=mask)
+    if (deterministic or rate == 0.0) and not output_attentions:
+      # No dropout inside the fused kernels (cuDNN's takes only a fixed seed), so they serve
+      # inference and training without attention dropout; bertjax.models.kernels picks which.
+      out = fused_attention(q, k, v, mask, attention_implementation(cfg, cfg.head_dim, q.dtype))
     else:
-      # The explicit path: needed for dropout, and to hand the scores out (the fused kernel never
-      # materializes them), as attention-transfer distillation (TinyBERT) reads them.
-      raw_scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(cfg.head_dim).astype(q.dtype)
-      scores = jnp.where(mask, raw_scores, jnp.finfo(raw_scores.dtype).min)
-      probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(q.dtype)
-      if not deterministic and dropout > 0.0:
-        probs = Dropout(dropout)(probs, deterministic=False)
-      out = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+      drop = lambda p: Dropout(rate)(p, deterministic=deterministic)
+      out, raw_scores = explicit_attention(q, k, v, mask.keys, drop)
     out = _dense(cfg.hidden_size, ("heads", "kv", "embed"), "output", cfg, axis=(-2, -1))(out)
     return (out, raw_scores) if output_attentions else out
 
@@ -260,6 +359,10 @@ class SelfAttention(nn.Module):
 def gather_positions(x: Array, positions: Array) -> Array:
   """<T>[batch, seq, ...], <int32>[batch, p] -> <T>[batch, p, ...]: the rows at `positions`."""
   index = positions.astype(jnp.int32).reshape(positions.shape + (1,) * (x.ndim - 2))
+  if jnp.dtype(x.dtype).itemsize < 4:
+    # Half precision: gathered from a float32 view, so the gradient's scatter-add (rows repeat:
+    # unused prediction slots all point at position 0) runs in float32, not bfloat16.
+    return jnp.take_along_axis(x.astype(jnp.float32), index, axis=1).astype(x.dtype)
   return jnp.take_along_axis(x, index, axis=1)
 
 
@@ -287,14 +390,17 @@ class TransformerLayer(nn.Module):
     LayerNorms run on p rows instead of seq.
     """
     cfg = self.config
+    if not isinstance(mask, AttentionMask):  # a boolean [batch, 1, q or 1, k] mask
+      mask = AttentionMask(jnp.asarray(mask))
     keys = None
     if query_positions is not None:
       if output_attentions:
         fail("output_attentions needs every query position; call the layer without query_positions")
       keys = x
       x = gather_positions(x, query_positions)
-      if mask.shape[2] > 1:  # per-query masks (packed rows): keep the chosen queries' rows
-        mask = jnp.take_along_axis(mask, query_positions[:, None, :, None].astype(jnp.int32), axis=2)
+      if mask.keys.shape[2] > 1:  # per-query masks (packed rows): keep the chosen queries' rows
+        rows = query_positions[:, None, :, None].astype(jnp.int32)
+        mask = mask.replace(keys=jnp.take_along_axis(mask.keys, rows, axis=2))
     act_names = ("act_batch", "act_len", "act_embed")
     drop = lambda y: Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
     attention = SelfAttention(cfg, name="attention")
@@ -302,9 +408,11 @@ class TransformerLayer(nn.Module):
     out_ln = _layer_norm(cfg, "output_layer_norm")
     intermediate = _dense(cfg.intermediate_size, ("embed", "mlp"), "intermediate", cfg)
     output = _dense(cfg.hidden_size, ("mlp", "embed"), "output", cfg)
-    # Rematerialized: the backward pass recomputes the activation's internals from its input
-    # rather than keeping them (one [tokens, intermediate] buffer less per layer at the peak).
-    act = jax.checkpoint(activation(cfg.hidden_act))
+    # Rematerialized where the platform's kernels say so: the backward pass recomputes the
+    # activation's internals from its input (one [tokens, intermediate] buffer less per layer).
+    act = activation(cfg.hidden_act)
+    if kernels.for_model(cfg).remat_activation:
+      act = jax.checkpoint(act)
     scores = None
 
     def attend(y, y_keys):
@@ -391,13 +499,18 @@ class Encoder(nn.Module):
       attention_mask = (segment_ids > 0) if segment_ids is not None else jnp.ones_like(input_ids)
     if token_type_ids is None:
       token_type_ids = jnp.zeros_like(input_ids)
-    if position_ids is None:
+    if input_ids.shape[-1] > cfg.max_position_embeddings - cfg.position_offset:
+      fail(f"sequences of {input_ids.shape[-1]} tokens exceed the model's "
+           f"{cfg.max_position_embeddings - cfg.position_offset} positions; lower "
+           "--config.max_seq_length or raise --config.model.max_position_embeddings")
+    if position_ids is None and (segment_ids is not None or cfg.position_offset):
       position_ids = position_ids_for(cfg, input_ids, segment_ids)
+    # position_ids None: positions 0..seq-1 in every row, a slice of the table.
     x = self.embeddings(input_ids, token_type_ids, position_ids, deterministic)
     if has_embedding_projection(cfg):
       x = self.embedding_projection(x)
     x = nn.with_logical_constraint(x, ("act_batch", "act_len", "act_embed"))
-    mask = make_attention_mask(attention_mask, segment_ids)
+    mask = attention_mask_for(cfg, attention_mask, segment_ids)
     # The last layer at [CLS] and the output positions only. Not under scan (one body for every
     # layer), nor when every layer's full states or scores are asked for.
     last_positions = None

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
-from bertjax.models.encoder import _dense, _layer_norm, activation, gather_positions
+from bertjax.models.encoder import Embed, _dense, _layer_norm, activation, gather_positions
 
 
 def add_vocab_bias(logits: jax.Array, bias: jax.Array) -> jax.Array:
@@ -110,11 +110,8 @@ class SpanBoundaryHead(nn.Module):
     left = gather_positions(hidden, span_left)
     right = gather_positions(hidden, span_right)
     offset = jnp.clip(span_offset, 0, self.max_span_length - 1)
-    position = nn.Embed(self.max_span_length, cfg.hidden_size,
-                        embedding_init=nn.with_logical_partitioning(
-                            nn.initializers.normal(stddev=0.02), (None, "embed")),
-                        dtype=cfg.compute_dtype, param_dtype=jnp.float32,
-                        name="position_embeddings")(offset)
+    position = Embed(self.max_span_length, cfg.hidden_size, (None, "embed"), cfg.compute_dtype,
+                     name="position_embeddings")(offset)
     x = jnp.concatenate([left, right, position.astype(left.dtype)], axis=-1)
     act = activation("gelu")
     x = _dense(cfg.hidden_size, (None, "embed"), "dense_0", cfg)(x)

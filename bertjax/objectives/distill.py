@@ -425,7 +425,7 @@ class Teacher:
            "workdir?")
     # The teacher only predicts: no dropout or recomputation; the student's compute dtype.
     fields.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, remat=False,
-                  dtype=dtype)
+                  dtype=dtype, kernels="auto")
     self.config = ModelConfig.from_dict(fields)
     self.model = DistillModel(self.config, head=head, num_labels=num_labels)
     self.params = None

@@ -1,0 +1,90 @@
+"""Device-specific implementation choices of the encoder, all in this one module.
+
+The model code (`encoder.py`, `heads.py`) reads like ordinary Flax and asks `for_model(cfg)`
+which implementation to use where the fastest one differs by device. Each choice below is
+either measured on the device it is made for (with the figure and where it is recorded) or
+marked unmeasured, in which case the ordinary formulation is the one used.
+
+`model.kernels` picks the set: "auto" (the default) takes the backend JAX runs on; "cpu",
+"gpu" or "tpu" force one, so that, say, the CPU choices can be measured on a GPU with
+`python -m bertjax.benchmark ... --override model.kernels=cpu`. Parameters, checkpoints and
+outputs are the same under every set (tests/test_kernels.py); only speed and memory differ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+PLATFORMS = ("cpu", "gpu", "tpu")
+KERNEL_SETTINGS = ("auto",) + PLATFORMS
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+  """How the encoder computes on one platform.
+
+  flat_dense: each Dense as one 2-D product [rows, in] @ [in, out] over reshaped operands, instead
+    of a dot_general over the multi-axis kernel.
+  layer_norm_vjp: LayerNorm with its backward pass written out (keeps x, the row mean and the
+    inverse deviation only), instead of autodiff through the forward pass.
+  remat_activation: the feed-forward activation recomputed in the backward pass.
+  attention: the `implementation` handed to `jax.nn.dot_product_attention` for training steps
+    without attention dropout and for inference ("cudnn": the fused flash kernel; "xla": the
+    composed softmax(QK^T)V). Half-precision only for cudnn; float32 always takes "xla".
+  attention_lengths: describe right-padded rows by their key lengths (what the cuDNN kernel
+    takes; a [batch, 1, 1, seq] mask makes it refuse) rather than by a boolean mask.
+  one_hot_rows: embedding tables of at most this many rows (token types) are looked up as a
+    one-hot product, whose gradient is a small matrix product instead of a scatter-add of every
+    token into a few rows (0: never).
+  """
+  platform: str
+  flat_dense: bool
+  layer_norm_vjp: bool
+  remat_activation: bool
+  attention: str
+  attention_lengths: bool
+  one_hot_rows: int
+
+
+# CPU (XLA:CPU, measured on 2-core x86 machines; PERFORMANCE.md):
+# - flat_dense: XLA:CPU hands its matmul kernels row-major 2-D operands only; a dot_general over
+#   several axes made it write transposed copies of activations, gradients and 3-D kernels around
+#   every attention projection. bert-base step 343 -> 382 tokens/s, XLA temp 1068 -> 962 MB
+#   (fourth round).
+# - layer_norm_vjp: bert-base (batch 8, seq 128) step temp 1146 -> 1077 MB (third round).
+# - remat_activation: bert-base step temp 1279 -> 1147 MB, speed within noise (third round).
+# - attention "xla" with a boolean mask: the only implementation XLA:CPU has.
+# - one_hot_rows: the 2-row token-type lookup as a one-hot product against the float32
+#   scatter-add of its gradient (fifth round).
+CPU = Kernels(platform="cpu", flat_dense=True, layer_norm_vjp=True, remat_activation=True,
+              attention="xla", attention_lengths=False, one_hot_rows=2)
+
+# GPU: the fused cuDNN attention kernel with key lengths (the issue's H100 measurement: attention
+# forward+backward at [32, 512, 16 heads] 0.61 ms against 2.2 ms composed by XLA) and token types
+# as a one-hot product (their gradient on the H100: 89 ms as a bf16 scatter-add, 0.22 ms as a
+# float32 one, 0.07 ms as a one-hot product). The CPU layout choices are unmeasured on a GPU, so
+# the ordinary formulation is kept there: XLA:GPU picks its own layouts for dot_general and
+# fuses LayerNorm's autodiff.
+GPU = Kernels(platform="gpu", flat_dense=False, layer_norm_vjp=False, remat_activation=False,
+              attention="cudnn", attention_lengths=True, one_hot_rows=16)
+
+# TPU: unmeasured; the ordinary formulation, XLA's attention. Reshapes that merge the tiled minor
+# dimensions can cost a relayout there, so Dense stays a dot_general over the kernel's axes.
+TPU = Kernels(platform="tpu", flat_dense=False, layer_norm_vjp=False, remat_activation=False,
+              attention="xla", attention_lengths=False, one_hot_rows=16)
+
+_BY_PLATFORM = {"cpu": CPU, "gpu": GPU, "tpu": TPU}
+
+
+def for_platform(platform: str) -> Kernels:
+  """The choices for `platform` ("cpu", "gpu", "tpu"; "cuda" and "rocm" count as gpu)."""
+  platform = {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
+  return _BY_PLATFORM.get(platform, CPU)
+
+
+def for_model(cfg) -> Kernels:
+  """The choices for a `ModelConfig`: its `kernels` setting, "auto" meaning JAX's backend."""
+  setting = getattr(cfg, "kernels", "auto")
+  return for_platform(jax.default_backend() if setting == "auto" else setting)
