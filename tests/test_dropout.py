@@ -1,4 +1,4 @@
-"""Byte-resolution dropout (bertjax.models.dropout): right rate, unbiased, deterministic."""
+"""Dropout (bertjax.models.dropout): exactly the configured rate, unbiased, deterministic."""
 
 import jax
 import jax.numpy as jnp
@@ -8,23 +8,29 @@ import pytest
 from bertjax.models.dropout import Dropout, effective_rate, keep_mask
 
 
-@pytest.mark.parametrize("rate", [0.1, 0.25, 0.5])
-@pytest.mark.parametrize("shape", [(64, 128, 256), (32, 4, 128, 127)])  # last axis not /4 too
+@pytest.mark.parametrize("rate", [0.1, 0.25, 0.5, 0.0123])
+@pytest.mark.parametrize("shape", [(64, 128, 1024), (32, 4, 128, 127)])
 def test_keep_rate_and_scaling(rate, shape):
   x = jnp.ones(shape)
   y = Dropout(rate).apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(3)})
   kept = np.asarray(y != 0)
   n = kept.size
-  p = effective_rate(rate)
-  assert abs(p - rate) <= 0.5 / 256
-  # Binomial: within 5 standard deviations of the expected kept fraction.
-  assert abs(kept.mean() - (1 - p)) < 5 * np.sqrt(p * (1 - p) / n), kept.mean()
-  np.testing.assert_allclose(np.asarray(y)[kept], 1 / (1 - p), rtol=1e-6)
-  assert abs(float(y.mean()) - 1.0) < 5 * np.sqrt(p / (1 - p) / n)  # unbiased in expectation
-  # Masks do not repeat along the packed axis: neighbouring elements are independent.
+  assert abs(effective_rate(rate) - rate) < 2.0 ** -32
+  # Binomial: the kept fraction within 5 standard deviations of 1 - rate. At 8.4M elements that is
+  # +-5e-4 for rate 0.1, which the earlier byte-resolution masks (0.1016) fell outside.
+  assert abs(kept.mean() - (1 - rate)) < 5 * np.sqrt(rate * (1 - rate) / n), kept.mean()
+  np.testing.assert_allclose(np.asarray(y)[kept], 1 / (1 - rate), rtol=1e-6)
+  assert abs(float(y.mean()) - 1.0) < 5 * np.sqrt(rate / (1 - rate) / n)  # unbiased
+  # Neighbouring elements are independent.
   flat = kept.reshape(-1, shape[-1])
   agree = (flat[:, :-1] == flat[:, 1:]).mean()
-  assert abs(agree - (p * p + (1 - p) ** 2)) < 0.01
+  assert abs(agree - (rate * rate + (1 - rate) ** 2)) < 0.01
+
+
+def test_byte_resolution_rate_would_be_caught():
+  """The kept-fraction check above separates 0.1 from 0.1016 at its size."""
+  n, rate, byte_rate = 64 * 128 * 1024, 0.1, 26 / 256
+  assert abs((1 - byte_rate) - (1 - rate)) > 5 * np.sqrt(rate * (1 - rate) / n) * 2
 
 
 def test_deterministic_and_same_key_same_mask():

@@ -228,12 +228,14 @@ def explicit_attention(q: Array, k: Array, v: Array, keys: Array, dropout: Calla
   return jnp.einsum("bhqk,bkhd->bqhd", probs, v), raw_scores
 
 
-def attention_implementation(cfg: ModelConfig, head_dim: int, dtype) -> str:
+def attention_implementation(cfg: ModelConfig, head_dim: int, dtype, backend: str | None = None
+                             ) -> str:
   """The fused implementation for this model: cuDNN where the platform's kernels ask for it and
-  it applies (half precision, head size a multiple of 8 up to 128), else XLA's."""
+  it applies (a GPU `backend`, half precision, head size a multiple of 8 up to 128), else XLA's."""
   impl = kernels.for_model(cfg).attention
-  if impl == "cudnn" and (jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16)
-                          or head_dim % 8 or head_dim > 128):
+  backend = backend or jax.default_backend()
+  if impl == "cudnn" and (backend not in ("gpu", "cuda") or head_dim % 8 or head_dim > 128
+                          or jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16)):
     return "xla"
   return impl
 
