@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import resource
 import statistics
 import subprocess
@@ -148,7 +149,7 @@ def build_config(args):
   return config
 
 
-def bench_jax(config, steps: int) -> dict:
+def bench_jax(config, steps: int, profile_dir: str | None = None) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   from bertjax import inputs, optim, sharding, train  # pylint: disable=g-import-not-at-top
@@ -192,6 +193,10 @@ def bench_jax(config, steps: int) -> dict:
       state, m = compiled(state, device_batches[k % len(device_batches)])
       jax.block_until_ready((state.step, m))
       times.append(time.perf_counter() - t)
+    profile = None
+    if profile_dir:
+      profile = profile_steps(compiled, state, device_batches, profile_dir)
+      state = profile.pop("state")
   step_s = statistics.median(times)
   tokens = config.batch_size * config.max_seq_length
   device = jax.devices()[0]
@@ -219,16 +224,44 @@ def bench_jax(config, steps: int) -> dict:
       "mfu": tps * flops["total"] / peak_total if peak_total else None,
       "hfu": tps * hw_per_token / peak_total if peak_total else None,
       "jax_version": jax.__version__,
+      **({"profile": profile} if profile else {}),
   }
 
 
+def profile_steps(compiled, state, device_batches, profile_dir: str, steps: int = 3) -> dict:
+  """Traces `steps` more steps and writes the per-operation table to profile_dir/ops.{md,json}."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from bertjax import profiling  # pylint: disable=g-import-not-at-top
+  out = pathlib.Path(profile_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  with jax.profiler.trace(str(out), create_perfetto_trace=True):
+    for k in range(steps):
+      state, m = compiled(state, device_batches[k % len(device_batches)])
+      jax.block_until_ready((state.step, m))
+  table = profiling.op_table(out, steps)
+  (out / "ops.json").write_text(json.dumps(table, indent=1))
+  (out / "ops.md").write_text(profiling.format_table(table))
+  print(profiling.format_table(table))
+  return {"table": str(out / "ops.md"), "step_device_ms": table["step_device_ms"],
+          "top": table["ops"][:5], "state": state}
+
+
 def bench_torch(cfg, batch_size: int, seq_len: int, num_predictions: int, steps: int,
-                learning_rate: float) -> dict:
-  """transformers' BertForPreTraining in PyTorch (eager), AdamW, at the same shapes."""
+                learning_rate: float, compile_model: bool = False) -> dict:
+  """transformers' BertForPreTraining in PyTorch at the same shapes: the fair reference.
+
+  On a GPU: bf16 autocast when the bertjax side runs bf16, SDPA attention, fused AdamW, global-norm
+  clipping, timed between device synchronizations, peak memory from the CUDA allocator. On a CPU:
+  eager float32 (what transformers users run there), peak memory from the process.
+  `compile_model`: the model under torch.compile (its compile time reported apart).
+  """
+  import contextlib  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   torch.manual_seed(0)
+  cuda = torch.cuda.is_available()
+  device = torch.device("cuda" if cuda else "cpu")
   hf_cfg = transformers.BertConfig(
       vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_hidden_layers,
       num_attention_heads=cfg.num_attention_heads, intermediate_size=cfg.intermediate_size,
@@ -236,8 +269,13 @@ def bench_torch(cfg, batch_size: int, seq_len: int, num_predictions: int, steps:
       attention_probs_dropout_prob=cfg.attention_probs_dropout_prob,
       max_position_embeddings=max(cfg.max_position_embeddings, seq_len),
       type_vocab_size=cfg.type_vocab_size)
-  model = transformers.BertForPreTraining(hf_cfg).train()
-  opt = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
+  model = transformers.BertForPreTraining._from_config(hf_cfg, attn_implementation="sdpa")
+  model = model.to(device).train()
+  opt = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01,
+                          **({"fused": True} if cuda else {}))
+  forward = torch.compile(model) if compile_model else model
+  autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if cuda and cfg.dtype == "bfloat16"
+              else contextlib.nullcontext())
   rng = np.random.default_rng(0)
   ids = torch.tensor(rng.integers(5, cfg.vocab_size, (batch_size, seq_len)))
   labels = torch.full((batch_size, seq_len), -100)
@@ -245,42 +283,55 @@ def bench_torch(cfg, batch_size: int, seq_len: int, num_predictions: int, steps:
     pos = rng.choice(np.arange(1, seq_len), num_predictions, replace=False)
     labels[r, pos] = ids[r, pos]
   nsp = torch.tensor(rng.integers(0, 2, batch_size))
-  mask = torch.ones_like(ids)
-  types = torch.zeros_like(ids)
+  batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+           "token_type_ids": torch.zeros_like(ids), "labels": labels, "next_sentence_label": nsp}
+  batch = {k: v.to(device) for k, v in batch.items()}
+  sync = torch.cuda.synchronize if cuda else (lambda: None)
 
   def step():
     opt.zero_grad(set_to_none=True)
-    out = model(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels,
-                next_sentence_label=nsp)
-    out.loss.backward()
+    with autocast:
+      loss = forward(**batch).loss
+    loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
 
-  step()
+  t = time.perf_counter()
+  step()  # under torch.compile: the compilation
+  sync()
+  first_s = time.perf_counter() - t
+  for _ in range(2):
+    step()
+  sync()
   times = []
   for _ in range(steps):
     t = time.perf_counter()
     step()
+    sync()
     times.append(time.perf_counter() - t)
   step_s = statistics.median(times)
-  return {"framework": "hf-torch", "tokens_per_s": batch_size * seq_len / step_s,
-          "step_time_s": step_s, "torch_threads": torch.get_num_threads(),
-          "peak_memory_bytes": host_peak_rss_bytes(),
-          "torch_version": torch.__version__, "transformers_version": transformers.__version__}
+  peak = torch.cuda.max_memory_allocated() if cuda else host_peak_rss_bytes()
+  return {"framework": "hf-torch-compile" if compile_model else "hf-torch",
+          "device": torch.cuda.get_device_name() if cuda else "cpu",
+          "dtype": "bfloat16 autocast" if cuda and cfg.dtype == "bfloat16" else "float32",
+          "tokens_per_s": batch_size * seq_len / step_s, "step_time_s": step_s,
+          "first_step_s": first_s, "torch_threads": torch.get_num_threads(),
+          "peak_memory_bytes": int(peak), "torch_version": torch.__version__,
+          "transformers_version": transformers.__version__}
 
 
-def _torch_subprocess(config, steps: int) -> dict:
+def _torch_subprocess(config, steps: int, compile_model: bool = False) -> dict:
   """Runs the PyTorch reference in its own process, so its peak memory is its own."""
   spec = {"model": config.model.to_dict(), "batch_size": config.batch_size,
           "seq_len": config.max_seq_length, "num_predictions": config.max_predictions_per_seq,
-          "steps": steps, "learning_rate": config.learning_rate}
+          "steps": steps, "learning_rate": config.learning_rate, "compile": compile_model}
   r = subprocess.run([sys.executable, "-m", "bertjax.benchmark", "--_torch_worker", json.dumps(spec)],
                      capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(
                          os.path.abspath(__file__))), timeout=3600)
   if r.returncode != 0:
     from bertjax.errors import fail  # pylint: disable=g-import-not-at-top
     last = (r.stderr.strip().splitlines() or ["no output"])[-1]
-    fail(f"the PyTorch reference failed ({last}); install requirements-dev.txt for --compare hf-torch")
+    fail(f"the PyTorch reference failed ({last}); install requirements-dev.txt for --compare")
   return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -301,7 +352,7 @@ def _alternate(config, args, argv: list[str]) -> dict:
   """bertjax, then the reference, `args.rounds` times, each in a fresh process so that each peak
   memory is its own. The reference's speed drifts by tens of percent over a session on a shared
   machine; ratios from adjacent runs, and their median, are the comparable figures."""
-  ours_argv = _without(argv, ("--rounds", "--compare"))
+  ours_argv = _without(argv, ("--rounds", "--compare", "--profile"))
   rounds = []
   for r in range(args.rounds):
     p = subprocess.run([sys.executable, "-m", "bertjax.benchmark", *ours_argv],
@@ -312,13 +363,13 @@ def _alternate(config, args, argv: list[str]) -> dict:
       fail(f"the bertjax run of round {r + 1} failed: "
            f"{(p.stderr.strip().splitlines() or ['no output'])[-1]}")
     ours = json.loads(p.stdout.strip().splitlines()[-1])
-    ref = _torch_subprocess(config, args.steps)
+    ref = _torch_subprocess(config, args.steps, args.compare == "hf-torch-compile")
     rounds.append({"tokens_per_s": ours["tokens_per_s"], "reference_tokens_per_s": ref["tokens_per_s"],
                    "speedup": ours["tokens_per_s"] / ref["tokens_per_s"],
                    "peak_memory_bytes": ours["peak_memory_bytes"],
                    "reference_peak_memory_bytes": ref["peak_memory_bytes"],
                    "memory_ratio": ours["peak_memory_bytes"] / ref["peak_memory_bytes"]})
-    print(f"round {r + 1}: bertjax {ours['tokens_per_s']:.0f} tokens/s, hf-torch "
+    print(f"round {r + 1}: bertjax {ours['tokens_per_s']:.0f} tokens/s, {ref['framework']} "
           f"{ref['tokens_per_s']:.0f} -> {rounds[-1]['speedup']:.2f}x, memory "
           f"{rounds[-1]['memory_ratio']:.2f}x")
   median = lambda key: statistics.median(x[key] for x in rounds)
@@ -344,7 +395,12 @@ def main(argv=None) -> dict:
   parser.add_argument("--dtype", choices=("float32", "bfloat16"))
   parser.add_argument("--remat", action="store_true")
   parser.add_argument("--dropout", type=float, help="override both dropout rates")
-  parser.add_argument("--compare", choices=("hf-torch",))
+  parser.add_argument("--compare", choices=("hf-torch", "hf-torch-compile"),
+                      help="time transformers' BertForPreTraining at the same shapes (eager, or "
+                           "under torch.compile)")
+  parser.add_argument("--profile", metavar="DIR",
+                      help="also trace a few steps with the JAX profiler into DIR and write a "
+                           "table of device time per operation (DIR/ops.md, DIR/ops.json)")
   parser.add_argument("--rounds", type=int, default=1,
                       help="with --compare: alternate bertjax and the reference this many times, "
                            "each in its own process, and report the median of the per-round ratios")
@@ -355,27 +411,29 @@ def main(argv=None) -> dict:
     from bertjax.models.config import ModelConfig  # pylint: disable=g-import-not-at-top
     spec = json.loads(args._torch_worker)  # pylint: disable=protected-access
     result = bench_torch(ModelConfig.from_dict(spec["model"]), spec["batch_size"], spec["seq_len"],
-                         spec["num_predictions"], spec["steps"], spec["learning_rate"])
+                         spec["num_predictions"], spec["steps"], spec["learning_rate"],
+                         spec.get("compile", False))
     print(json.dumps(result))
     return result
   config = build_config(args)
   if args.rounds > 1:
-    if args.compare != "hf-torch":
+    if not args.compare:
       from bertjax.errors import fail  # pylint: disable=g-import-not-at-top
-      fail("--rounds needs --compare hf-torch (it alternates bertjax and the reference)")
+      fail("--rounds needs --compare hf-torch or hf-torch-compile (it alternates bertjax and the "
+           "reference)")
     result = _alternate(config, args, sys.argv[1:] if argv is None else list(argv))
     print(json.dumps(result))
     return result
-  result = bench_jax(config, args.steps)
+  result = bench_jax(config, args.steps, profile_dir=args.profile)
   print(f"bertjax: {result['tokens_per_s']:.0f} tokens/s, step {result['step_time_s'] * 1e3:.1f} ms, "
         f"compile {result['compile_time_s']:.1f} s, MFU {result['mfu'] or float('nan'):.3f} "
         f"({result['peak_source']}), peak memory {result['peak_memory_bytes'] / 2**20:.0f} MiB")
-  if args.compare == "hf-torch":
-    ref = _torch_subprocess(config, args.steps)
+  if args.compare:
+    ref = _torch_subprocess(config, args.steps, args.compare == "hf-torch-compile")
     result["reference"] = ref
     result["speedup_vs_reference"] = result["tokens_per_s"] / ref["tokens_per_s"]
     result["memory_ratio_vs_reference"] = result["peak_memory_bytes"] / ref["peak_memory_bytes"]
-    print(f"hf-torch: {ref['tokens_per_s']:.0f} tokens/s, step {ref['step_time_s'] * 1e3:.1f} ms, "
+    print(f"{ref['framework']}: {ref['tokens_per_s']:.0f} tokens/s, step {ref['step_time_s'] * 1e3:.1f} ms, "
           f"peak memory {ref['peak_memory_bytes'] / 2**20:.0f} MiB -> speedup "
           f"{result['speedup_vs_reference']:.2f}x")
   print(json.dumps(result))

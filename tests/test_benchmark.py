@@ -98,4 +98,31 @@ def test_rounds_without_compare_is_a_clear_error():
                       "--rounds", "2"], cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),
                      capture_output=True, text=True, timeout=300)
   assert r.returncode != 0 and "Traceback" not in r.stderr
-  assert "--rounds needs --compare hf-torch" in r.stderr
+  assert "--rounds needs --compare hf-torch or hf-torch-compile" in r.stderr
+
+
+def test_profile_writes_a_table_of_operations_and_compile_reference_runs(tmp_path):
+  """--profile DIR on a CPU: ops.md and ops.json name the step's operations with their count per
+  step, time and share; --compare hf-torch-compile times transformers under torch.compile."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  r = subprocess.run([sys.executable, "-m", "bertjax.benchmark", "--preset", "bert-tiny",
+                      "--batch_size", "2", "--seq_len", "16", "--steps", "2",
+                      "--override", "max_predictions_per_seq=4", "--profile", str(tmp_path / "prof"),
+                      "--compare", "hf-torch-compile"],
+                     cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+  assert r.returncode == 0, r.stderr[-3000:]
+  result = json.loads(r.stdout.strip().splitlines()[-1])
+  table = json.loads((tmp_path / "prof" / "ops.json").read_text())
+  ops = table["ops"]
+  assert len(ops) >= 10 and table["step_device_ms"] > 0
+  assert sum(o["share"] for o in ops) == pytest.approx(1.0, abs=1e-6)
+  assert sum(o["ms_per_step"] for o in ops) == pytest.approx(table["step_device_ms"], rel=1e-6)
+  assert all(o["per_step"] > 0 for o in ops)
+  assert [o["ms_per_step"] for o in ops[:-1]] == sorted((o["ms_per_step"] for o in ops[:-1]),
+                                                       reverse=True)
+  md = (tmp_path / "prof" / "ops.md").read_text()
+  assert "| operation | per step | ms per step | share |" in md and ops[0]["name"][:40] in md
+  assert result["profile"]["step_device_ms"] == pytest.approx(table["step_device_ms"])
+  ref = result["reference"]
+  assert ref["framework"] == "hf-torch-compile" and ref["tokens_per_s"] > 0
+  assert ref["first_step_s"] > ref["step_time_s"]  # the first step compiled
