@@ -62,6 +62,17 @@ def model_flops_per_token(cfg, seq_len: int, num_predictions: int, pair_head: bo
   return items
 
 
+def recomputed_flops(cfg, flops: dict) -> float:
+  """FLOPs per token the backward pass recomputes under remat: the layer's forward pass (a third
+  of forward+backward) for remat_policy "full", the attention products only for "dots" (the
+  weight products' outputs are kept)."""
+  if not cfg.remat:
+    return 0.0
+  if cfg.remat_policy == "dots":
+    return flops["attention"] / 3
+  return flops["encoder"] / 3 + flops["attention"] / 3
+
+
 def last_layer_rows(cfg, config) -> int | None:
   """Rows the last layer computes per sequence under `config` (None: every row)."""
   from bertjax.models import encoder  # pylint: disable=g-import-not-at-top
@@ -139,7 +150,7 @@ def build_config(args):
   if args.dtype:
     overrides.append(f"model.dtype='{args.dtype}'")
   if args.remat:
-    overrides.append("model.remat=True")
+    overrides += ["model.remat=True", f"model.remat_policy='{args.remat}'"]
   if args.dropout is not None:
     overrides += [f"model.hidden_dropout_prob={args.dropout}",
                   f"model.attention_probs_dropout_prob={args.dropout}"]
@@ -168,7 +179,7 @@ def bench_jax(config, steps: int, profile_dir: str | None = None) -> dict:
   data = objective.build_inputs(config, None) if not config.data.synthetic else None
   batches = (data.train if data else
              inputs.SyntheticBatches(config, cfg.vocab_size, config.seed, config.batch_size))
-  host_batches = [next(batches) for _ in range(min(steps, 4))]
+  host_batches = [next(batches) for _ in range(max(1, min(steps, 4)))]
   step_fn = jax.jit(train.make_train_step(objective, model, optimizer, config.grad_accum_steps),
                     in_shardings=(shardings, sharding.batch_sharding(mesh)),
                     out_shardings=(shardings, sharding.replicated(mesh)), donate_argnums=(0,))
@@ -184,6 +195,15 @@ def bench_jax(config, steps: int, profile_dir: str | None = None) -> dict:
     # process's peak memory also holds the runtime and varies by tens of MB between runs.
     memory = compiled.memory_analysis()
     xla_temp = int(memory.temp_size_in_bytes) if memory is not None else None
+    if steps == 0:  # the compiled step's plan only: nothing runs
+      return {"framework": "bertjax", "device": getattr(jax.devices()[0], "device_kind", "cpu"),
+              "objective": config.objective, "batch_size": config.batch_size,
+              "seq_len": config.max_seq_length, "dtype": cfg.dtype,
+              "remat": cfg.remat and cfg.remat_policy, "num_params": int(n_params),
+              "compile_time_s": compile_s, "xla_temp_bytes": xla_temp,
+              "xla_argument_bytes": int(memory.argument_size_in_bytes) if memory else None,
+              "xla_flops_per_token": xla_flops / (config.batch_size * config.max_seq_length),
+              "jax_version": jax.__version__}
     device_batches = [sharding.shard_batch(b, mesh) for b in host_batches]
     state, m = compiled(state, device_batches[0])  # warm-up
     jax.block_until_ready(m)
@@ -203,7 +223,7 @@ def bench_jax(config, steps: int, profile_dir: str | None = None) -> dict:
   flops = model_flops_per_token(cfg, config.max_seq_length, config.max_predictions_per_seq,
                                 pair_head=getattr(objective, "pair_head", False),
                                 last_layer_rows=last_layer_rows(cfg, config))
-  hw_per_token = flops["total"] + (flops["encoder"] / 3 + flops["attention"] / 3 if cfg.remat else 0)
+  hw_per_token = flops["total"] + recomputed_flops(cfg, flops)
   peak, peak_source = device_peak(device)
   if peak is None and device.platform == "cpu":
     peak = measure_cpu_peak()
@@ -213,7 +233,7 @@ def bench_jax(config, steps: int, profile_dir: str | None = None) -> dict:
       "framework": "bertjax", "device": getattr(device, "device_kind", device.platform),
       "num_devices": jax.device_count(), "objective": config.objective,
       "batch_size": config.batch_size, "seq_len": config.max_seq_length,
-      "num_predictions": config.max_predictions_per_seq, "dtype": cfg.dtype, "remat": cfg.remat,
+      "num_predictions": config.max_predictions_per_seq, "dtype": cfg.dtype, "remat": cfg.remat and cfg.remat_policy,
       "num_params": int(n_params), "tokens_per_s": tps, "step_time_s": step_s,
       "step_time_min_s": min(times), "compile_time_s": compile_s,
       "peak_memory_bytes": peak_memory_bytes(device), "xla_temp_bytes": xla_temp,
@@ -391,9 +411,12 @@ def main(argv=None) -> dict:
   parser.add_argument("--batch_size", type=int)
   parser.add_argument("--seq_len", type=int)
   parser.add_argument("--objective")
-  parser.add_argument("--steps", type=int, default=10)
+  parser.add_argument("--steps", type=int, default=10,
+                      help="timed steps; 0 compiles the step and reports its memory plan only")
   parser.add_argument("--dtype", choices=("float32", "bfloat16"))
-  parser.add_argument("--remat", action="store_true")
+  parser.add_argument("--remat", nargs="?", const="full", choices=("full", "dots"),
+                      help="rematerialize each layer: full (keep nothing) or dots (keep the "
+                           "weight products' outputs)")
   parser.add_argument("--dropout", type=float, help="override both dropout rates")
   parser.add_argument("--compare", choices=("hf-torch", "hf-torch-compile"),
                       help="time transformers' BertForPreTraining at the same shapes (eager, or "
@@ -425,6 +448,11 @@ def main(argv=None) -> dict:
     print(json.dumps(result))
     return result
   result = bench_jax(config, args.steps, profile_dir=args.profile)
+  if args.steps == 0:
+    print(f"bertjax (compiled, not run): compile {result['compile_time_s']:.1f} s, XLA temporaries "
+          f"{result['xla_temp_bytes'] / 2**20:.0f} MiB")
+    print(json.dumps(result))
+    return result
   print(f"bertjax: {result['tokens_per_s']:.0f} tokens/s, step {result['step_time_s'] * 1e3:.1f} ms, "
         f"compile {result['compile_time_s']:.1f} s, MFU {result['mfu'] or float('nan'):.3f} "
         f"({result['peak_source']}), peak memory {result['peak_memory_bytes'] / 2**20:.0f} MiB")

@@ -52,3 +52,22 @@ def test_mask_shape_and_gradient():
                                              rngs={"dropout": jax.random.key(5)}).sum())(x)
   y = Dropout(0.3).apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(5)})
   np.testing.assert_allclose(g, y)  # d(sum(x * mask / keep))/dx = mask / keep
+
+
+@pytest.mark.parametrize("n", [8, 13, 127])
+def test_packed_masks_round_trip(n):
+  from bertjax.models.dropout import pack_bits, unpack_bits
+  keep = jax.random.bernoulli(jax.random.key(n), 0.7, (3, 5, n))
+  packed = pack_bits(keep)
+  assert packed.shape == (3, 5, -(-n // 8)) and packed.dtype == jnp.uint8
+  np.testing.assert_array_equal(unpack_bits(packed, n), keep)
+
+
+def test_gradient_is_the_forward_mask_in_bf16_and_under_jit():
+  x = jax.random.normal(jax.random.key(0), (4, 8, 33), jnp.bfloat16)
+  f = jax.jit(lambda x: Dropout(0.2).apply({}, x, deterministic=False,
+                                          rngs={"dropout": jax.random.key(9)}))
+  y, vjp = jax.vjp(f, x)
+  (g,) = vjp(jnp.ones_like(y))
+  np.testing.assert_array_equal(np.asarray(g) != 0, np.asarray(y) != 0)
+  np.testing.assert_allclose(np.asarray(g, np.float32)[np.asarray(g) != 0], 1.25, rtol=1e-2)

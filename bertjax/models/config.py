@@ -17,6 +17,7 @@ from bertjax.models.kernels import KERNEL_SETTINGS
 
 ARCHITECTURES = ("bert", "roberta", "albert", "electra")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh")
+REMAT_POLICIES = ("full", "dots")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -51,6 +52,9 @@ class ModelConfig:
   mlm_head_act: str | None = None
   dtype: str = "float32"
   remat: bool = False
+  # What a rematerialized layer keeps for the backward pass: "full" nothing (recompute the whole
+  # layer), "dots" the outputs of its weight products (recompute attention and elementwise work).
+  remat_policy: str = "full"
   # One compiled layer body scanned over a stacked `layers` parameter tree (faster compiles for
   # deep models). Its checkpoint layout differs from the unrolled one; not for ALBERT sharing.
   scan_layers: bool = False
@@ -75,6 +79,9 @@ class ModelConfig:
            f"model.num_attention_heads={self.num_attention_heads}; pick sizes that divide")
     if self.dtype not in DTYPES:
       fail(f"unknown model.dtype={self.dtype!r}; use one of {', '.join(DTYPES)}")
+    if self.remat_policy not in REMAT_POLICIES:
+      fail(f"unknown model.remat_policy={self.remat_policy!r}; use one of "
+           f"{', '.join(REMAT_POLICIES)}")
     if self.kernels not in KERNEL_SETTINGS:
       fail(f"unknown model.kernels={self.kernels!r}; use one of {', '.join(KERNEL_SETTINGS)}")
     if self.scan_layers and self.num_hidden_groups not in (None, self.num_hidden_layers):

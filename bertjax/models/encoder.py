@@ -475,7 +475,11 @@ class Encoder(nn.Module):
       self.embeddings = Embeddings(cfg)
     if has_embedding_projection(cfg):
       self.embedding_projection = _dense(cfg.hidden_size, ("embed_in", "embed"), "embedding_projection", cfg)
-    layer_cls = nn.remat(TransformerLayer, static_argnums=(3, 4)) if cfg.remat else TransformerLayer
+    layer_cls = TransformerLayer
+    if cfg.remat:
+      policy = {"full": None,
+                "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}[cfg.remat_policy]
+      layer_cls = nn.remat(TransformerLayer, static_argnums=(3, 4), policy=policy)
     if cfg.scan_layers:
       self.scanned = nn.scan(
           _ScanBody, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
