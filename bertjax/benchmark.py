@@ -439,6 +439,13 @@ def main(argv=None) -> dict:
     print(json.dumps(result))
     return result
   config = build_config(args)
+  if args.steps < 0:
+    from bertjax.errors import fail  # pylint: disable=g-import-not-at-top
+    fail(f"--steps {args.steps}: give 0 (compile only) or more")
+  if args.steps == 0 and (args.rounds > 1 or args.compare or args.profile):
+    from bertjax.errors import fail  # pylint: disable=g-import-not-at-top
+    fail("--steps 0 compiles the step without running it; drop --compare, --rounds and --profile "
+         "or time some steps")
   if args.rounds > 1:
     if not args.compare:
       from bertjax.errors import fail  # pylint: disable=g-import-not-at-top
@@ -449,8 +456,9 @@ def main(argv=None) -> dict:
     return result
   result = bench_jax(config, args.steps, profile_dir=args.profile)
   if args.steps == 0:
+    temp = result["xla_temp_bytes"]
     print(f"bertjax (compiled, not run): compile {result['compile_time_s']:.1f} s, XLA temporaries "
-          f"{result['xla_temp_bytes'] / 2**20:.0f} MiB")
+          + (f"{temp / 2**20:.0f} MiB" if temp is not None else "not reported by this backend"))
     print(json.dumps(result))
     return result
   print(f"bertjax: {result['tokens_per_s']:.0f} tokens/s, step {result['step_time_s'] * 1e3:.1f} ms, "

@@ -751,7 +751,8 @@ def load_workdir(workdir: PathLike) -> Converted:
     fail(f"{meta_path} not found; pass a folder written by `python -m bertjax.convert from-hf`")
   try:
     meta = json.loads(meta_path.read_text())
-    cfg = ModelConfig.from_dict(meta["model"])
+    # The kernel set is chosen where the model runs, not where it was written.
+    cfg = ModelConfig.from_dict({**meta["model"], "kernels": "auto"})
     heads = tuple(meta["heads"])
   except (ValueError, KeyError, TypeError) as e:
     fail(f"cannot read {meta_path}: {_one_line(e)}; re-run the conversion")
@@ -765,7 +766,7 @@ def load_workdir(workdir: PathLike) -> Converted:
   params = _to_numpy(params)
   generator = None
   if "generator" in meta:
-    gen_cfg = ModelConfig.from_dict(meta["generator"]["model"])
+    gen_cfg = ModelConfig.from_dict({**meta["generator"]["model"], "kernels": "auto"})
     gen_heads = tuple(meta["generator"]["heads"])
     gen_params = params.pop("generator", None)
     if gen_params is None:

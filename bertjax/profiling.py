@@ -3,9 +3,11 @@ create_perfetto_trace=True)`), so anyone with a device sees where a train step g
 TensorBoard.
 
 The trace's Perfetto JSON holds one complete event ("ph": "X") per kernel or XLA operation. On a
-GPU or TPU those are the events of the `/device:...` processes; on a CPU, where XLA runs on host
-threads, the events of XLA's own threads (the Python thread and the runtime's bookkeeping spans
-left out). Events are summed by name; counts and times are divided by the number of steps traced.
+GPU or TPU those are events of the `/device:...` processes: the "XLA Ops" line where the trace has
+one (TPU), else the streams' kernels, never the lines that summarize them ("XLA Modules",
+"Steps", ...), which would count each operation twice. On a CPU, where XLA runs on host threads,
+the events of XLA's own threads (the Python thread and the runtime's bookkeeping spans left out).
+Events are summed by name; counts and times are divided by the number of steps traced.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import pathlib
 
 # Spans of the CPU runtime that enclose operations rather than being one.
 _CPU_WRAPPERS = ("ThunkExecutor", "SlinkyThreadPool", "ThreadpoolListener", "end: ")
+# Device lines that summarize the operations rather than being them.
+_SUMMARY_LINES = ("XLA Modules", "Steps", "Framework", "Source", "TensorFlow", "Launch", "Host")
 
 
 def find_trace(trace_dir: str | pathlib.Path) -> pathlib.Path | None:
@@ -45,12 +49,15 @@ def op_table(trace_dir: str | pathlib.Path, steps: int, top: int = 25) -> dict:
     raise FileNotFoundError(f"no perfetto_trace.json.gz under {trace_dir}")
   events, processes, threads = _events(path)
   device_pids = {pid for pid, name in processes.items() if name.startswith("/device:")}
+  device_lines = {key: name for key, name in threads.items() if key[0] in device_pids}
+  op_lines = {key for key, name in device_lines.items() if name == "XLA Ops"} or {
+      key for key, name in device_lines.items() if not name.startswith(_SUMMARY_LINES)}
 
   def is_op(e) -> bool:
     if e.get("ph") != "X" or "dur" not in e:
       return False
     if device_pids:
-      return e["pid"] in device_pids
+      return (e["pid"], e["tid"]) in op_lines if device_lines else e["pid"] in device_pids
     thread = threads.get((e["pid"], e["tid"]), "")
     return "XLA" in thread and not e["name"].startswith(_CPU_WRAPPERS)
 

@@ -22,7 +22,8 @@ from bertjax.errors import UserError
 from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import (AttentionMask, Encoder, attention_implementation,
-                                    explicit_attention, fused_attention, make_attention_mask)
+                                    attention_mask_for, explicit_attention, fused_attention,
+                                    make_attention_mask)
 from bertjax.objectives import get_objective
 from tests.helpers import load_config
 
@@ -168,9 +169,12 @@ def test_key_lengths_give_the_masked_results():
   q, k, v = qkv(1)
   mask = right_padded()
   keys = make_attention_mask(jnp.asarray(mask))
-  lengths = AttentionMask(keys, jnp.asarray(mask.sum(-1), jnp.int32))
+  lengths = attention_mask_for(ModelConfig(kernels="gpu"), jnp.asarray(mask))
+  assert lengths.lengths.tolist() == [16, 11, 5] and bool(lengths.right_padded)
   ref = value_and_grads(lambda q, k, v: explicit(q, k, v, keys), q, k, v)
-  assert_same(value_and_grads(lambda q, k, v: fused_attention(q, k, v, lengths, "xla"), q, k, v), ref)
+  for deterministic in (True, False):  # inference checks the padding, training trusts it
+    assert_same(value_and_grads(
+        lambda q, k, v: fused_attention(q, k, v, lengths, "xla", deterministic), q, k, v), ref)
   assert_same(value_and_grads(lambda q, k, v: fused_attention(q, k, v, AttentionMask(keys), "xla"),
                               q, k, v), ref)
   # Padding keys are unseen on every path: changing them moves nothing.
@@ -194,9 +198,10 @@ def test_gathered_queries_give_the_explicit_results():
   q, k, v = qkv(3, q_len=5)
   mask = right_padded()
   keys = make_attention_mask(jnp.asarray(mask))
-  lengths = AttentionMask(keys, jnp.asarray(mask.sum(-1), jnp.int32))
+  lengths = attention_mask_for(ModelConfig(kernels="gpu"), jnp.asarray(mask))
   ref = value_and_grads(lambda q, k, v: explicit(q, k, v, keys), q, k, v)
-  assert_same(value_and_grads(lambda q, k, v: fused_attention(q, k, v, lengths, "xla"), q, k, v), ref)
+  assert_same(value_and_grads(lambda q, k, v: fused_attention(q, k, v, lengths, "xla", False),
+                              q, k, v), ref)
 
 
 def test_implementation_follows_platform_dtype_and_head_size():
@@ -284,3 +289,45 @@ def test_too_long_sequences_fail_with_one_line():
                     intermediate_size=64, max_position_embeddings=8)
   with pytest.raises(UserError, match="exceed the model.s 8 positions"):
     Encoder(cfg).init(jax.random.key(0), jnp.zeros((1, 16), jnp.int32))
+
+
+@pytest.mark.parametrize("kind", ["left", "hole"])
+def test_key_lengths_fall_back_on_masks_that_are_not_right_padded(kind):
+  """Inference through the lengths path detects a left-padded row or a row with a hole and takes
+  the mask instead: the explicit path's outputs."""
+  q, k, v = qkv(4)
+  mask = right_padded()
+  if kind == "left":
+    mask[2] = mask[2][::-1]
+  else:
+    mask[0, 4] = 0
+  am = attention_mask_for(ModelConfig(kernels="gpu"), jnp.asarray(mask))
+  assert am.lengths is not None and not bool(am.right_padded)
+  want = explicit(q, k, v, am.keys)
+  np.testing.assert_allclose(fused_attention(q, k, v, am, "xla", deterministic=True), want,
+                             rtol=1e-5, atol=1e-5)
+  # What lengths alone would give differs: the fallback is doing the work.
+  lengths_only = fused_attention(q, k, v, am, "xla", deterministic=False)
+  assert np.max(np.abs(np.asarray(lengths_only) - np.asarray(want))) > 1e-3
+  right = attention_mask_for(ModelConfig(kernels="gpu"), jnp.asarray(right_padded()))
+  assert bool(right.right_padded)
+
+
+def test_one_row_token_type_table_serves_every_id():
+  """RoBERTa's type_vocab_size=1: ids of 1 (GLUE pairs set them) read row 0, as nn.Embed does."""
+  ids, mask, types = encoder_inputs()
+  cfg = ModelConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                    intermediate_size=64, max_position_embeddings=S + 2, architecture="roberta",
+                    pad_token_id=1, type_vocab_size=1)
+  model = Encoder(cfg)
+  params = model.init(jax.random.key(0), ids)["params"]
+  a = model.apply({"params": params}, ids, mask, types).last_hidden_state
+  b = model.apply({"params": params}, ids, mask, np.zeros_like(types)).last_hidden_state
+  np.testing.assert_array_equal(a, b)
+
+
+def test_cudnn_needs_even_lengths_with_a_per_query_mask():
+  gpu = ModelConfig(kernels="gpu")
+  pick = lambda q_len, per_query: attention_implementation(
+      gpu, 64, jnp.bfloat16, "gpu", per_query_mask=per_query, q_len=q_len, k_len=128)
+  assert pick(61, True) == "xla" and pick(62, True) == "cudnn" and pick(61, False) == "cudnn"

@@ -126,3 +126,52 @@ def test_profile_writes_a_table_of_operations_and_compile_reference_runs(tmp_pat
   ref = result["reference"]
   assert ref["framework"] == "hf-torch-compile" and ref["tokens_per_s"] > 0
   assert ref["first_step_s"] > ref["step_time_s"]  # the first step compiled
+
+
+def _write_trace(path, threads, events):
+  import gzip
+  meta = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+          {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}}]
+  meta += [{"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}
+           for (pid, tid), name in threads.items()]
+  path.mkdir(parents=True)
+  with gzip.open(path / "perfetto_trace.json.gz", "wt") as f:
+    json.dump({"traceEvents": meta + events}, f)
+
+
+@pytest.mark.parametrize("lines", ["tpu", "gpu"])
+def test_profile_table_counts_each_device_operation_once(tmp_path, lines):
+  """Device traces also carry lines that summarize the operations (modules, steps); only the
+  operations themselves are counted: the "XLA Ops" line where there is one, else the streams."""
+  from bertjax.profiling import op_table
+  x = lambda tid, name, dur, pid=1: {"ph": "X", "pid": pid, "tid": tid, "name": name, "ts": 0,
+                                     "dur": dur}
+  if lines == "tpu":
+    threads = {(1, 1): "Steps", (1, 2): "XLA Modules", (1, 3): "XLA Ops", (2, 9): "python"}
+    events = [x(1, "0", 100.0), x(2, "jit_train_step", 90.0), x(3, "fusion.1", 60.0),
+              x(3, "convolution.2", 30.0), x(9, "PjitFunction", 500.0, pid=2)]
+  else:
+    threads = {(1, 1): "XLA Modules", (1, 2): "Stream #20(Compute)", (1, 3): "Stream #21(MemcpyH2D)"}
+    events = [x(1, "jit_train_step", 90.0), x(2, "fusion.1", 60.0), x(3, "memcpy", 30.0)]
+  _write_trace(tmp_path / "t", threads, events)
+  table = op_table(tmp_path / "t", steps=1)
+  assert table["where"] == "device"
+  assert table["step_device_ms"] == pytest.approx(0.09)
+  assert {o["name"] for o in table["ops"]} == ({"fusion.1", "convolution.2"} if lines == "tpu"
+                                              else {"fusion.1", "memcpy"})
+
+
+def test_compile_only_reports_the_plan_and_refuses_timing_flags():
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  base = [sys.executable, "-m", "bertjax.benchmark", "--preset", "bert-tiny", "--batch_size", "2",
+          "--seq_len", "16", "--override", "max_predictions_per_seq=4", "--steps", "0"]
+  r = subprocess.run(base + ["--remat", "dots"], cwd=REPO, env=env, capture_output=True, text=True,
+                     timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  result = json.loads(r.stdout.strip().splitlines()[-1])
+  assert result["xla_temp_bytes"] > 0 and result["compile_time_s"] > 0 and result["remat"] == "dots"
+  assert "tokens_per_s" not in result
+  r = subprocess.run(base + ["--compare", "hf-torch"], cwd=REPO, env=env, capture_output=True,
+                     text=True, timeout=300)
+  assert r.returncode == 2 and "Traceback" not in r.stderr
+  assert "--steps 0 compiles the step without running it" in r.stderr

@@ -57,20 +57,22 @@ def _scale(x, keep, rate):
   return jnp.where(keep, x * jnp.asarray(1.0 / (1.0 - rate), x.dtype), jnp.zeros((), x.dtype))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def dropout(x: jax.Array, key_data: jax.Array, rate: float) -> jax.Array:
-  """x with each element dropped with probability `rate` (the mask from `key_data`, raw key
-  bits), the rest scaled by 1 / (1 - rate)."""
-  return _scale(x, keep_mask(jax.random.wrap_key_data(key_data), x.shape, rate), rate)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def dropout(x: jax.Array, key_data: jax.Array, rate: float, impl) -> jax.Array:
+  """x with each element dropped with probability `rate` (the mask from the key of
+  implementation `impl` whose raw bits are `key_data`), the rest scaled by 1 / (1 - rate).
+  Reverse-mode only (custom VJP)."""
+  key = jax.random.wrap_key_data(key_data, impl=impl)
+  return _scale(x, keep_mask(key, x.shape, rate), rate)
 
 
-def _dropout_fwd(x, key_data, rate):
-  keep = keep_mask(jax.random.wrap_key_data(key_data), x.shape, rate)
+def _dropout_fwd(x, key_data, rate, impl):
+  keep = keep_mask(jax.random.wrap_key_data(key_data, impl=impl), x.shape, rate)
   return _scale(x, keep, rate), pack_bits(keep)
 
 
-def _dropout_bwd(rate, packed, g):
-  # key_data is an integer input: its cotangent is float0.
+def _dropout_bwd(rate, impl, packed, g):
+  # None: no cotangent for the integer key bits.
   return _scale(g, unpack_bits(packed, g.shape[-1]), rate), None
 
 
@@ -87,4 +89,7 @@ class Dropout(nn.Module):
       return x
     if self.rate >= 1.0:
       return jnp.zeros_like(x)
-    return dropout(x, jax.random.key_data(self.make_rng("dropout")), self.rate)
+    key = self.make_rng("dropout")
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):  # a raw uint32 PRNGKey
+      key = jax.random.wrap_key_data(key)
+    return dropout(x, jax.random.key_data(key), self.rate, jax.random.key_impl(key))

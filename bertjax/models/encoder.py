@@ -178,10 +178,12 @@ class EncoderOutput:
 
 @flax.struct.dataclass
 class AttentionMask:
-  """Which keys each query sees. keys: <bool>[batch, 1, 1 or q, k]; lengths: <int32>[batch], the
-  real tokens of right-padded rows (what the fused cuDNN kernel takes), or None."""
+  """Which keys each query sees. keys: <bool>[batch, 1, 1 or q, k]; lengths: <int32>[batch], each
+  row's real tokens (what the fused cuDNN kernel takes), or None; right_padded: <bool>[], whether
+  every row is ones then zeros, so that the lengths say the same as `keys`."""
   keys: Array
   lengths: Array | None = None
+  right_padded: Array | None = None
 
 
 def make_attention_mask(attention_mask: Array, segment_ids: Array | None = None) -> Array:
@@ -199,23 +201,36 @@ def make_attention_mask(attention_mask: Array, segment_ids: Array | None = None)
 
 def attention_mask_for(cfg: ModelConfig, attention_mask: Array,
                        segment_ids: Array | None = None) -> AttentionMask:
-  """The mask in the forms the chosen attention implementation reads. Key lengths (cuDNN) only
-  for rows without segments; they count the mask's ones, so rows must be right-padded (ones then
-  zeros), as every bertjax input builder and BERT-family tokenizer pads them."""
-  lengths = None
-  if segment_ids is None and kernels.for_model(cfg).attention_lengths:
-    lengths = jnp.sum(attention_mask.astype(jnp.int32), axis=-1)
-  return AttentionMask(make_attention_mask(attention_mask, segment_ids), lengths)
+  """The mask in the forms the platform's attention reads: key lengths as well (GPU), for rows
+  without segments."""
+  keys = make_attention_mask(attention_mask, segment_ids)
+  if segment_ids is not None or not kernels.for_model(cfg).attention_lengths:
+    return AttentionMask(keys)
+  real = attention_mask.astype(bool)
+  lengths = jnp.sum(real.astype(jnp.int32), axis=-1)
+  prefix = jnp.arange(real.shape[-1])[None, :] < lengths[:, None]
+  return AttentionMask(keys, lengths, jnp.all(prefix == real))
 
 
-def fused_attention(q: Array, k: Array, v: Array, mask: AttentionMask, implementation: str) -> Array:
-  """softmax(q.k / sqrt(d)) v through `jax.nn.dot_product_attention`: by key lengths when the
-  mask has them (cuDNN's padding mask; a [batch, 1, 1, k] boolean mask makes cuDNN refuse), else
-  by the boolean mask ([batch, 1, q, k] for packed rows, which cuDNN takes as a bias)."""
-  if mask.lengths is not None:
-    return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=mask.lengths,
-                                        implementation=implementation)
-  return jax.nn.dot_product_attention(q, k, v, mask=mask.keys, implementation=implementation)
+def fused_attention(q: Array, k: Array, v: Array, mask: AttentionMask, implementation: str,
+                    deterministic: bool = True) -> Array:
+  """softmax(q.k / sqrt(d)) v through `jax.nn.dot_product_attention`.
+
+  With key lengths (cuDNN's padding mask; a [batch, 1, 1, k] boolean mask makes cuDNN refuse),
+  else with the boolean mask ([batch, 1, q, k] for packed rows, which cuDNN takes as a bias).
+  Lengths stand for the mask only on right-padded rows: in inference (`deterministic`) a mask of
+  another shape (left padding, holes) is detected and takes XLA's attention with the mask; in
+  training the rows come from bertjax's input builders, which all pad on the right.
+  """
+  if mask.lengths is None:
+    return jax.nn.dot_product_attention(q, k, v, mask=mask.keys, implementation=implementation)
+  by_lengths = lambda q, k, v: jax.nn.dot_product_attention(
+      q, k, v, key_value_seq_lengths=mask.lengths, implementation=implementation)
+  if not deterministic:
+    return by_lengths(q, k, v)
+  by_mask = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask.keys,
+                                                         implementation="xla")
+  return jax.lax.cond(mask.right_padded, by_lengths, by_mask, q, k, v)
 
 
 def explicit_attention(q: Array, k: Array, v: Array, keys: Array, dropout: Callable[[Array], Array]
@@ -228,14 +243,29 @@ def explicit_attention(q: Array, k: Array, v: Array, keys: Array, dropout: Calla
   return jnp.einsum("bhqk,bkhd->bqhd", probs, v), raw_scores
 
 
-def attention_implementation(cfg: ModelConfig, head_dim: int, dtype, backend: str | None = None
-                             ) -> str:
+def cudnn_available(backend: str | None = None) -> bool:
+  """cuDNN's flash attention runs here: an NVIDIA GPU of compute capability 8.0 or newer."""
+  if (backend or jax.default_backend()) not in ("gpu", "cuda"):
+    return False
+  if backend is not None:  # asked about a backend other than the one running (tests)
+    return True
+  capability = getattr(jax.devices()[0], "compute_capability", None)
+  try:
+    return capability is not None and float(capability) >= 8.0
+  except (TypeError, ValueError):
+    return False
+
+
+def attention_implementation(cfg: ModelConfig, head_dim: int, dtype, backend: str | None = None,
+                             per_query_mask: bool = False, q_len: int = 2, k_len: int = 2) -> str:
   """The fused implementation for this model: cuDNN where the platform's kernels ask for it and
-  it applies (a GPU `backend`, half precision, head size a multiple of 8 up to 128), else XLA's."""
+  it applies (an NVIDIA GPU of compute capability >= 8.0, half precision, head size a multiple of
+  8 up to 128; a per-query mask, which cuDNN takes as a bias, needs even query and key lengths
+  in training), else XLA's."""
   impl = kernels.for_model(cfg).attention
-  backend = backend or jax.default_backend()
-  if impl == "cudnn" and (backend not in ("gpu", "cuda") or head_dim % 8 or head_dim > 128
-                          or jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16)):
+  if impl == "cudnn" and (not cudnn_available(backend) or head_dim % 8 or head_dim > 128
+                          or jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16)
+                          or (per_query_mask and (q_len % 2 or k_len % 2))):
     return "xla"
   return impl
 
@@ -268,6 +298,8 @@ def lookup(table: Array, ids: Array, dtype, one_hot_rows: int = 0) -> Array:
   matrix product instead of every token added into a few rows.
   """
   rows = table.shape[0]
+  if rows == 1:  # RoBERTa's single token type: every id reads it (as nn.Embed does)
+    return jnp.broadcast_to(table[0], ids.shape + table.shape[1:]).astype(dtype)
   if rows <= one_hot_rows:
     one_hot = jax.nn.one_hot(ids, rows, dtype=table.dtype)
     out = jnp.einsum("...r,re->...e", one_hot, table, precision=jax.lax.Precision.HIGHEST)
@@ -350,7 +382,12 @@ class SelfAttention(nn.Module):
     if (deterministic or rate == 0.0) and not output_attentions:
       # No dropout inside the fused kernels (cuDNN's takes only a fixed seed), so they serve
       # inference and training without attention dropout; bertjax.models.kernels picks which.
-      out = fused_attention(q, k, v, mask, attention_implementation(cfg, cfg.head_dim, q.dtype))
+      impl = attention_implementation(cfg, cfg.head_dim, q.dtype,
+                                      per_query_mask=mask.keys.shape[2] > 1, q_len=q.shape[1],
+                                      k_len=k.shape[1])
+      if impl != "cudnn":  # lengths are what cuDNN takes; XLA reads the mask
+        mask = AttentionMask(mask.keys)
+      out = fused_attention(q, k, v, mask, impl, deterministic)
     else:
       drop = lambda p: Dropout(rate)(p, deterministic=deterministic)
       out, raw_scores = explicit_attention(q, k, v, mask.keys, drop)

@@ -7,8 +7,11 @@ marked unmeasured, in which case the ordinary formulation is the one used.
 
 `model.kernels` picks the set: "auto" (the default) takes the backend JAX runs on; "cpu",
 "gpu" or "tpu" force one, so that, say, the CPU choices can be measured on a GPU with
-`python -m bertjax.benchmark ... --override model.kernels=cpu`. Parameters, checkpoints and
-outputs are the same under every set (tests/test_kernels.py); only speed and memory differ.
+`python -m bertjax.benchmark ... --override model.kernels=cpu`. Parameters and checkpoints are the
+same under every set, and so are outputs and gradients to float rounding
+(tests/test_accelerator_paths.py); only speed and memory differ. One condition: the GPU set's
+attention reads key lengths, which stand for the mask only when rows are right-padded; inference
+detects other masks and falls back, training relies on bertjax's input builders (all pad right).
 """
 
 from __future__ import annotations
@@ -70,8 +73,10 @@ CPU = Kernels(platform="cpu", flat_dense=True, layer_norm_vjp=True, remat_activa
 GPU = Kernels(platform="gpu", flat_dense=False, layer_norm_vjp=False, remat_activation=False,
               attention="cudnn", attention_lengths=True, one_hot_rows=16)
 
-# TPU: unmeasured; the ordinary formulation, XLA's attention. Reshapes that merge the tiled minor
-# dimensions can cost a relayout there, so Dense stays a dot_general over the kernel's axes.
+# TPU: unmeasured; the ordinary formulation and XLA's attention. Reshapes that merge the tiled minor
+# dimensions can cost a relayout there, so Dense stays a dot_general over the kernel's axes. Small
+# tables as one-hot products, as on GPUs: a gradient of every token added into a few rows is the
+# operation the GPU measurement found slow; on a TPU, unmeasured.
 TPU = Kernels(platform="tpu", flat_dense=False, layer_norm_vjp=False, remat_activation=False,
               attention="xla", attention_lengths=False, one_hot_rows=16)
 

@@ -402,7 +402,7 @@ class Teacher:
   student's; the loss closes over it, so it lives outside the train state.
   """
 
-  def __init__(self, path: str, head: str, dtype: str, num_labels: int = 0):
+  def __init__(self, path: str, head: str, dtype: str, num_labels: int = 0, kernels: str = "auto"):
     self.path = pathlib.Path(path).expanduser()
     self.head = head
     self.num_labels = num_labels
@@ -423,9 +423,10 @@ class Teacher:
     except (json.JSONDecodeError, KeyError, TypeError) as e:
       fail(f"{where}: cannot read its model config ({type(e).__name__}: {e}); is it a bertjax "
            "workdir?")
-    # The teacher only predicts: no dropout or recomputation; the student's compute dtype.
+    # The teacher only predicts: no dropout or recomputation; the student's compute dtype and
+    # kernel set.
     fields.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, remat=False,
-                  dtype=dtype, kernels="auto")
+                  dtype=dtype, kernels=kernels)
     self.config = ModelConfig.from_dict(fields)
     self.model = DistillModel(self.config, head=head, num_labels=num_labels)
     self.params = None
@@ -507,7 +508,8 @@ class _Distillation:
 
   def _setup(self, config, num_labels: int = 0) -> None:
     self.settings = Settings.from_config(config)
-    self.teacher = Teacher(self.settings.teacher, self.head, config.model.dtype, num_labels)
+    self.teacher = Teacher(self.settings.teacher, self.head, config.model.dtype, num_labels,
+                           config.model.kernels)
     self.student_config: ModelConfig | None = None
     self.init_sources: tuple[int, ...] = ()
 
