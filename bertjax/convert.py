@@ -452,12 +452,12 @@ def _fresh_part(cfg: ModelConfig, part: str, seed: int) -> Params:
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from bertjax.models import encoder as encoder_lib  # pylint: disable=g-import-not-at-top
+  from bertjax.models import layers as layers_lib  # pylint: disable=g-import-not-at-top
   from bertjax.models import heads as heads_lib  # pylint: disable=g-import-not-at-top
   x = jnp.zeros((1, 1, cfg.hidden_size), jnp.float32)
   if part == "pooler":
     # The same constructor call as Encoder.setup's pooler.
-    dense = encoder_lib._dense  # pylint: disable=protected-access
+    dense = layers_lib._dense  # pylint: disable=protected-access
     module, args = dense(cfg.hidden_size, ("embed", "embed_out"), "pooler", cfg), (x,)
   elif part == "mlm":
     module, args = heads_lib.MLMHead(cfg), (x, _TiedEmbeddingStub(cfg.vocab_size))

@@ -21,9 +21,9 @@ from bertjax import optim, sharding, train
 from bertjax.errors import UserError
 from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
-from bertjax.models.encoder import (AttentionMask, Encoder, attention_implementation,
-                                    attention_mask_for, explicit_attention, fused_attention,
-                                    make_attention_mask)
+from bertjax.models.attention import (AttentionMask, attention_implementation, attention_mask_for,
+                                      explicit_attention, fused_attention, make_attention_mask)
+from bertjax.models.encoder import Encoder
 from bertjax.objectives import get_objective
 from tests.helpers import load_config
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax.models.encoder import Dense
+from bertjax.models.layers import Dense
 
 CASES = [  # (input shape, num_in, features): feed-forward, attention's query/key/value, its output
     ((4, 16, 24), 1, 40),

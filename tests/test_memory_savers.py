@@ -9,7 +9,7 @@ import optax
 import pytest
 from jax.test_util import check_grads
 
-from bertjax.models.encoder import LayerNorm, layer_norm
+from bertjax.models.layers import LayerNorm, layer_norm
 from bertjax.optim import clip_by_global_norm
 
 

@@ -19,7 +19,6 @@ import functools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 WORD = 2 ** 32
 

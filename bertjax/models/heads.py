@@ -12,7 +12,9 @@ import jax.numpy as jnp
 
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
-from bertjax.models.encoder import Embed, _dense, _layer_norm, activation, gather_positions
+from bertjax.models.embeddings import Embed
+from bertjax.models.encoder import gather_positions
+from bertjax.models.layers import _dense, _layer_norm, activation
 
 
 def add_vocab_bias(logits: jax.Array, bias: jax.Array) -> jax.Array:

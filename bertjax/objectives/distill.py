@@ -56,7 +56,8 @@ import optax
 from bertjax import checkpoints, sharding
 from bertjax.errors import fail
 from bertjax.models.config import ModelConfig
-from bertjax.models.encoder import Encoder, dense_init
+from bertjax.models.encoder import Encoder
+from bertjax.models.layers import dense_init
 from bertjax.models.heads import ClassificationHead, MLMHead, gather_positions
 from bertjax.objectives.base import Objective
 from bertjax.tasks import base as task_base

@@ -1,0 +1,111 @@
+"""Self-attention's inner product: the explicit path and the fused kernels, and the mask forms
+each reads. Which one runs is chosen per platform (`bertjax.models.kernels`, `attention` and
+`attention_lengths`) and per call (dropout and `output_attentions` need the explicit path).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from bertjax.models import kernels
+from bertjax.models.config import ModelConfig
+
+Array = jax.Array
+
+
+@flax.struct.dataclass
+class AttentionMask:
+  """Which keys each query sees. keys: <bool>[batch, 1, 1 or q, k]; lengths: <int32>[batch], each
+  row's real tokens (what the fused cuDNN kernel takes), or None; right_padded: <bool>[], whether
+  every row is ones then zeros, so that the lengths say the same as `keys`."""
+  keys: Array
+  lengths: Array | None = None
+  right_padded: Array | None = None
+
+
+def make_attention_mask(attention_mask: Array, segment_ids: Array | None = None) -> Array:
+  """<bool>[batch, 1, q, k]: keys that are real tokens, and of the query's own example when packed.
+
+  Queries at padding positions still see the real keys (as Hugging Face does), so their hidden
+  states stay finite and comparable.
+  """
+  keys = attention_mask.astype(bool)[:, None, None, :]
+  if segment_ids is None:
+    return keys
+  same = segment_ids[:, :, None] == segment_ids[:, None, :]
+  return keys & same[:, None, :, :]
+
+
+def attention_mask_for(cfg: ModelConfig, attention_mask: Array,
+                       segment_ids: Array | None = None) -> AttentionMask:
+  """The mask in the forms the platform's attention reads: key lengths as well (GPU), for rows
+  without segments."""
+  keys = make_attention_mask(attention_mask, segment_ids)
+  if segment_ids is not None or not kernels.for_model(cfg).attention_lengths:
+    return AttentionMask(keys)
+  real = attention_mask.astype(bool)
+  lengths = jnp.sum(real.astype(jnp.int32), axis=-1)
+  prefix = jnp.arange(real.shape[-1])[None, :] < lengths[:, None]
+  return AttentionMask(keys, lengths, jnp.all(prefix == real))
+
+
+def fused_attention(q: Array, k: Array, v: Array, mask: AttentionMask, implementation: str,
+                    deterministic: bool = True) -> Array:
+  """softmax(q.k / sqrt(d)) v through `jax.nn.dot_product_attention`.
+
+  With key lengths (cuDNN's padding mask; a [batch, 1, 1, k] boolean mask makes cuDNN refuse),
+  else with the boolean mask ([batch, 1, q, k] for packed rows, which cuDNN takes as a bias).
+  Lengths stand for the mask only on right-padded rows: in inference (`deterministic`) a mask of
+  another shape (left padding, holes) is detected and takes XLA's attention with the mask; in
+  training the rows come from bertjax's input builders, which all pad on the right.
+  """
+  if mask.lengths is None:
+    return jax.nn.dot_product_attention(q, k, v, mask=mask.keys, implementation=implementation)
+  by_lengths = lambda q, k, v: jax.nn.dot_product_attention(
+      q, k, v, key_value_seq_lengths=mask.lengths, implementation=implementation)
+  if not deterministic:
+    return by_lengths(q, k, v)
+  by_mask = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask.keys,
+                                                         implementation="xla")
+  return jax.lax.cond(mask.right_padded, by_lengths, by_mask, q, k, v)
+
+
+def explicit_attention(q: Array, k: Array, v: Array, keys: Array, dropout: Callable[[Array], Array]
+                       ) -> tuple[Array, Array]:
+  """(output, pre-softmax scores before masking): the path that applies attention dropout and
+  hands the scores out (TinyBERT's attention transfer reads them)."""
+  raw_scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(q.shape[-1]).astype(q.dtype)
+  scores = jnp.where(keys, raw_scores, jnp.finfo(raw_scores.dtype).min)
+  probs = dropout(jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(q.dtype))
+  return jnp.einsum("bhqk,bkhd->bqhd", probs, v), raw_scores
+
+
+def cudnn_available(backend: str | None = None) -> bool:
+  """cuDNN's flash attention runs here: an NVIDIA GPU of compute capability 8.0 or newer."""
+  if (backend or jax.default_backend()) not in ("gpu", "cuda"):
+    return False
+  if backend is not None:  # asked about a backend other than the one running (tests)
+    return True
+  capability = getattr(jax.devices()[0], "compute_capability", None)
+  try:
+    return capability is not None and float(capability) >= 8.0
+  except (TypeError, ValueError):
+    return False
+
+
+def attention_implementation(cfg: ModelConfig, head_dim: int, dtype, backend: str | None = None,
+                             per_query_mask: bool = False, q_len: int = 2, k_len: int = 2) -> str:
+  """The fused implementation for this model: cuDNN where the platform's kernels ask for it and
+  it applies (an NVIDIA GPU of compute capability >= 8.0, half precision, head size a multiple of
+  8 up to 128; a per-query mask, which cuDNN takes as a bias, needs even query and key lengths
+  in training), else XLA's."""
+  impl = kernels.for_model(cfg).attention
+  if impl == "cudnn" and (not cudnn_available(backend) or head_dim % 8 or head_dim > 128
+                          or jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16)
+                          or (per_query_mask and (q_len % 2 or k_len % 2))):
+    return "xla"
+  return impl
