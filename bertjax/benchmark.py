@@ -76,7 +76,7 @@ def recomputed_flops(cfg, flops: dict) -> float:
 def last_layer_rows(cfg, config) -> int | None:
   """Rows the last layer computes per sequence under `config` (None: every row)."""
   from bertjax.models import encoder  # pylint: disable=g-import-not-at-top
-  from bertjax.objectives import OBJECTIVES  # pylint: disable=g-import-not-at-top
+  from bertjax.registry import OBJECTIVES  # pylint: disable=g-import-not-at-top
   per_prediction = OBJECTIVES[config.objective].output_rows_per_prediction
   if per_prediction is None:
     return None
@@ -164,7 +164,7 @@ def bench_jax(config, steps: int, profile_dir: str | None = None) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   from bertjax import inputs, optim, sharding, train  # pylint: disable=g-import-not-at-top
-  from bertjax.objectives import get_objective  # pylint: disable=g-import-not-at-top
+  from bertjax.registry import get_objective  # pylint: disable=g-import-not-at-top
 
   objective = get_objective(config)
   cfg = objective.model_config(config)

@@ -133,7 +133,7 @@ def build(config, workdir: pathlib.Path, objective) -> Inputs:
     return Inputs(train=train, eval_batches=synthetic_eval, vocab_size=vocab)
 
   from bertjax.data import packing, pipeline, prepare  # pylint: disable=g-import-not-at-top
-  from bertjax.objectives.masking import SpecialIds  # pylint: disable=g-import-not-at-top
+  from bertjax.data.masking import SpecialIds  # pylint: disable=g-import-not-at-top
 
   if config.data.pack:  # refuse before a tokenizer is trained or a corpus prepared
     packing.check_packing(objective.data_kind, config.data.pack_bins)

@@ -142,14 +142,13 @@ class EvalContext:
   def shard(self, batch):
     return sharding.shard_batch(batch, self.mesh)
 
-
-def evaluate_metric_sums(params, context: EvalContext) -> dict[str, float] | None:
-  """The default evaluation: metric sums over the eval batches, divided at the end."""
-  sums = None
-  for batch in context.batches():
-    with jax.set_mesh(context.mesh), nn.logical_axis_rules(context.rules):
-      sums = add_metrics(sums, context.eval_step(params, context.shard(batch)))
-  return summarize(sums) if sums is not None else None
+  def metric_sums(self, params) -> dict[str, float] | None:
+    """The default evaluation: metric sums over the eval batches, divided at the end."""
+    sums = None
+    for batch in self.batches():
+      with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+        sums = add_metrics(sums, self.eval_step(params, self.shard(batch)))
+    return summarize(sums) if sums is not None else None
 
 
 class BestKeeper:
@@ -262,7 +261,7 @@ def load_init_from(state: TrainState, path: str, shardings: TrainState) -> tuple
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns a summary."""
-  from bertjax.objectives import get_objective  # pylint: disable=g-import-not-at-top
+  from bertjax.registry import get_objective  # pylint: disable=g-import-not-at-top
 
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)

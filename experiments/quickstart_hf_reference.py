@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO))
 
 from bertjax import config_lib, hf_reference  # pylint: disable=g-import-not-at-top
 from bertjax.errors import fail, run_cli  # pylint: disable=g-import-not-at-top
-from bertjax.objectives import get_objective  # pylint: disable=g-import-not-at-top
+from bertjax.registry import get_objective  # pylint: disable=g-import-not-at-top
 
 
 def drop(rows: list[dict]) -> str:

@@ -17,7 +17,7 @@ sys.path.insert(0, str(REPO))
 import flax  # pylint: disable=wrong-import-position
 
 from bertjax import config_lib, sharding, train  # pylint: disable=wrong-import-position
-from bertjax.objectives import get_objective  # pylint: disable=wrong-import-position
+from bertjax.registry import get_objective  # pylint: disable=wrong-import-position
 
 
 def specs() -> dict[str, list]:

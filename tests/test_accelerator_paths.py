@@ -24,7 +24,7 @@ from bertjax.models.config import ModelConfig
 from bertjax.models.attention import (AttentionMask, attention_implementation, attention_mask_for,
                                       explicit_attention, fused_attention, make_attention_mask)
 from bertjax.models.encoder import Encoder
-from bertjax.objectives import get_objective
+from bertjax.registry import get_objective
 from tests.helpers import load_config
 
 TINY = {"model.hidden_size": 32, "model.intermediate_size": 64, "model.num_attention_heads": 4,

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from bertjax import checkpoints, config_lib, inputs, optim, sharding, train
-from bertjax.objectives import distill, get_objective
+from bertjax.objectives import distill
+from bertjax.registry import get_objective
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "bertjax/data/samples/wikitext2_test.raw"

@@ -1,4 +1,4 @@
-"""Tests for bertjax.objectives.masking: statistics of every masking scheme on real text.
+"""Tests for bertjax.data.masking: statistics of every masking scheme on real text.
 
 The real-text statistics use WikiText-2 valid (about 200k whitespace tokens) with a vocabulary
 built here (every token starts a word), so rates are measured over well over 100k tokens.
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from bertjax.errors import UserError
-from bertjax.objectives import masking
-from bertjax.objectives.masking import SpecialIds
+from bertjax.data import masking
+from bertjax.data.masking import SpecialIds
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 

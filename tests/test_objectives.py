@@ -26,7 +26,7 @@ from bertjax.models.config import ModelConfig
 from bertjax.models.electra_pretraining import generator_config
 from bertjax.models.encoder import Encoder
 from bertjax.models.heads import SpanBoundaryHead
-from bertjax.objectives import get_objective
+from bertjax.registry import get_objective
 from bertjax.objectives.rtd import rtd_terms
 
 REPO = pathlib.Path(__file__).resolve().parent.parent

@@ -12,9 +12,9 @@ from bertjax.data import packing, pipeline, pretraining
 from bertjax.errors import UserError
 from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import Encoder
-from bertjax.objectives.masking import SpecialIds
+from bertjax.data.masking import SpecialIds
 from bertjax import train
-from bertjax.objectives import get_objective
+from bertjax.registry import get_objective
 from tests.test_objectives import quickstart
 from tests.test_pipeline import SPECIAL, WORD_START, assert_same_batches, corpus, make, take
 

@@ -13,7 +13,7 @@ import pytest
 from bertjax.data import pretraining
 from bertjax.data.pretraining import Segment
 from bertjax.errors import UserError
-from bertjax.objectives.masking import SpecialIds
+from bertjax.data.masking import SpecialIds
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 

@@ -13,7 +13,7 @@ from bertjax import checkpoints, config_lib, optim, train
 from bertjax.data import tokenizers
 from bertjax.errors import UserError
 from bertjax.evaluation import glue as glue_eval
-from bertjax.objectives import get_objective
+from bertjax.registry import get_objective
 from bertjax.tasks import base
 from bertjax.tasks import glue as glue_task
 

@@ -12,7 +12,7 @@ from bertjax import train
 from bertjax.data import tokenizers
 from bertjax.errors import UserError
 from bertjax.evaluation import ner as ner_eval
-from bertjax.objectives import get_objective
+from bertjax.registry import get_objective
 from bertjax.tasks import ner
 
 from helpers import REPO, TINY, load_config, run_module

@@ -14,7 +14,7 @@ from bertjax.data import tokenizers
 from bertjax.errors import UserError
 from bertjax.evaluation import span_decoding
 from bertjax.evaluation import squad as squad_eval
-from bertjax.objectives import get_objective
+from bertjax.registry import get_objective
 from bertjax.tasks import squad
 
 from helpers import REPO, TINY, load_config, run_module

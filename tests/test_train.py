@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bertjax import config_lib, inputs, optim, train
-from bertjax.objectives import get_objective
+from bertjax.registry import get_objective
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 

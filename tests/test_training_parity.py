@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from bertjax import convert, hf_reference, optim, sharding, train
-from bertjax.objectives import get_objective
+from bertjax.registry import get_objective
 from tests.helpers import REPO, load_config
 
 STEPS, WARMUP = 30, 5

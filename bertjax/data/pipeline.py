@@ -27,8 +27,8 @@ import numpy as np
 from bertjax.data import packing
 from bertjax.data import pretraining
 from bertjax.errors import UserError
-from bertjax.objectives import masking
-from bertjax.objectives.masking import SpecialIds
+from bertjax.data import masking
+from bertjax.data.masking import SpecialIds
 
 # Keeps the masking seeds apart from the instance seeds [seed, epoch, doc_index].
 _MASK_TAG = 0x4D41534B
@@ -186,7 +186,7 @@ def make_pretraining_iterator(
     special: special token ids and vocabulary size.
     word_start_mask: `<bool>[vocab]`, needed for word-level masking strategies.
     mask_rate, max_predictions, strategy, max_ngram, span_p, span_max, replace_probs: passed to
-      `bertjax.objectives.masking.mask_tokens`; max_predictions is P.
+      `bertjax.data.masking.mask_tokens`; max_predictions is P.
     shard_index, shard_count: this process's disjoint share of the documents.
     num_epochs: stop after this many epochs; None repeats forever.
     short_seq_prob: probability of a shorter target length (None: 0.1 for nsp/sop, else 0).

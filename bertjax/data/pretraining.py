@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 import numpy as np
 
 from bertjax.errors import UserError
-from bertjax.objectives.masking import SpecialIds
+from bertjax.data.masking import SpecialIds
 
 KINDS = ("nsp", "sop", "full", "single")
 # numpy gives [a, b, c] and [a, b, c, 0] the same stream, so derived seeds end in a distinct

@@ -59,7 +59,7 @@ from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import Encoder
 from bertjax.models.layers import dense_init
 from bertjax.models.heads import ClassificationHead, MLMHead, gather_positions
-from bertjax.objectives.base import Objective
+from bertjax.objective import Objective
 from bertjax.tasks import base as task_base
 from bertjax.tasks import glue as glue_task
 

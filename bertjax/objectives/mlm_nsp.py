@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from bertjax.models.pretraining import PretrainingModel
-from bertjax.objectives.base import Objective, classification_terms, masked_lm_terms
+from bertjax.objective import Objective, classification_terms, masked_lm_terms
 
 
 class MlmNsp(Objective):

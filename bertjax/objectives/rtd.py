@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from bertjax.models.electra_pretraining import ElectraPretrainingModel, generator_config
-from bertjax.objectives.base import Objective, masked_lm_terms
+from bertjax.objective import Objective, masked_lm_terms
 
 # ELECTRA's corruption of the selected tokens: ([MASK], random, unchanged).
 ELECTRA_REPLACE_PROBS = (0.85, 0.0, 0.15)

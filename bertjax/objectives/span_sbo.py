@@ -2,7 +2,7 @@
 objective (SBO), on single contiguous segments without next sentence prediction.
 
 The pipeline's 'span' masking (geometric span lengths, p=0.2 clipped at 10 words, until 15% of the
-tokens are masked; see `bertjax.objectives.masking`) also yields, for every masked position, the
+tokens are masked; see `bertjax.data.masking`) also yields, for every masked position, the
 positions of its span's two boundary tokens and its offset inside the span; the SBO head predicts
 the token from those alone. loss = MLM + SBO, both averaged over the batch's masked tokens.
 """
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from bertjax.errors import fail
 from bertjax.models.heads import SpanBoundaryHead
 from bertjax.models.pretraining import PretrainingModel
-from bertjax.objectives.base import Objective, masked_lm_terms
+from bertjax.objective import Objective, masked_lm_terms
 
 SPAN_KEYS = ("span_left", "span_right", "span_offset")
 

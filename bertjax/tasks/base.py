@@ -36,7 +36,7 @@ from bertjax.errors import fail
 from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import Encoder
 from bertjax.models.heads import ClassificationHead, TokenHead
-from bertjax.objectives.base import Objective
+from bertjax.objective import Objective
 
 _log = logging.getLogger(__name__)
 

@@ -43,12 +43,12 @@ class Objective:
     return inputs.build(config, workdir, self)
 
   def evaluate(self, params, context) -> dict[str, float] | None:
-    """Eval metrics at `context.step`; fine-tuning tasks override this to decode and score."""
-    from bertjax import train  # pylint: disable=g-import-not-at-top
-    return train.evaluate_metric_sums(params, context)
+    """Eval metrics at `context.step`: the trainer's metric sums over its eval batches (the
+    context is the trainer's `EvalContext`); fine-tuning tasks override this to decode and score."""
+    return context.metric_sums(params)
 
   def masking_kwargs(self, config) -> dict[str, Any]:
-    """How the input pipeline masks this objective's examples (see objectives.masking)."""
+    """How the input pipeline masks this objective's examples (see bertjax.data.masking)."""
     m = config.masking
     return {"strategy": m.strategy or self.masking, "mask_rate": m.rate,
             "max_predictions": config.max_predictions_per_seq, "max_ngram": m.max_ngram,
