@@ -31,6 +31,7 @@ from bertjax import checkpoints, optim, prefetch, sharding
 from bertjax.errors import fail
 from bertjax.metric_writers import MetricWriter
 from bertjax.models.config import ModelConfig
+from bertjax.registry import get_objective
 
 
 @flax.struct.dataclass
@@ -261,8 +262,6 @@ def load_init_from(state: TrainState, path: str, shardings: TrainState) -> tuple
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns a summary."""
-  from bertjax.registry import get_objective  # pylint: disable=g-import-not-at-top
-
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   objective = get_objective(config)
