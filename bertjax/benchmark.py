@@ -76,8 +76,8 @@ def recomputed_flops(cfg, flops: dict) -> float:
 def last_layer_rows(cfg, config) -> int | None:
   """Rows the last layer computes per sequence under `config` (None: every row)."""
   from bertjax.models import encoder  # pylint: disable=g-import-not-at-top
-  from bertjax.registry import OBJECTIVES  # pylint: disable=g-import-not-at-top
-  per_prediction = OBJECTIVES[config.objective].output_rows_per_prediction
+  from bertjax.registry import objective_class  # pylint: disable=g-import-not-at-top
+  per_prediction = objective_class(config.objective).output_rows_per_prediction
   if per_prediction is None:
     return None
   return encoder.last_layer_rows(cfg, per_prediction * config.max_predictions_per_seq,

@@ -1,29 +1,38 @@
 """Every objective and fine-tuning task the trainer can run, by `config.objective`.
 
-A new objective is one module (in `bertjax/objectives/` or `bertjax/tasks/`, subclassing
-`bertjax.objective.Objective`) plus one line in `REGISTERED` below.
+A new objective is one module (in `bertjax/objectives/` or `bertjax/tasks/`, with a subclass of
+`bertjax.objective.Objective` whose `name` is its key here) plus its line in `REGISTERED`. Modules
+are imported when their objective is asked for, so a run loads only its own.
 """
 
 from __future__ import annotations
 
+import importlib
+
 from bertjax.errors import fail
 from bertjax.objective import Objective
-from bertjax.objectives.distill import Distill, DistillGlue
-from bertjax.objectives.mlm_nsp import Mlm, MlmNsp, MlmSop
-from bertjax.objectives.rtd import Rtd
-from bertjax.objectives.span_sbo import SpanSbo
-from bertjax.tasks.glue import GlueTask
-from bertjax.tasks.ner import TaggingTask
-from bertjax.tasks.squad import SquadTask
 
-REGISTERED: tuple[type[Objective], ...] = (
-    MlmNsp, Mlm, MlmSop, SpanSbo, Rtd, Distill, DistillGlue, GlueTask, SquadTask, TaggingTask)
+REGISTERED: dict[str, str] = {
+    "mlm_nsp": "bertjax.objectives.mlm_nsp:MlmNsp",
+    "mlm": "bertjax.objectives.mlm_nsp:Mlm",
+    "mlm_sop": "bertjax.objectives.mlm_nsp:MlmSop",
+    "span_sbo": "bertjax.objectives.span_sbo:SpanSbo",
+    "rtd": "bertjax.objectives.rtd:Rtd",
+    "distill": "bertjax.objectives.distill:Distill",
+    "distill_glue": "bertjax.objectives.distill:DistillGlue",
+    "glue": "bertjax.tasks.glue:GlueTask",
+    "squad": "bertjax.tasks.squad:SquadTask",
+    "ner": "bertjax.tasks.ner:TaggingTask",
+}
 
-OBJECTIVES: dict[str, type[Objective]] = {cls.name: cls for cls in REGISTERED}
+
+def objective_class(name: str) -> type[Objective]:
+  """The class registered as `name`."""
+  if name not in REGISTERED:
+    fail(f"unknown objective {name!r}; valid objectives: {', '.join(REGISTERED)}")
+  module, attr = REGISTERED[name].split(":")
+  return getattr(importlib.import_module(module), attr)
 
 
 def get_objective(config) -> Objective:
-  name = config.objective
-  if name not in OBJECTIVES:
-    fail(f"unknown objective {name!r}; valid objectives: {', '.join(OBJECTIVES)}")
-  return OBJECTIVES[name](config)
+  return objective_class(config.objective)(config)

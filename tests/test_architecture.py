@@ -33,3 +33,11 @@ def test_an_upward_import_breaks_the_contract(tmp_path):
   r = lint(tmp_path)
   assert r.returncode != 0
   assert "bertjax.models is not allowed to import bertjax.train" in r.stdout, r.stdout[-3000:]
+
+
+def test_every_registered_objective_is_named_as_its_key():
+  from bertjax.objective import Objective
+  from bertjax.registry import REGISTERED, objective_class
+  for name in REGISTERED:
+    cls = objective_class(name)
+    assert issubclass(cls, Objective) and cls.name == name, name

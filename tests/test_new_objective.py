@@ -1,0 +1,78 @@
+"""Adding an objective touches one new file and one registry line: a label-smoothed MLM objective
+written into a copy of the package trains through launch.py like the shipped ones."""
+
+import difflib
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+NEW_OBJECTIVE = '''"""MLM with label smoothing: a test objective, added as a new objective is."""
+
+import jax.numpy as jnp
+import optax
+
+from bertjax.models.pretraining import PretrainingModel
+from bertjax.objective import Objective
+
+
+class SmoothedMlm(Objective):
+  name = "smoothed_mlm"
+  data_kind = "full"
+  masking = "token"
+  output_rows_per_prediction = 1
+
+  def make_model(self, model_config):
+    return PretrainingModel(model_config, pair_head=False)
+
+  def denominators(self, batch):
+    return {"mlm": jnp.maximum(jnp.sum(batch["masked_weights"].astype(jnp.float32)), 1.0)}
+
+  def loss(self, model, params, batch, rng, denominators, deterministic):
+    out = model.apply({"params": params}, **self.model_inputs(batch), deterministic=deterministic,
+                      rngs={"dropout": rng})
+    logits = out["mlm_logits"]
+    targets = optax.smooth_labels(jax_one_hot(batch["masked_ids"], logits.shape[-1]), 0.1)
+    w = batch["masked_weights"].astype(jnp.float32)
+    loss_sum = jnp.sum(optax.softmax_cross_entropy(logits, targets) * w)
+    return loss_sum / denominators["mlm"], {"smoothed_mlm_loss": (loss_sum, jnp.sum(w))}
+
+
+def jax_one_hot(ids, n):
+  return (ids[..., None] == jnp.arange(n)).astype(jnp.float32)
+'''
+
+
+def test_a_new_objective_is_one_file_and_one_registry_line(tmp_path):
+  root = tmp_path / "repo"
+  for part in ("bertjax", "configs"):
+    shutil.copytree(REPO / part, root / part, ignore=shutil.ignore_patterns("__pycache__"))
+  shutil.copy(REPO / "launch.py", root / "launch.py")
+  (root / "bertjax" / "objectives" / "smoothed_mlm.py").write_text(NEW_OBJECTIVE)
+  registry = root / "bertjax" / "registry.py"
+  before = registry.read_text()
+  after = before.replace('    "mlm": "bertjax.objectives.mlm_nsp:Mlm",\n',
+                         '    "mlm": "bertjax.objectives.mlm_nsp:Mlm",\n'
+                         '    "smoothed_mlm": "bertjax.objectives.smoothed_mlm:SmoothedMlm",\n')
+  registry.write_text(after)
+  changed = [l for l in difflib.ndiff(before.splitlines(), after.splitlines()) if l[:2] in ("+ ", "- ")]
+  assert len(changed) == 1 and changed[0].startswith("+ ")
+
+  workdir = tmp_path / "run"
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(root))
+  r = subprocess.run(
+      [sys.executable, "launch.py", "--config", "configs/quickstart.py", "--workdir", str(workdir),
+       "--config.objective=smoothed_mlm", "--config.data.synthetic=True",
+       "--config.total_steps=4", "--config.log_every=2", "--config.batch_size=4",
+       "--config.max_seq_length=32", "--config.max_predictions_per_seq=5",
+       "--config.tensorboard=False", "--config.async_checkpointing=False"],
+      cwd=root, env=env, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  train = [row for row in rows if row.get("split") == "train"]
+  assert train and all("smoothed_mlm_loss" in row for row in train)
+  assert json.loads((workdir / "config.json").read_text())["objective"] == "smoothed_mlm"
