@@ -1,0 +1,47 @@
+"""Hugging Face interop: checkpoints of BERT, RoBERTa, ALBERT and ELECTRA, both ways.
+
+  python -m bertjax.convert from-hf --model-dir HF_DIR --workdir OUT \
+      [--part discriminator|generator|both]
+  python -m bertjax.convert to-hf --workdir OUT --output HF_DIR
+
+`from-hf` reads a Hugging Face folder (config.json + model.safetensors or pytorch_model.bin, any
+tokenizer files) and writes OUT/model.json, OUT/params/ (an orbax checkpoint of
+{"encoder": ..., <heads>...}) and OUT/tokenizer/. `to-hf` writes the reverse: a folder that
+`transformers.AutoModel*.from_pretrained` loads. The Python entry points are `load_hf` (in
+memory), `convert_from_hf`, `convert_to_hf` and `load_workdir`; `bertjax.from_hf` and
+`bertjax.load` wrap them.
+
+Heads (names in our param tree):
+  mlm  BERT cls.predictions.*, RoBERTa lm_head.*, ALBERT predictions.*,
+       ELECTRA generator_predictions.* + generator_lm_head.bias (decoders are tied to the
+       word embeddings, as in every released checkpoint)
+  pair BERT cls.seq_relationship (NSP), ALBERT sop_classifier.classifier (SOP)
+  rtd  ELECTRA discriminator_predictions.*
+A head the architecture has but the checkpoint lacks (a bare BertModel, a sentence-embedding
+model) is initialized fresh with the model's own init and reported; so is a missing pooler.
+
+ELECTRA ships its two networks as separate folders. `--part` picks which one a folder holds
+(by default: detected from its tensors); `--part both` takes a folder with `discriminator/` and
+`generator/` subfolders and stores the generator's tree under params["generator"].
+
+By concern: `hf_configs` (config.json <-> ModelConfig), `names` (tensor names and layouts),
+`models` (the Flax models a tree belongs to), `readers` (safetensors and torch files),
+`workdirs` (conversion and converted folders), `__main__` (the command line). None imports torch
+or transformers: safetensors are read with numpy, and torch is imported only to unpickle a
+pytorch_model.bin.
+"""
+
+from bertjax.convert.hf_configs import (ELECTRA_PARTS, HF_MODEL_TYPES, TOKENIZER_FILES,
+                                        hf_config_to_model_config, model_config_to_hf_config)
+from bertjax.convert.models import abstract_params, build_model
+from bertjax.convert.names import (Entry, _to_hf, _to_ours, architecture_heads, encoder_entries,
+                                   head_entries, hf_to_params, params_to_hf)
+from bertjax.convert.readers import read_hf_config, read_hf_weights
+from bertjax.convert.workdirs import (Converted, convert_from_hf, convert_to_hf, load_hf,
+                                      load_workdir)
+
+__all__ = ["ELECTRA_PARTS", "HF_MODEL_TYPES", "TOKENIZER_FILES", "Converted", "Entry",
+           "_to_hf", "_to_ours", "abstract_params", "architecture_heads", "build_model",
+           "convert_from_hf", "convert_to_hf", "encoder_entries", "head_entries",
+           "hf_config_to_model_config", "hf_to_params", "load_hf", "load_workdir",
+           "model_config_to_hf_config", "params_to_hf", "read_hf_config", "read_hf_weights"]

@@ -1,0 +1,42 @@
+"""python -m bertjax.convert from-hf | to-hf (see bertjax.convert)."""
+
+from __future__ import annotations
+
+import argparse
+
+from bertjax.convert.hf_configs import ELECTRA_PARTS
+from bertjax.convert.workdirs import convert_from_hf, convert_to_hf
+from bertjax.errors import run_cli
+
+
+def convert_package_doc() -> str:
+  import bertjax.convert  # pylint: disable=g-import-not-at-top  (the package: its summary)
+  return bertjax.convert.__doc__.split("\n\n", maxsplit=1)[0]
+
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(prog="python -m bertjax.convert",
+                                   description=convert_package_doc())
+  sub = parser.add_subparsers(dest="command", required=True)
+  p = sub.add_parser("from-hf", help="Hugging Face folder -> bertjax workdir")
+  p.add_argument("--model-dir", required=True, help="folder with config.json and model.safetensors")
+  p.add_argument("--workdir", required=True, help="new folder to write (must not be non-empty)")
+  p.add_argument("--part", choices=ELECTRA_PARTS, default=None,
+                 help="ELECTRA: which network the folder holds (default: detect); 'both' reads "
+                      "MODEL_DIR/discriminator and MODEL_DIR/generator")
+  p = sub.add_parser("to-hf", help="bertjax workdir -> Hugging Face folder")
+  p.add_argument("--workdir", required=True, help="folder written by from-hf")
+  p.add_argument("--output", required=True, help="new folder to write (must not be non-empty)")
+  args = parser.parse_args(argv)
+  if args.command == "from-hf":
+    convert_from_hf(args.model_dir, args.workdir, args.part)
+  else:
+    convert_to_hf(args.workdir, args.output)
+
+
+if __name__ == "__main__":
+  run_cli(main)

@@ -1,0 +1,113 @@
+"""Hugging Face config.json <-> our ModelConfig, and the names of the architectures' classes."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from bertjax.errors import fail
+from bertjax.models.config import ACTIVATIONS, ModelConfig
+
+
+HF_MODEL_TYPES = ("bert", "roberta", "albert", "electra")
+TOKENIZER_FILES = ("vocab.txt", "vocab.json", "merges.txt", "spiece.model", "tokenizer.json",
+                   "tokenizer_config.json", "special_tokens_map.json")
+ELECTRA_PARTS = ("discriminator", "generator", "both")
+
+# Values transformers' config classes use for keys a config.json leaves out (save_pretrained
+# writes only the values that differ from PretrainedConfig's, so these can be absent).
+_BERT_DEFAULTS = dict(
+    vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+    intermediate_size=3072, hidden_act="gelu", hidden_dropout_prob=0.1,
+    attention_probs_dropout_prob=0.1, max_position_embeddings=512, type_vocab_size=2,
+    layer_norm_eps=1e-12, pad_token_id=0)
+_HF_DEFAULTS: dict[str, dict[str, Any]] = {
+    "bert": _BERT_DEFAULTS,
+    "roberta": {**_BERT_DEFAULTS, "vocab_size": 50265, "pad_token_id": 1},
+    "albert": {**_BERT_DEFAULTS, "vocab_size": 30000, "embedding_size": 128, "hidden_size": 4096,
+               "num_attention_heads": 64, "intermediate_size": 16384, "num_hidden_groups": 1,
+               "inner_group_num": 1, "hidden_act": "gelu_new", "hidden_dropout_prob": 0.0,
+               "attention_probs_dropout_prob": 0.0},
+    "electra": {**_BERT_DEFAULTS, "embedding_size": 128, "hidden_size": 256,
+                "num_attention_heads": 4, "intermediate_size": 1024},
+}
+_SHARED_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                  "intermediate_size", "hidden_act", "hidden_dropout_prob",
+                  "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
+                  "layer_norm_eps", "pad_token_id")
+# transformers activation names that are exactly one of ours.
+_ACT_ALIASES = {"gelu_python": "gelu"}
+
+# The Hugging Face class a converted folder is saved as, by architecture and heads.
+_HF_CLASSES: dict[tuple[str, tuple[str, ...]], str] = {
+    ("bert", ("mlm", "pair")): "BertForPreTraining", ("bert", ("mlm",)): "BertForMaskedLM",
+    ("bert", ("pair",)): "BertForNextSentencePrediction", ("bert", ()): "BertModel",
+    ("roberta", ("mlm",)): "RobertaForMaskedLM", ("roberta", ()): "RobertaModel",
+    ("albert", ("mlm", "pair")): "AlbertForPreTraining", ("albert", ("mlm",)): "AlbertForMaskedLM",
+    ("albert", ()): "AlbertModel",
+    ("electra", ("rtd",)): "ElectraForPreTraining", ("electra", ("mlm",)): "ElectraForMaskedLM",
+    ("electra", ()): "ElectraModel",
+}
+_HEAD_ORDER = ("mlm", "pair", "rtd")
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def hf_config_to_model_config(hf: Mapping[str, Any]) -> ModelConfig:
+  """A transformers config.json (as a dict) -> our ModelConfig; unsupported settings fail."""
+  model_type = hf.get("model_type")
+  if model_type not in HF_MODEL_TYPES:
+    fail(f"unknown architecture {model_type!r}; supported: {', '.join(HF_MODEL_TYPES)} "
+         "(the model_type in config.json)")
+  # A null in config.json means "the class default" for the fields we read.
+  d = {**_HF_DEFAULTS[model_type], **{k: v for k, v in hf.items() if v is not None}}
+  position_type = d.get("position_embedding_type", "absolute")
+  if position_type != "absolute":
+    fail(f"position_embedding_type={position_type!r} is not supported; only checkpoints with "
+         "absolute position embeddings convert")
+  if d.get("is_decoder") or d.get("add_cross_attention"):
+    fail("decoder/cross-attention checkpoints are not supported; convert an encoder checkpoint")
+  if model_type == "albert" and d.get("inner_group_num", 1) != 1:
+    fail(f"ALBERT inner_group_num={d['inner_group_num']} is not supported; only checkpoints with "
+         "inner_group_num=1 (every released ALBERT) convert")
+  act = d["hidden_act"]
+  act = _ACT_ALIASES.get(act, act) if isinstance(act, str) else act
+  if act not in ACTIVATIONS:
+    fail(f"hidden_act={act!r} in config.json has no bertjax equivalent; supported: "
+         f"{', '.join(ACTIVATIONS)}")
+  fields = {k: d[k] for k in _SHARED_FIELDS}
+  fields.update(architecture=model_type, hidden_act=act)
+  if model_type == "albert":
+    fields.update(embedding_size=d["embedding_size"], num_hidden_groups=d["num_hidden_groups"])
+  if model_type == "electra":
+    # ElectraModel has no pooler; its generator head hard-codes exact GELU.
+    emb = d["embedding_size"]
+    fields.update(embedding_size=None if emb == d["hidden_size"] else emb, use_pooler=False,
+                  mlm_head_act="gelu")
+  if model_type == "roberta":
+    fields["mlm_head_act"] = "gelu"  # RobertaLMHead hard-codes exact GELU.
+  return ModelConfig(**fields)
+
+
+def model_config_to_hf_config(cfg: ModelConfig, architectures: list[str] | None = None
+                              ) -> dict[str, Any]:
+  """Our ModelConfig -> a transformers config.json dict; settings HF cannot express fail."""
+  t = cfg.architecture
+  if cfg.pre_layer_norm:
+    fail("a pre_layer_norm model has no Hugging Face equivalent; only post-LN models export")
+  if cfg.scan_layers:
+    fail("a model.scan_layers checkpoint stacks its layers; export works on unrolled layers only "
+         "(train or convert with scan_layers=False)")
+  if t in ("bert", "roberta") and cfg.embed_size != cfg.hidden_size:
+    fail(f"a {t} model with embedding_size != hidden_size has no Hugging Face equivalent; use "
+         "architecture albert or electra for factorized embeddings")
+  d: dict[str, Any] = {"model_type": t}
+  if architectures:
+    d["architectures"] = list(architectures)
+  d.update({k: getattr(cfg, k) for k in _SHARED_FIELDS})
+  d.update(initializer_range=0.02, position_embedding_type="absolute")
+  if t == "albert":
+    d.update(embedding_size=cfg.embed_size, num_hidden_groups=cfg.num_groups, inner_group_num=1)
+  if t == "electra":
+    d["embedding_size"] = cfg.embed_size  # ElectraConfig's default (128) would be wrong otherwise.
+  return d

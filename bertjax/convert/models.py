@@ -1,0 +1,99 @@
+"""The Flax models a converted tree belongs to, and fresh parameters for missing parts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from bertjax.errors import fail
+from bertjax.models.config import ModelConfig
+
+Params = dict[str, Any]
+
+# ----------------------------------------------------------------------------- models
+
+
+def build_model(cfg: ModelConfig, heads: tuple[str, ...]):
+  """The Linen module whose params are {"encoder", *heads}."""
+  from bertjax.models.electra import ElectraDiscriminator  # pylint: disable=g-import-not-at-top
+  from bertjax.models.encoder import Encoder  # pylint: disable=g-import-not-at-top
+  from bertjax.models.pretraining import PretrainingModel  # pylint: disable=g-import-not-at-top
+  if not heads:
+    return Encoder(cfg)
+  if "rtd" in heads:
+    return ElectraDiscriminator(cfg)
+  return PretrainingModel(cfg, pair_head="pair" in heads)
+
+
+def _init_fn(cfg: ModelConfig, heads: tuple[str, ...]):
+  """A function rng -> unboxed params of {"encoder", *heads} (encoder alone: the Encoder's)."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  model = build_model(cfg, heads)
+  ids = jnp.zeros((1, 2), jnp.int32)
+  # PretrainingModel only creates its MLM head when asked for masked positions.
+  kwargs = {"masked_positions": jnp.zeros((1, 1), jnp.int32)} if "mlm" in heads else {}
+
+  def init(rng):
+    params = nn.meta.unbox(model.init(rng, ids, **kwargs)["params"])
+    return params if heads else {"encoder": params}
+  return init
+
+
+class _TiedEmbeddingStub:
+  """Stands in for the encoder when initializing the MLM head alone (it only calls attend)."""
+
+  def __init__(self, vocab_size: int):
+    self.vocab_size = vocab_size
+
+  def attend(self, x):
+    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+    return jnp.zeros(x.shape[:-1] + (self.vocab_size,), x.dtype)
+
+
+def _fresh_part(cfg: ModelConfig, part: str, seed: int) -> Params:
+  """Fresh params of one head (or the pooler) from the model's own module and initializers.
+
+  Initializing just that module, rather than the whole model, keeps it to a handful of small
+  ops; `_check_tree` later confirms the result fits the full model's tree.
+  """
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from bertjax.models import layers as layers_lib  # pylint: disable=g-import-not-at-top
+  from bertjax.models import heads as heads_lib  # pylint: disable=g-import-not-at-top
+  x = jnp.zeros((1, 1, cfg.hidden_size), jnp.float32)
+  if part == "pooler":
+    # The same constructor call as Encoder.setup's pooler.
+    dense = layers_lib._dense  # pylint: disable=protected-access
+    module, args = dense(cfg.hidden_size, ("embed", "embed_out"), "pooler", cfg), (x,)
+  elif part == "mlm":
+    module, args = heads_lib.MLMHead(cfg), (x, _TiedEmbeddingStub(cfg.vocab_size))
+  elif part == "pair":
+    module, args = heads_lib.PairHead(cfg), (x[:, 0],)
+  elif part == "rtd":
+    module, args = heads_lib.DiscriminatorHead(cfg), (x,)
+  else:
+    raise ValueError(f"unknown part {part!r}")
+  variables = module.init(jax.random.key(seed), *args)
+  return jax.device_get(nn.meta.unbox(variables["params"]))
+
+
+def abstract_params(cfg: ModelConfig, heads: tuple[str, ...]) -> Params:
+  """Shapes (jax.ShapeDtypeStruct) of the tree {"encoder", *heads}, without allocating it."""
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.eval_shape(_init_fn(cfg, heads), jax.random.key(0))
+
+
+def _check_tree(params: Params, cfg: ModelConfig, heads: tuple[str, ...], where: str) -> None:
+  """Fails unless `params` has exactly the paths and shapes the model expects."""
+  import jax  # pylint: disable=g-import-not-at-top
+  want = {jax.tree_util.keystr(k): tuple(v.shape)
+          for k, v in jax.tree_util.tree_leaves_with_path(abstract_params(cfg, heads))}
+  got = {jax.tree_util.keystr(k): tuple(np.shape(v))
+         for k, v in jax.tree_util.tree_leaves_with_path(params)}
+  for name in sorted(set(want) | set(got)):
+    if want.get(name) != got.get(name):
+      fail(f"{where}: parameter {name} is {got.get(name, 'missing')}, the model expects "
+           f"{want.get(name, 'no such parameter')}; the params do not match model.json")

@@ -1,0 +1,261 @@
+"""Which of our parameters each Hugging Face tensor is, and the layout changes between them."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from bertjax.errors import fail
+from bertjax.models.config import ModelConfig
+
+Params = dict[str, Any]
+
+# ----------------------------------------------------------------------------- name mapping
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """One tensor: its Hugging Face name, our param path, layout `kind` and HF shape.
+
+  kinds: "copy" (same array), "linear" (torch [out, in] <-> our kernel [in, out]), "qkv_kernel"
+  ([heads*head_dim, hidden] <-> [hidden, heads, head_dim]), "qkv_bias" ([heads*head_dim] <->
+  [heads, head_dim]), "attn_out_kernel" ([hidden, heads*head_dim] <-> [heads, head_dim, hidden]).
+  `part` says what the tensor belongs to: "encoder", "pooler" or a head name.
+  """
+  hf: str
+  path: tuple[str, ...]
+  kind: str
+  shape: tuple[int, ...]
+  part: str
+
+
+def _linear(hf: str, path: tuple[str, ...], out: int, inp: int, part: str) -> list[Entry]:
+  return [Entry(hf + ".weight", path + ("kernel",), "linear", (out, inp), part),
+          Entry(hf + ".bias", path + ("bias",), "copy", (out,), part)]
+
+
+def _layer_norm(hf: str, path: tuple[str, ...], size: int, part: str) -> list[Entry]:
+  return [Entry(hf + ".weight", path + ("scale",), "copy", (size,), part),
+          Entry(hf + ".bias", path + ("bias",), "copy", (size,), part)]
+
+
+def encoder_entries(cfg: ModelConfig) -> list[Entry]:
+  """The encoder's tensors, HF names with the base-model prefix ("bert.", "albert.", ...)."""
+  from bertjax.models.encoder import has_embedding_projection  # pylint: disable=g-import-not-at-top
+  t, p = cfg.architecture, cfg.architecture + "."
+  e_size, hidden, inter = cfg.embed_size, cfg.hidden_size, cfg.intermediate_size
+  emb = ("encoder", "embeddings")
+  out = [
+      Entry(p + "embeddings.word_embeddings.weight", emb + ("word_embeddings", "embedding"),
+            "copy", (cfg.vocab_size, e_size), "encoder"),
+      Entry(p + "embeddings.position_embeddings.weight", emb + ("position_embeddings", "embedding"),
+            "copy", (cfg.max_position_embeddings, e_size), "encoder"),
+      Entry(p + "embeddings.token_type_embeddings.weight",
+            emb + ("token_type_embeddings", "embedding"), "copy", (cfg.type_vocab_size, e_size),
+            "encoder"),
+      *_layer_norm(p + "embeddings.LayerNorm", emb + ("layer_norm",), e_size, "encoder"),
+  ]
+  if has_embedding_projection(cfg):
+    name = p + ("encoder.embedding_hidden_mapping_in" if t == "albert" else "embeddings_project")
+    out += _linear(name, ("encoder", "embedding_projection"), hidden, e_size, "encoder")
+
+  def layer(names: dict[str, str], g: int) -> list[Entry]:
+    path = ("encoder", f"layer_{g}")
+    att = path + ("attention",)
+    res = []
+    for proj in ("query", "key", "value"):
+      res += [Entry(names[proj] + ".weight", att + (proj, "kernel"), "qkv_kernel", (hidden, hidden),
+                    "encoder"),
+              Entry(names[proj] + ".bias", att + (proj, "bias"), "qkv_bias", (hidden,), "encoder")]
+    res += [Entry(names["attn_out"] + ".weight", att + ("output", "kernel"), "attn_out_kernel",
+                  (hidden, hidden), "encoder"),
+            Entry(names["attn_out"] + ".bias", att + ("output", "bias"), "copy", (hidden,),
+                  "encoder")]
+    res += _layer_norm(names["attn_ln"], path + ("attention_layer_norm",), hidden, "encoder")
+    res += _linear(names["inter"], path + ("intermediate",), inter, hidden, "encoder")
+    res += _linear(names["out"], path + ("output",), hidden, inter, "encoder")
+    res += _layer_norm(names["out_ln"], path + ("output_layer_norm",), hidden, "encoder")
+    return res
+
+  if t == "albert":
+    for g in range(cfg.num_groups):
+      b = f"{p}encoder.albert_layer_groups.{g}.albert_layers.0."
+      out += layer(dict(query=b + "attention.query", key=b + "attention.key",
+                        value=b + "attention.value", attn_out=b + "attention.dense",
+                        attn_ln=b + "attention.LayerNorm", inter=b + "ffn", out=b + "ffn_output",
+                        out_ln=b + "full_layer_layer_norm"), g)
+  else:
+    # HF BERT has no layer sharing; a shared-layer model exports its groups repeated.
+    for i in range(cfg.num_hidden_layers):
+      b = f"{p}encoder.layer.{i}."
+      out += layer(dict(query=b + "attention.self.query", key=b + "attention.self.key",
+                        value=b + "attention.self.value", attn_out=b + "attention.output.dense",
+                        attn_ln=b + "attention.output.LayerNorm", inter=b + "intermediate.dense",
+                        out=b + "output.dense", out_ln=b + "output.LayerNorm"),
+                   i * cfg.num_groups // cfg.num_hidden_layers)
+  if cfg.use_pooler and t != "electra":
+    out += _linear(p + ("pooler" if t == "albert" else "pooler.dense"), ("encoder", "pooler"),
+                   hidden, hidden, "pooler")
+  return out
+
+
+# MLM head names per architecture: (dense, LayerNorm, output bias).
+_MLM_NAMES = {
+    "bert": ("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
+             "cls.predictions.bias"),
+    "roberta": ("lm_head.dense", "lm_head.layer_norm", "lm_head.bias"),
+    "albert": ("predictions.dense", "predictions.LayerNorm", "predictions.bias"),
+    "electra": ("generator_predictions.dense", "generator_predictions.LayerNorm",
+                "generator_lm_head.bias"),
+}
+_PAIR_NAMES = {"bert": "cls.seq_relationship", "albert": "sop_classifier.classifier"}
+# The output bias is tied to the decoder's; a checkpoint may keep either name.
+_ALIASES = {"cls.predictions.bias": "cls.predictions.decoder.bias",
+            "lm_head.bias": "lm_head.decoder.bias", "predictions.bias": "predictions.decoder.bias"}
+# Tensors that are tied copies or buffers, never real parameters of ours.
+_TIED_OR_BUFFERS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias",
+                    "lm_head.decoder.weight", "lm_head.decoder.bias", "predictions.decoder.weight",
+                    "predictions.decoder.bias", "generator_lm_head.weight")
+
+
+def head_entries(cfg: ModelConfig, head: str) -> list[Entry]:
+  t, hidden, e_size = cfg.architecture, cfg.hidden_size, cfg.embed_size
+  if head == "mlm":
+    dense, ln, bias = _MLM_NAMES[t]
+    return [*_linear(dense, ("mlm", "transform"), e_size, hidden, "mlm"),
+            *_layer_norm(ln, ("mlm", "layer_norm"), e_size, "mlm"),
+            Entry(bias, ("mlm", "bias"), "copy", (cfg.vocab_size,), "mlm")]
+  if head == "pair":
+    return _linear(_PAIR_NAMES[t], ("pair", "classifier"), 2, hidden, "pair")
+  if head == "rtd":
+    return [*_linear("discriminator_predictions.dense", ("rtd", "dense"), hidden, hidden, "rtd"),
+            *_linear("discriminator_predictions.dense_prediction", ("rtd", "prediction"), 1,
+                     hidden, "rtd")]
+  raise ValueError(f"unknown head {head!r}")
+
+
+def architecture_heads(architecture: str, part: str | None = None) -> tuple[str, ...]:
+  """The heads a converted model of this architecture carries (ELECTRA: per network)."""
+  if architecture == "electra":
+    return ("mlm",) if part == "generator" else ("rtd",)
+  return {"bert": ("mlm", "pair"), "roberta": ("mlm",), "albert": ("mlm", "pair")}[architecture]
+
+
+def _to_ours(kind: str, x: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+  heads, head_dim, hidden = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size
+  if kind == "linear":
+    return x.T
+  if kind == "qkv_kernel":
+    return x.T.reshape(hidden, heads, head_dim)
+  if kind == "qkv_bias":
+    return x.reshape(heads, head_dim)
+  if kind == "attn_out_kernel":
+    return x.T.reshape(heads, head_dim, hidden)
+  return x
+
+
+def _to_hf(kind: str, x: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+  hidden = cfg.hidden_size
+  if kind == "linear":
+    return x.T
+  if kind == "qkv_kernel":
+    return x.reshape(hidden, hidden).T
+  if kind == "qkv_bias":
+    return x.reshape(hidden)
+  if kind == "attn_out_kernel":
+    return x.reshape(hidden, hidden).T
+  return x
+
+
+def _get(tree: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+  for k in path:
+    tree = tree[k]
+  return tree
+
+
+def _set(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+  for k in path[:-1]:
+    tree = tree.setdefault(k, {})
+  tree[path[-1]] = value
+
+
+def _normalize_names(names: Iterable[str], architecture: str) -> dict[str, str]:
+  """Canonical name -> name in the checkpoint.
+
+  Canonical names carry the base-model prefix (a bare BertModel saves its tensors without it)
+  and weight/bias for TF-era LayerNorm gamma/beta, as transformers renames them when loading.
+  """
+  prefix = architecture + "."
+  out = {}
+  for original in names:
+    name = original
+    if name.split(".")[0] in ("embeddings", "encoder", "pooler", "embeddings_project"):
+      name = prefix + name
+    if name.endswith(".gamma"):
+      name = name[:-len("gamma")] + "weight"
+    elif name.endswith(".beta"):
+      name = name[:-len("beta")] + "bias"
+    out[name] = original
+  return out
+
+
+def hf_to_params(state_dict: Mapping[str, np.ndarray], cfg: ModelConfig,
+                 heads: tuple[str, ...]) -> tuple[Params, list[str], list[str]]:
+  """Maps an HF state dict onto our tree {"encoder": ..., <heads present>...} (float32 numpy).
+
+  Returns (params, missing, ignored): `missing` names the heads (and "pooler") the checkpoint
+  lacks, `ignored` the checkpoint tensors nothing maps to. Any encoder tensor missing, or any
+  tensor with the wrong shape, is a UserError naming it.
+  """
+  names = _normalize_names(state_dict, cfg.architecture)
+  used: set[str] = set()
+  params: Params = {}
+  groups: dict[str, list[Entry]] = {}
+  for e in encoder_entries(cfg) + [e for h in heads for e in head_entries(cfg, h)]:
+    groups.setdefault(e.part, []).append(e)
+
+  def lookup(name: str) -> str | None:
+    if name in names:
+      return name
+    alias = _ALIASES.get(name)
+    return alias if alias in names else None
+
+  missing = []
+  for part, entries in groups.items():
+    found = [lookup(e.hf) for e in entries]
+    if part != "encoder" and not any(found):
+      missing.append(part)  # A whole head (or the pooler) absent: initialized fresh later.
+      continue
+    for e, name in zip(entries, found):
+      if name is None:
+        fail(f"checkpoint has no tensor {e.hf} (needed for {part}); check that the weights "
+             f"belong to this config.json ({cfg.architecture}, {cfg.num_hidden_layers} layers)")
+      x = np.asarray(state_dict[names[name]])
+      if tuple(x.shape) != e.shape:
+        fail(f"tensor {names[name]} has shape {tuple(x.shape)}, expected {e.shape} from "
+             "config.json; the weights and config.json disagree")
+      used.add(name)
+      _set(params, e.path, np.ascontiguousarray(_to_ours(e.kind, x.astype(np.float32), cfg)))
+  ignored = sorted(original for n, original in names.items()
+                   if n not in used and n not in _TIED_OR_BUFFERS
+                   and not n.endswith((".position_ids", ".token_type_ids")))
+  return params, missing, ignored
+
+
+def params_to_hf(params: Params, cfg: ModelConfig, heads: tuple[str, ...]
+                 ) -> dict[str, np.ndarray]:
+  """Our tree -> an HF state dict (float32 numpy) for the class `_HF_CLASSES` names.
+
+  With no heads the names lose the base-model prefix, as a bare `BertModel` saves them; tied
+  decoder weights are left out, as transformers itself leaves them out.
+  """
+  entries = encoder_entries(cfg) + [e for h in heads for e in head_entries(cfg, h)]
+  out = {}
+  for e in entries:
+    x = _to_hf(e.kind, np.asarray(_get(params, e.path), dtype=np.float32), cfg)
+    assert tuple(x.shape) == e.shape, (e.hf, x.shape, e.shape)
+    name = e.hf if heads else e.hf[len(cfg.architecture) + 1:]
+    out[name] = np.ascontiguousarray(x)
+  return out

@@ -1,0 +1,273 @@
+"""Conversion both ways and the converted folders bertjax writes and reads."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+import uuid
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+
+from bertjax.convert.hf_configs import (ELECTRA_PARTS, TOKENIZER_FILES, _HEAD_ORDER, _HF_CLASSES,
+                                        hf_config_to_model_config, model_config_to_hf_config)
+from bertjax.convert.models import _check_tree, _fresh_part
+from bertjax.convert.names import architecture_heads, hf_to_params, params_to_hf
+from bertjax.convert.readers import _one_line, read_hf_config, read_hf_weights
+from bertjax.errors import fail
+from bertjax.models.config import ModelConfig
+
+PathLike = str | os.PathLike
+Params = dict[str, Any]
+
+# ----------------------------------------------------------------------------- conversion
+
+
+@dataclasses.dataclass
+class Converted:
+  """A model in our format: config, params {"encoder", *heads} (numpy float32) and what the
+  conversion did. For ELECTRA `--part both`, `generator` holds the generator network too."""
+  config: ModelConfig
+  params: Params
+  heads: tuple[str, ...]
+  missing: tuple[str, ...] = ()
+  ignored: tuple[str, ...] = ()
+  hf_model_type: str = ""
+  part: str | None = None
+  generator: "Converted | None" = None
+
+
+def _electra_part(sd: Mapping[str, np.ndarray], part: str | None, model_dir: PathLike) -> str:
+  has_disc = any(k.startswith("discriminator_predictions.") for k in sd)
+  has_gen = any(k.startswith(("generator_predictions.", "generator_lm_head.")) for k in sd)
+  if part is None:
+    return "generator" if has_gen and not has_disc else "discriminator"
+  if part == "generator" and has_disc and not has_gen:
+    fail(f"{model_dir} holds an ELECTRA discriminator (discriminator_predictions.*), not a "
+         "generator; use --part discriminator")
+  if part == "discriminator" and has_gen and not has_disc:
+    fail(f"{model_dir} holds an ELECTRA generator (generator_predictions.*), not a "
+         "discriminator; use --part generator")
+  return part
+
+
+def load_hf(model_dir: PathLike, part: str | None = None, heads: bool = True) -> Converted:
+  """Converts a Hugging Face folder in memory.
+
+  part: ELECTRA only: "discriminator", "generator", "both" (a folder with discriminator/ and
+  generator/ subfolders) or None (detect from the tensors). heads=False keeps only the encoder.
+  """
+  if part is not None and part not in ELECTRA_PARTS:
+    fail(f"unknown part {part!r}; use one of {', '.join(ELECTRA_PARTS)}")
+  d = pathlib.Path(model_dir)
+  if part == "both":
+    for sub in ("discriminator", "generator"):
+      if not (d / sub / "config.json").is_file():
+        fail(f"{d / sub / 'config.json'} not found; --part both needs a folder with "
+             "discriminator/ and generator/ Hugging Face ELECTRA subfolders")
+    disc = load_hf(d / "discriminator", "discriminator", heads)
+    disc.generator = load_hf(d / "generator", "generator", heads)
+    disc.part = "both"
+    return disc
+  hf = read_hf_config(d)
+  cfg = hf_config_to_model_config(hf)
+  if part is not None and cfg.architecture != "electra":
+    fail(f"--part applies to ELECTRA checkpoints only; {d} is {cfg.architecture}: drop --part")
+  sd = read_hf_weights(d)
+  if cfg.architecture == "electra":
+    part = _electra_part(sd, part, d)
+  want = architecture_heads(cfg.architecture, part) if heads else ()
+  if "mlm" in want and hf.get("tie_word_embeddings") is False:
+    fail(f"{d / 'config.json'} sets tie_word_embeddings=false; bertjax's MLM decoder is tied to "
+         "the word embeddings, so only tied checkpoints convert")
+  params, missing, ignored = hf_to_params(sd, cfg, want)
+  for i, name in enumerate(missing):
+    fresh = _fresh_part(cfg, name, i)
+    if name == "pooler":
+      params["encoder"]["pooler"] = fresh
+    else:
+      params[name] = fresh
+  params = _to_numpy(params)
+  _check_tree(params, cfg, want, str(d))
+  return Converted(cfg, params, want, tuple(missing), tuple(ignored), cfg.architecture, part)
+
+
+def _to_numpy(tree: Any) -> Any:
+  if isinstance(tree, Mapping):
+    return {k: _to_numpy(v) for k, v in tree.items()}
+  return np.asarray(tree, dtype=np.float32)
+
+
+def _check_target(path: pathlib.Path, flag: str) -> pathlib.Path:
+  path = pathlib.Path(path).absolute()
+  if path.exists() and (not path.is_dir() or any(path.iterdir())):
+    fail(f"{flag} {path} is not empty; choose a new folder or delete it first")
+  return path
+
+
+@contextlib.contextmanager
+def _staging_dir(target: pathlib.Path) -> Iterator[pathlib.Path]:
+  """A temporary folder beside `target`, renamed to it at the end; removed on any failure."""
+  target.parent.mkdir(parents=True, exist_ok=True)
+  # Not tempfile.mkdtemp: its 0700 mode would stick to the final folder; mkdir honours umask.
+  tmp = target.parent / f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial"
+  tmp.mkdir()
+  try:
+    yield tmp
+    if target.exists():
+      target.rmdir()  # Checked empty before any work.
+    os.replace(tmp, target)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+
+
+def _copy_tokenizer(src: pathlib.Path, dst: pathlib.Path) -> list[str]:
+  copied = []
+  for name in TOKENIZER_FILES:
+    if (src / name).is_file():
+      dst.mkdir(parents=True, exist_ok=True)
+      shutil.copy2(src / name, dst / name)
+      copied.append(name)
+  return copied
+
+
+def _save_params(path: pathlib.Path, params: Params) -> None:
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  checkpointer = ocp.StandardCheckpointer()
+  checkpointer.save(path, params)
+  checkpointer.wait_until_finished()
+
+
+def _model_entry(c: Converted) -> dict[str, Any]:
+  return {"model": c.config.to_dict(), "heads": list(c.heads), "missing": list(c.missing)}
+
+
+def convert_from_hf(model_dir: PathLike, workdir: PathLike, part: str | None = None,
+                    log: Callable[[str], Any] = print) -> Converted:
+  """Hugging Face folder -> workdir with model.json, params/ and tokenizer/."""
+  out = _check_target(pathlib.Path(workdir), "--workdir")
+  c = load_hf(model_dir, part)
+  params = dict(c.params)
+  meta = {**_model_entry(c), "hf_model_type": c.hf_model_type, "part": c.part,
+          "source": str(pathlib.Path(model_dir).absolute())}
+  if c.generator is not None:
+    params["generator"] = c.generator.params
+    meta["generator"] = _model_entry(c.generator)
+  src = pathlib.Path(model_dir)
+  with _staging_dir(out) as tmp:
+    _save_params(tmp / "params", params)
+    tok_src = src / "discriminator" if c.part == "both" else src
+    copied = _copy_tokenizer(tok_src, tmp / "tokenizer")
+    (tmp / "model.json").write_text(json.dumps(meta, indent=2) + "\n")
+  log(f"converted {c.hf_model_type} checkpoint {model_dir} -> {out} "
+      f"(heads: {', '.join(c.heads) or 'none'}"
+      f"{'; generator: mlm' if c.generator is not None else ''})")
+  for name, conv in (("", c), ("generator ", c.generator)):
+    if conv is None:
+      continue
+    fresh_heads = [m for m in conv.missing if m != "pooler"]
+    if fresh_heads:
+      log(f"{name}missing heads, initialized fresh: {', '.join(fresh_heads)}")
+    if "pooler" in conv.missing:
+      log(f"{name}missing pooler, initialized fresh")
+    if conv.ignored:
+      shown = ", ".join(conv.ignored[:5]) + (", ..." if len(conv.ignored) > 5 else "")
+      log(f"{name}ignored {len(conv.ignored)} tensor(s) bertjax does not use: {shown}")
+  log(f"tokenizer files: {', '.join(copied) if copied else 'none found'}")
+  return c
+
+
+def load_workdir(workdir: PathLike) -> Converted:
+  """Reads a folder written by `convert_from_hf` (model.json + params/)."""
+  d = pathlib.Path(workdir).absolute()
+  meta_path = d / "model.json"
+  if not meta_path.is_file():
+    fail(f"{meta_path} not found; pass a folder written by `python -m bertjax.convert from-hf`")
+  try:
+    meta = json.loads(meta_path.read_text())
+    # The kernel set is chosen where the model runs, not where it was written.
+    cfg = ModelConfig.from_dict({**meta["model"], "kernels": "auto"})
+    heads = tuple(meta["heads"])
+  except (ValueError, KeyError, TypeError) as e:
+    fail(f"cannot read {meta_path}: {_one_line(e)}; re-run the conversion")
+  if not (d / "params").is_dir():
+    fail(f"{d / 'params'} not found; re-run the conversion")
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  try:
+    params = ocp.StandardCheckpointer().restore(d / "params")
+  except Exception as e:  # pylint: disable=broad-except
+    fail(f"cannot restore {d / 'params'}: {_one_line(e)}; re-run the conversion")
+  params = _to_numpy(params)
+  generator = None
+  if "generator" in meta:
+    gen_cfg = ModelConfig.from_dict({**meta["generator"]["model"], "kernels": "auto"})
+    gen_heads = tuple(meta["generator"]["heads"])
+    gen_params = params.pop("generator", None)
+    if gen_params is None:
+      fail(f"{d / 'params'} has no generator tree though model.json lists one; "
+           "re-run the conversion")
+    _check_tree(gen_params, gen_cfg, gen_heads, str(d / "params") + " [generator]")
+    generator = Converted(gen_cfg, gen_params, gen_heads, part="generator",
+                          hf_model_type=meta.get("hf_model_type", gen_cfg.architecture))
+  _check_tree(params, cfg, heads, str(d / "params"))
+  return Converted(cfg, params, heads, tuple(meta.get("missing", ())), (),
+                   meta.get("hf_model_type", cfg.architecture), meta.get("part"), generator)
+
+
+def _hf_heads(c: Converted, log: Callable[[str], Any]) -> tuple[str, ...]:
+  """The heads Hugging Face can hold for this architecture, in `_HF_CLASSES` order."""
+  heads = tuple(h for h in _HEAD_ORDER if h in c.heads)
+  while (c.config.architecture, heads) not in _HF_CLASSES:
+    log(f"Hugging Face {c.config.architecture} has no class with heads {', '.join(heads)}; "
+        f"leaving out {heads[-1]}")
+    heads = heads[:-1]
+  return heads
+
+
+def _write_hf(c: Converted, out: pathlib.Path, tokenizer: pathlib.Path,
+              log: Callable[[str], Any]) -> str:
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  cfg = c.config
+  heads = _hf_heads(c, log)
+  if "mlm" in heads:
+    head_act = cfg.mlm_head_act or cfg.hidden_act
+    hf_act = "gelu" if cfg.architecture in ("roberta", "electra") else cfg.hidden_act
+    if head_act != hf_act:
+      fail(f"the MLM head uses {head_act!r} but Hugging Face {cfg.architecture} hard-codes "
+           f"{hf_act!r}; this model cannot be exported with its MLM head")
+  if cfg.use_pooler and cfg.architecture == "electra":
+    log("Hugging Face ELECTRA has no pooler; leaving out encoder/pooler")
+  if not cfg.use_pooler and cfg.architecture != "electra":
+    log("this model has no pooler; transformers will initialize its pooler fresh")
+  cls = _HF_CLASSES[(cfg.architecture, heads)]
+  hf_config = model_config_to_hf_config(cfg, [cls])
+  tensors = params_to_hf(c.params, cfg, heads)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+  save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+  _copy_tokenizer(tokenizer, out)
+  return cls
+
+
+def convert_to_hf(workdir: PathLike, output: PathLike, log: Callable[[str], Any] = print) -> None:
+  """Workdir (model.json + params/) -> Hugging Face folder(s) transformers can load."""
+  out = _check_target(pathlib.Path(output), "--output")
+  c = load_workdir(workdir)
+  tokenizer = pathlib.Path(workdir) / "tokenizer"
+  # Validate everything HF cannot express before writing anything.
+  model_config_to_hf_config(c.config)
+  if c.generator is not None:
+    model_config_to_hf_config(c.generator.config)
+  with _staging_dir(out) as tmp:
+    if c.generator is None:
+      cls = _write_hf(c, tmp, tokenizer, log)
+      log(f"wrote {cls} to {out}")
+    else:
+      cls = _write_hf(c, tmp / "discriminator", tokenizer, log)
+      gen_cls = _write_hf(c.generator, tmp / "generator", tokenizer, log)
+      log(f"wrote {cls} to {out / 'discriminator'} and {gen_cls} to {out / 'generator'}")
