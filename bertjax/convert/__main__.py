@@ -7,11 +7,7 @@ import argparse
 from bertjax.convert.hf_configs import ELECTRA_PARTS
 from bertjax.convert.workdirs import convert_from_hf, convert_to_hf
 from bertjax.errors import run_cli
-
-
-def convert_package_doc() -> str:
-  import bertjax.convert  # pylint: disable=g-import-not-at-top  (the package: its summary)
-  return bertjax.convert.__doc__.split("\n\n", maxsplit=1)[0]
+import bertjax.convert
 
 
 
@@ -20,7 +16,7 @@ def convert_package_doc() -> str:
 
 def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(prog="python -m bertjax.convert",
-                                   description=convert_package_doc())
+                                   description=bertjax.convert.__doc__.split("\n\n", maxsplit=1)[0])
   sub = parser.add_subparsers(dest="command", required=True)
   p = sub.add_parser("from-hf", help="Hugging Face folder -> bertjax workdir")
   p.add_argument("--model-dir", required=True, help="folder with config.json and model.safetensors")
