@@ -85,8 +85,8 @@ def main(argv=None):
     import jax  # pylint: disable=g-import-not-at-top
     # On Cloud TPU every setting is discovered; on GPU hosts set the coordinator address, process
     # count and id through JAX's environment variables (see experiments/README.md).
-    from bertjax import sweep  # pylint: disable=g-import-not-at-top
-    jax.distributed.initialize(**sweep.jax_distributed_kwargs())
+    from bertjax import distributed  # pylint: disable=g-import-not-at-top
+    jax.distributed.initialize(**distributed.jax_distributed_kwargs())
   if config.get("seeds"):  # several seeds: one run each into WORKDIR/seed_<n>
     from bertjax import multiseed  # pylint: disable=g-import-not-at-top
     summary = multiseed.run_seeds(config, args.workdir)

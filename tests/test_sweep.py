@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from bertjax import report, sweep
+from bertjax import distributed, report, sweep
 from bertjax.errors import UserError
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -230,7 +230,7 @@ def test_hosts_dry_run_sets_the_jax_distributed_variables(tmp_path, capsys):
       f"JAX_PROCESS_ID=1 {launch}'",
   ]
   assert any(l.startswith("rsync -az") and l.endswith(f"{REPO}/ gpu-b:bertjax/") for l in lines)
-  assert sweep.jax_distributed_kwargs({"JAX_COORDINATOR_ADDRESS": "gpu-a:8476",
+  assert distributed.jax_distributed_kwargs({"JAX_COORDINATOR_ADDRESS": "gpu-a:8476",
                                        "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1"}) == {
       "coordinator_address": "gpu-a:8476", "num_processes": 2, "process_id": 1}
 

@@ -1,0 +1,50 @@
+"""Hyperparameter sweeps from files: each point in its own process, resumable, local or remote.
+
+  python launch.py --sweep experiments/quickstart_sweep.py --workdir runs/qs_sweep [--dry_run]
+  python launch.py --sweep experiments/glue_bert_grid.py:task=rte --workdir runs/rte_grid \
+      --config.init_from=runs/bert-base-uncased
+  python -m bertjax.report runs/qs_sweep
+
+A sweep file defines `get_sweep(arg=None) -> dict` (`arg` is what follows `:` in the --sweep
+spec, as for configs) with these keys:
+
+  config   the base config spec, as given to --config (relative paths: from the repository root).
+  fixed    {key: value} set on every point; not part of the point names.
+  product  {key: [values]}: every combination (the last key varies fastest).
+  points   [{key: value}, ...]: explicit points.
+
+With only `product`, the points are its combinations; with only `points`, the list; with both,
+each explicit point crossed with the product (e.g. objectives x seeds). Keys are config keys with
+dots (`optimizer.b2`), values Python values. `--config.key=value` given with --sweep are added to
+`fixed` (a swept key there is refused: the point names would lie). Every point is checked against
+the config before anything runs: an unknown key or a bad value fails naming it.
+
+Each point runs in DIR/<name>, its name made of its swept keys and values, sorted by key
+(`learning_rate=0.001,seed=1`; characters outside `[A-Za-z0-9._+-]` become `_`; a tuple's
+elements join with `x`), as `python launch.py --config C --workdir DIR/<name> --config.k=v ...`,
+one after another, its output appended to DIR/<name>/log.txt. A point is done when its
+summary.json says "finished" at the config's total_steps: a re-run skips it. Any other point is
+launched again, and the trainer resumes it from its latest checkpoint. A point that crashes is
+recorded as failed with the last line of its log, and the sweep goes on. DIR/sweep.json holds
+every point's overrides, status, command, last log line, runs and wall time; SIGTERM is passed
+to the running point (which saves a checkpoint) and stops the sweep.
+
+Remote runs (see experiments/README.md): `--tpu NAME --zone Z [--project P]` first packs this
+repository, copies it to every worker of the Cloud TPU VM and installs it, then runs each point
+on all workers at once through `gcloud compute tpus tpu-vm ssh --worker=all` with
+`--config.distributed=True`. `--hosts h1,h2` does the same over plain ssh (rsync, then one process
+per host), each process given JAX_COORDINATOR_ADDRESS (first host, port COORDINATOR_PORT),
+JAX_NUM_PROCESSES and JAX_PROCESS_ID. The workdir is then a path on the hosts: use one shared by
+all of them (NFS, or a GCS bucket mounted with gcsfuse) at the same path as on this machine, so
+that skipping finished points and the report see the results. `--dry_run` prints every command.
+
+By concern: `spec` (the sweep file, its points and their names), `launchers` (the command that runs
+a point here, on a Cloud TPU VM or over ssh), `runner` (running them, DIR/sweep.json).
+"""
+
+from bertjax.sweep.runner import is_finished, last_line, run_sweep
+from bertjax.sweep.spec import (MAX_NAME_LEN, Point, Sweep, expand_points, format_value, load_sweep,
+                                load_sweep_spec, point_name)
+
+__all__ = ["MAX_NAME_LEN", "Point", "Sweep", "expand_points", "format_value", "is_finished",
+           "last_line", "load_sweep", "load_sweep_spec", "point_name", "run_sweep"]

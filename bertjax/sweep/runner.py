@@ -1,0 +1,251 @@
+"""Running a sweep: each point in its own process, resumable, its status in DIR/sweep.json."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import pathlib
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from typing import Any, Sequence
+
+from bertjax.errors import fail
+from bertjax.sweep.launchers import (_host_address, hosts_install_commands, hosts_point_commands,
+                                     local_command, tpu_install_commands, tpu_point_command)
+from bertjax.sweep.spec import REPO, Sweep, _plain, load_sweep
+
+
+# ---------------------------------------------------------------------------------------------
+# State of a point on disk.
+
+
+def _read_json(path: pathlib.Path) -> Any:
+  try:
+    return json.loads(path.read_text())
+  except (OSError, ValueError):
+    return None
+
+
+def is_finished(point_dir: pathlib.Path, total_steps: int) -> bool:
+  """summary.json says finished at the config's total_steps (or, when the config leaves it to
+  the trainer, at the total_steps the trainer resolved into config.json)."""
+  summary = _read_json(pathlib.Path(point_dir) / "summary.json")
+  if not isinstance(summary, dict) or summary.get("status") != "finished":
+    return False
+  if total_steps <= 0:
+    total_steps = int((_read_json(pathlib.Path(point_dir) / "config.json") or {})
+                      .get("total_steps", 0) or 0)
+  return total_steps > 0 and summary.get("step") == total_steps
+
+
+def last_line(text: str) -> str:
+  """The last non-blank line (a traceback's ends with the exception; a UserError's is it)."""
+  lines = [l.strip() for l in text.replace("\r", "\n").splitlines() if l.strip()]
+  return lines[-1][:500] if lines else "(no output)"
+
+
+# ---------------------------------------------------------------------------------------------
+# Running.
+
+
+class _Stop:
+  """SIGTERM while a point runs: pass it on (the trainer checkpoints and exits), then stop."""
+
+  def __init__(self):
+    self.requested = False
+    self.procs: list[subprocess.Popen] = []
+    self._previous = None
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    return self
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.requested = True
+    for proc in self.procs:
+      if proc.poll() is None:
+        proc.terminate()
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+def _run_logged(commands: list[list[str]], logs: list[pathlib.Path], stop: _Stop,
+                cwd: pathlib.Path | None) -> tuple[int, str]:
+  """Runs commands together, each appending its output to its log. Returns the exit code and
+  this run's last output line of the first command that failed (else of the first command)."""
+  procs, files, offsets = [], [], []
+  try:
+    for argv, log in zip(commands, logs):
+      log.parent.mkdir(parents=True, exist_ok=True)
+      f = log.open("a")
+      stamp = datetime.datetime.now().isoformat(timespec="seconds")
+      f.write(f"# bertjax.sweep {stamp}: {shlex.join(argv)}\n")
+      f.flush()
+      files.append(f)
+      offsets.append(f.tell())
+      try:
+        procs.append(subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=cwd,
+                                      stdin=subprocess.DEVNULL))
+      except FileNotFoundError:
+        for p in procs:  # the hosts already started cannot run without this one
+          p.terminate()
+          p.wait()
+        fail(f"{argv[0]} not found; install it, or use --dry_run to print the commands")
+      stop.procs = procs
+    codes = [p.wait() for p in procs]
+  except KeyboardInterrupt:
+    for p in procs:
+      p.wait()
+    raise
+  finally:
+    for f in files:
+      f.close()
+  failing = next((i for i, c in enumerate(codes) if c != 0), 0)
+  with logs[failing].open(errors="replace") as f:
+    f.seek(offsets[failing])
+    line = last_line(f.read())
+  return codes[failing], line
+
+
+def _print_plan(sweep: Sweep, workdir: pathlib.Path, install: list[list[str]],
+                point_commands: dict[str, list[list[str]]]) -> None:
+  print(f"sweep {sweep.path}: {len(sweep.points)} points of {sweep.config} in {workdir}")
+  if install:
+    print("# install the code on every host:")
+    for argv in install:
+      print(shlex.join(argv))
+  for i, point in enumerate(sweep.points, 1):
+    done = " (finished)" if is_finished(workdir / point.name, point.total_steps) else ""
+    print(f"# [{i}/{len(sweep.points)}] {point.name}{done}")
+    for argv in point_commands[point.name]:
+      print(shlex.join(argv))
+
+
+def run_sweep(path: str, workdir: str | os.PathLike, dry_run: bool = False, tpu: str | None = None,
+              zone: str | None = None, project: str | None = None,
+              hosts: str | Sequence[str] | None = None,
+              overrides: Sequence[str] = ()) -> dict[str, Any]:
+  """Runs (or with dry_run prints) every point of the sweep file `path` into `workdir`.
+
+  Returns the sweep record written to WORKDIR/sweep.json (with dry_run: the planned points and
+  commands, nothing written), with counts `finished`, `failed` and `skipped` (done before).
+  """
+  if tpu and hosts:
+    fail("give --tpu or --hosts, not both")
+  if tpu and not zone:
+    fail(f"--tpu {tpu} needs --zone, e.g. --zone us-central2-b (where the TPU VM was created)")
+  if (zone or project) and not tpu:
+    fail("--zone and --project go with --tpu NAME")
+  if isinstance(hosts, str):
+    hosts = [h for h in hosts.split(",") if h.strip()]
+    if not hosts:
+      fail("--hosts needs a comma-separated list of ssh hosts, e.g. --hosts gpu1,gpu2")
+  remote = bool(tpu or hosts)
+  # Remote commands add --config.distributed=True themselves: the config must have the key.
+  sweep = load_sweep(path, overrides, also_check=["distributed=True"] if remote else [])
+  local_dir = pathlib.Path(workdir).absolute()
+  remote_dir = str(workdir)
+
+  if tpu:
+    install = tpu_install_commands(tpu, zone, project)
+    commands = {p.name: [tpu_point_command(sweep, p, remote_dir, tpu, zone, project)]
+                for p in sweep.points}
+  elif hosts:
+    install = hosts_install_commands(hosts)
+    commands = {p.name: hosts_point_commands(sweep, p, remote_dir, hosts) for p in sweep.points}
+  else:
+    install = []
+    commands = {p.name: [local_command(sweep, p, local_dir)] for p in sweep.points}
+
+  record: dict[str, Any] = {
+      "sweep": sweep.path, "arg": sweep.arg, "config": sweep.config, "workdir": str(local_dir),
+      "mode": f"tpu {tpu}" if tpu else ("hosts " + ",".join(hosts) if hosts else "local"),
+      "points": [{"name": p.name, "overrides": {k: _plain(v) for k, v in p.overrides.items()},
+                  "workdir": str(local_dir / p.name), "total_steps": p.total_steps,
+                  "resolved": p.resolved,
+                  "command": " ; ".join(shlex.join(c) for c in commands[p.name])}
+                 for p in sweep.points],
+  }
+  if dry_run:
+    _print_plan(sweep, local_dir, install, commands)
+    return {**record, "finished": 0, "failed": 0, "skipped": 0}
+
+  previous = {p["name"]: p for p in (_read_json(local_dir / "sweep.json") or {}).get("points", [])}
+  for entry in record["points"]:
+    old = previous.get(entry["name"], {})
+    entry.update(status="pending", runs=int(old.get("runs", 0)),
+                 wall_s=float(old.get("wall_s", 0.0)), returncode=old.get("returncode"),
+                 last_line=old.get("last_line"))
+  local_dir.mkdir(parents=True, exist_ok=True)
+  save = lambda: _write_json(local_dir / "sweep.json", record)
+
+  todo = []
+  for point, entry in zip(sweep.points, record["points"]):
+    if is_finished(local_dir / point.name, point.total_steps):
+      entry.update(status="finished", skipped=True)
+    else:
+      todo.append((point, entry))
+  skipped = len(sweep.points) - len(todo)
+  print(f"sweep {sweep.path}: {len(sweep.points)} points in {local_dir}; {skipped} already "
+        f"finished, {len(todo)} to run", flush=True)
+  save()
+  if install and todo:
+    print("installing the code on every host", flush=True)
+    for argv in install:
+      code, line = _run_logged([argv], [local_dir / "install_log.txt"], _Stop(), cwd=REPO)
+      if code:
+        fail(f"installing on the hosts failed ({shlex.join(argv[:6])} ...: {line}); see "
+             f"{local_dir / 'install_log.txt'}")
+
+  with _Stop() as stop:
+    for i, (point, entry) in enumerate(todo, 1):
+      point_dir = local_dir / point.name
+      logs = [point_dir / "log.txt"] + [point_dir / f"log.{_host_address(h)}.txt"
+                                        for h in (hosts or [])[1:]]
+      entry.update(status="running", skipped=False, runs=entry["runs"] + 1)
+      save()
+      start = time.time()
+      try:
+        code, line = _run_logged(commands[point.name], logs, stop, cwd=None if remote else REPO)
+      except KeyboardInterrupt:
+        entry.update(status="interrupted", wall_s=entry["wall_s"] + time.time() - start)
+        save()
+        raise
+      entry["wall_s"] = round(entry["wall_s"] + time.time() - start, 3)
+      entry["returncode"] = code
+      summary = _read_json(point_dir / "summary.json") or {}
+      if code == 0 and is_finished(point_dir, point.total_steps):
+        entry.update(status="finished", last_line=None)
+      elif stop.requested or str(summary.get("status", "")).startswith("preempted"):
+        entry.update(status="preempted", last_line=line)
+      else:
+        entry.update(status="failed", last_line=line)
+      save()
+      print(f"[{i}/{len(todo)}] {point.name}: {entry['status']} in {entry['wall_s']:.1f}s"
+            + (f": {line}" if entry["status"] == "failed" else ""), flush=True)
+      if stop.requested:
+        print("SIGTERM: the running point saved a checkpoint; run the sweep again to go on")
+        break
+
+  statuses = [e["status"] for e in record["points"]]
+  record.update(finished=statuses.count("finished"), failed=statuses.count("failed"),
+                skipped=skipped)
+  save()
+  print(f"sweep done: {record['finished']} finished ({skipped} before), {record['failed']} "
+        f"failed; report: python -m bertjax.report {local_dir}", flush=True)
+  return record
+
+
+def _write_json(path: pathlib.Path, value: Any) -> None:
+  """Write beside, then rename: a killed sweep never leaves half a sweep.json."""
+  tmp = path.with_suffix(".json.tmp")
+  tmp.write_text(json.dumps(value, indent=2, default=str))
+  tmp.replace(path)
