@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from bertjax import checkpoints, config_lib, inputs, optim, sharding, train
-from bertjax.objectives import distill
+from bertjax.objectives import distill_losses, distill_settings
 from bertjax.registry import get_objective
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -87,7 +87,7 @@ def test_loss_terms_match_a_hand_computed_example():
   teacher layer 1.
   """
   T = 2.0
-  settings = distill.Settings(
+  settings = distill_settings.Settings(
       teacher="", student_init="scratch", temperature=T, soft_weight=5.0, hard_weight=2.0,
       cosine_weight=1.0, hidden_weight=0.5, attention_weight=0.25, layer_map_text="0:1",
       init_layers_text="", layer_map=((0, 1),))
@@ -106,10 +106,10 @@ def test_loss_terms_match_a_hand_computed_example():
              "projected": {1: projected}}
   teacher = {"logits": t_logits, "hidden_states": (zeros, zeros, t_last),
              "attentions": (np.zeros_like(t_att), t_att), "projected": {}}
-  denominators = distill.distill_denominators(jnp.asarray(mask), jnp.asarray(weights))
+  denominators = distill_losses.distill_denominators(jnp.asarray(mask), jnp.asarray(weights))
   assert {k: float(v) for k, v in denominators.items()} == {"soft": 2.0, "tokens": 2.0,
                                                             "pairs": 4.0}
-  loss, metrics = distill.distillation_terms(student, teacher, labels, weights, mask,
+  loss, metrics = distill_losses.distillation_terms(student, teacher, labels, weights, mask,
                                              denominators, settings)
 
   # By hand: positions 0 and 1 count, tokens 0 and 1 are real.
@@ -140,7 +140,7 @@ def test_loss_terms_match_a_hand_computed_example():
   # The temperature: the soft term is T^2 * CE at temperature T, so T=1 gives plain CE.
   plain = dataclasses.replace(settings, temperature=1.0, hard_weight=0.0,
                                       cosine_weight=0.0, hidden_weight=0.0, attention_weight=0.0)
-  loss1, _ = distill.distillation_terms(student, teacher, labels, weights, mask, denominators,
+  loss1, _ = distill_losses.distillation_terms(student, teacher, labels, weights, mask, denominators,
                                         plain)
   ce1 = [-(_softmax(t_logits[0, i]) * np.log(_softmax(s_logits[0, i]))).sum() for i in range(2)]
   assert float(loss1) == pytest.approx(5.0 * sum(ce1) / 2, rel=1e-5)
@@ -174,12 +174,12 @@ def test_encoder_returns_attention_scores(remat):
 
 
 def test_layer_maps_and_init_layers():
-  assert distill.parse_layer_map("uniform", 3, 6) == ((0, 1), (1, 3), (2, 5))
-  assert distill.parse_layer_map("0:1, 1:3", 2, 6) == ((0, 1), (1, 3))
-  assert distill.parse_layer_map("", 2, 6) == ()
-  assert distill.init_layer_sources("", 6, 12) == (0, 2, 4, 6, 8, 10)  # DistilBERT
-  assert distill.init_layer_sources("", 4, 6) == (0, 1, 3, 4)
-  assert distill.init_layer_sources("5,4", 2, 6) == (5, 4)
+  assert distill_settings.parse_layer_map("uniform", 3, 6) == ((0, 1), (1, 3), (2, 5))
+  assert distill_settings.parse_layer_map("0:1, 1:3", 2, 6) == ((0, 1), (1, 3))
+  assert distill_settings.parse_layer_map("", 2, 6) == ()
+  assert distill_settings.init_layer_sources("", 6, 12) == (0, 2, 4, 6, 8, 10)  # DistilBERT
+  assert distill_settings.init_layer_sources("", 4, 6) == (0, 1, 3, 4)
+  assert distill_settings.init_layer_sources("5,4", 2, 6) == (5, 4)
 
 
 # ---------------------------------------------------------------------------------------------
