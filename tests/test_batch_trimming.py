@@ -7,6 +7,7 @@ import pytest
 
 from bertjax.errors import UserError
 from bertjax.models.config import ModelConfig
+from bertjax.models import classifiers
 from bertjax.tasks import base
 
 SEQ = 32
@@ -61,7 +62,7 @@ def test_iterator_cuts_each_batch_and_keeps_the_rows():
     base.FeatureIterator(arrays, 4, 1, pad_to_multiple_of=-8)
 
 
-@pytest.mark.parametrize("model_cls", [base.SequenceClassifier, base.TokenClassifier])
+@pytest.mark.parametrize("model_cls", [classifiers.SequenceClassifier, classifiers.TokenClassifier])
 def test_model_outputs_do_not_depend_on_the_cut(model_cls):
   cfg = ModelConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                     intermediate_size=64, max_position_embeddings=SEQ)
@@ -73,6 +74,6 @@ def test_model_outputs_do_not_depend_on_the_cut(model_cls):
   inputs = lambda b: (b["input_ids"], b["attention_mask"], b["token_type_ids"])
   params = model.init(jax.random.key(0), *inputs(batch))
   full_out, cut_out = model.apply(params, *inputs(batch)), model.apply(params, *inputs(cut))
-  if model_cls is base.TokenClassifier:  # per position: compare the kept (real) positions
+  if model_cls is classifiers.TokenClassifier:  # per position: compare the kept (real) positions
     full_out = full_out[:, :length]
   np.testing.assert_allclose(np.asarray(cut_out), np.asarray(full_out), rtol=1e-5, atol=1e-5)

@@ -13,6 +13,7 @@ from bertjax import checkpoints, config_lib, optim, train
 from bertjax.data import tokenizers
 from bertjax.errors import UserError
 from bertjax.evaluation import glue as glue_eval
+from bertjax.models import classifiers
 from bertjax.registry import get_objective
 from bertjax.tasks import base
 from bertjax.tasks import glue as glue_task
@@ -468,7 +469,7 @@ def test_encoder_without_pooler_classifies_from_cls():
   from bertjax.models.config import ModelConfig
   cfg = ModelConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                     intermediate_size=32, architecture="electra", use_pooler=False)
-  model = base.SequenceClassifier(cfg, num_labels=3)
+  model = classifiers.SequenceClassifier(cfg, num_labels=3)
   ids = np.array([[2, 7, 8, 3, 0], [2, 9, 3, 0, 0]], np.int32)
   mask = (ids > 0).astype(np.int32)
   variables = model.init(jax.random.key(0), ids, mask, np.zeros_like(ids))

@@ -29,6 +29,7 @@ import optax
 
 from bertjax.errors import UserError, fail
 from bertjax.evaluation import glue
+from bertjax.models import classifiers
 from bertjax.tasks import base
 
 TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
@@ -219,7 +220,7 @@ class GlueTask(base.TaskObjective):
   # -- model and loss ------------------------------------------------------------------------------
 
   def build_model(self, model_config):
-    return base.SequenceClassifier(model_config, num_labels=self.task.num_labels)
+    return classifiers.SequenceClassifier(model_config, num_labels=self.task.num_labels)
 
   def feature_spec(self, seq_len):
     return {"label": ((), jnp.float32 if self.regression else jnp.int32)}

@@ -26,6 +26,7 @@ import optax
 
 from bertjax.errors import UserError, fail
 from bertjax.evaluation import ner as ner_eval
+from bertjax.models import classifiers
 from bertjax.tasks import base
 
 # Label sets in tfds' ClassLabel order, so tfds label ids index them directly.
@@ -180,7 +181,7 @@ class TaggingTask(base.TaskObjective):
                               "source": source})
 
   def build_model(self, model_config):
-    return base.TokenClassifier(model_config, num_labels=len(self.labels))
+    return classifiers.TokenClassifier(model_config, num_labels=len(self.labels))
 
   def feature_spec(self, seq_len):
     return {"labels": ((seq_len,), jnp.int32), "label_weights": ((seq_len,), jnp.float32)}

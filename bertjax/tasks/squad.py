@@ -39,6 +39,7 @@ import optax
 from bertjax.errors import fail
 from bertjax.evaluation import span_decoding
 from bertjax.evaluation import squad as squad_eval
+from bertjax.models import classifiers
 from bertjax.tasks import base
 
 _log = logging.getLogger(__name__)
@@ -384,7 +385,7 @@ class SquadTask(base.TaskObjective):
     return train, [dev]
 
   def build_model(self, model_config):
-    return base.TokenClassifier(model_config, num_labels=2, head_name="qa_outputs")
+    return classifiers.TokenClassifier(model_config, num_labels=2, head_name="qa_outputs")
 
   def feature_spec(self, seq_len):
     return {"start_position": ((), jnp.int32), "end_position": ((), jnp.int32)}
