@@ -15,6 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+
 import pytest
 
 from bertjax import optim, sharding, train
@@ -93,6 +94,7 @@ def test_bf16_train_step_scatters_nothing_in_bf16(spec, kernel_set):
   assert "bf16" in hlo  # the step does compute in bf16
 
 
+@pytest.mark.slow
 def test_bf16_steps_track_the_float32_loss_curve():
   """20 steps on 4 repeated batches (the loss falls, so the curves have a shape to follow):
   bf16 compute with float32 parameters, optimizer state and loss stays within 1% of float32 at
@@ -246,6 +248,7 @@ def tree_close(a, b, rtol=2e-5, atol=2e-6):
                                err_msg=jax.tree_util.keystr(path))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("arch", ["bert", "roberta"])
 def test_gpu_choices_give_the_cpu_choices_results(packed, arch):

@@ -54,6 +54,7 @@ def test_albert_counts_its_projection_and_shared_layers_once_per_use():
   assert flops["encoder"] == 6 * (12 * per_layer + 128 * 768)
 
 
+@pytest.mark.slow
 def test_benchmark_cli_reports_json_and_compares(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   r = subprocess.run([sys.executable, "-m", "bertjax.benchmark", "--preset", "bert-tiny",
@@ -73,6 +74,7 @@ def test_benchmark_cli_reports_json_and_compares(tmp_path):
   assert 0 < result["xla_temp_bytes"] < result["peak_memory_bytes"]
 
 
+@pytest.mark.slow
 def test_benchmark_rounds_alternate_and_report_the_median():
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   r = subprocess.run([sys.executable, "-m", "bertjax.benchmark", "--preset", "bert-tiny",
@@ -101,6 +103,7 @@ def test_rounds_without_compare_is_a_clear_error():
   assert "--rounds needs --compare hf-torch or hf-torch-compile" in r.stderr
 
 
+@pytest.mark.slow
 def test_profile_writes_a_table_of_operations_and_compile_reference_runs(tmp_path):
   """--profile DIR on a CPU: ops.md and ops.json name the step's operations with their count per
   step, time and share; --compare hf-torch-compile times transformers under torch.compile."""
@@ -161,6 +164,7 @@ def test_profile_table_counts_each_device_operation_once(tmp_path, lines):
                                               else {"fusion.1", "memcpy"})
 
 
+@pytest.mark.slow
 def test_compile_only_reports_the_plan_and_refuses_timing_flags():
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   base = [sys.executable, "-m", "bertjax.benchmark", "--preset", "bert-tiny", "--batch_size", "2",

@@ -46,6 +46,7 @@ def hf_dir(tmp_path_factory) -> pathlib.Path:
   return path
 
 
+@pytest.mark.slow
 def test_from_hf_and_back(hf_dir, tmp_path):
   work, back = tmp_path / "work", tmp_path / "back"
   r = run_convert("from-hf", "--model-dir", hf_dir, "--workdir", work)

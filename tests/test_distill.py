@@ -12,6 +12,7 @@ import jax
 import jax.extend.core as jex
 import jax.numpy as jnp
 import numpy as np
+
 import pytest
 
 from bertjax import checkpoints, config_lib, inputs, optim, sharding, train
@@ -191,6 +192,7 @@ def _eval_batches(config):
   return list(inputs.build(config, pathlib.Path("/nonexistent"), objective).eval_batches())
 
 
+@pytest.mark.slow
 def test_distilled_student_beats_student_trained_alone(corpus, teacher, tmp_path):
   """A 4-layer student distilled for N steps from the 6-layer teacher (DistilBERT's recipe:
   teacher layers 0, 1, 3, 4, T=2, 5 soft + 2 MLM + 1 cosine) reaches a lower held-out MLM loss
@@ -235,6 +237,7 @@ def _all_constants(closed) -> list:
   return found
 
 
+@pytest.mark.slow
 def test_teacher_is_frozen_and_runs_inside_the_jitted_step(corpus, teacher):
   """TinyBERT's losses on: the train state holds only the student (and W_h), the teacher's
   arrays are closed over by the traced step, training leaves them unchanged, and gradient
@@ -299,6 +302,7 @@ def test_teacher_is_frozen_and_runs_inside_the_jitted_step(corpus, teacher):
 # Task distillation on SST-2.
 
 
+@pytest.mark.slow
 def test_task_distillation_beats_fine_tuning_alone(data_dir, tmp_path):
   """A teacher twice as wide, fine-tuned on 2500 SST-2 sentences, teaches a 2-layer student
   fine-tuned on 400 (TinyBERT's task distillation: soft targets, W_h hidden-state and attention

@@ -89,6 +89,7 @@ def test_ner_on_valid(data_dir, tmp_path):
   assert set(result["per_type"]) == {"PER", "LOC", "ORG", "MISC"}
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line_exit_2(data_dir, tmp_path):
   v1 = data_dir / "squad" / "v1.1_dev_subset.json"
   _, examples = squad.read_squad(v1)

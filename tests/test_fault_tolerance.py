@@ -9,6 +9,7 @@ import sys
 import time
 
 import numpy as np
+
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -66,6 +67,7 @@ def _train_rows(workdir):
   return {r["step"]: r for r in rows if r["split"] == "train"}
 
 
+@pytest.mark.slow
 def test_sigkill_then_restart_is_exact(tmp_path, corpus):
   reference = _start(tmp_path / "reference", corpus)
   out, err = reference.communicate(timeout=600)
@@ -89,6 +91,7 @@ def test_sigkill_then_restart_is_exact(tmp_path, corpus):
     assert rows[step]["mlm_accuracy"] == ref_rows[step]["mlm_accuracy"]
 
 
+@pytest.mark.slow
 def test_sigterm_saves_current_step_and_exits_cleanly(tmp_path, corpus):
   run = _start(tmp_path, corpus, "--config.total_steps=1000", "--config.checkpoint_every=500")
   # Wait until training is under way, then deliver the preemption notice.
@@ -109,6 +112,7 @@ def test_sigterm_saves_current_step_and_exits_cleanly(tmp_path, corpus):
   assert params["encoder"]["embeddings"]["word_embeddings"]["embedding"].shape == (512, 128)
 
 
+@pytest.mark.slow
 def test_truncated_latest_checkpoint_falls_back(tmp_path, corpus):
   run = _start(tmp_path, corpus)
   _, err = run.communicate(timeout=600)

@@ -4,6 +4,7 @@ gives the same outputs and the same gradients as the full layer followed by a ga
 import jax
 import jax.numpy as jnp
 import numpy as np
+
 import pytest
 
 from bertjax.models.config import ModelConfig
@@ -65,6 +66,7 @@ def assert_trees_close(a, b, what):
 @pytest.mark.parametrize("kw", [{}, {"pre_layer_norm": True}, {"remat": True},
                                 {"num_hidden_groups": 1, "architecture": "albert",
                                  "embedding_size": 16}])
+@pytest.mark.slow
 def test_pretraining_model_same_outputs_and_gradients(kw):
   ids, mask, types, positions = inputs()
   (out_on, g_on), (out_off, g_off) = apply_both(PretrainingModel, config(**kw), ids, mask, types,
@@ -125,6 +127,7 @@ def test_layer_rows_equal_full_layer_rows_and_the_mask_matters():
   assert np.max(np.abs(layer.apply(params, visible, mask, True, False, positions) - rows)) > 1e-3
 
 
+@pytest.mark.slow
 def test_span_bert_model_same_outputs_and_gradients():
   ids, mask, types, positions = inputs(4)
   left = np.maximum(positions - 1, 0).astype(np.int32)
@@ -138,6 +141,7 @@ def test_span_bert_model_same_outputs_and_gradients():
   assert_trees_close(g_on, g_off, "gradient")
 
 
+@pytest.mark.slow
 def test_electra_generator_same_outputs():
   ids, mask, types, positions = inputs(5)
   weights = np.ones(positions.shape, np.float32)

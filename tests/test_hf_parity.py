@@ -86,6 +86,7 @@ def gathered(values: torch.Tensor) -> np.ndarray:
 # ----------------------------------------------------------------------------- parity
 
 
+@pytest.mark.slow
 def test_bert_pretraining_parity(tmp_path):
   hf = randomize(T.BertForPreTraining(T.BertConfig(**SMALL)))
   c = convert.load_hf(save(hf, tmp_path / "hf"))
@@ -262,6 +263,7 @@ def test_load_matches_from_hf(tmp_path):
   close(outs[1], hf_run(hf, ids, mask, types).last_hidden_state, "hidden")
 
 
+@pytest.mark.slow
 def test_electra_both_parts(tmp_path):
   disc = randomize(T.ElectraForPreTraining(T.ElectraConfig(**SMALL, embedding_size=16)))
   gen = randomize(T.ElectraForMaskedLM(T.ElectraConfig(**{**SMALL, "hidden_size": 16},
@@ -344,6 +346,7 @@ def test_wrong_electra_part_is_an_error(tmp_path):
     convert.load_hf(bert, part="generator")
 
 
+@pytest.mark.slow
 def test_imports_stay_light():
   """`import bertjax` pulls in no framework; the converter never imports torch/transformers."""
   import subprocess  # pylint: disable=g-import-not-at-top

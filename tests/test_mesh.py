@@ -23,6 +23,7 @@ def _runs(tmp_path, devices, specs):
   return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_meshes_match_single_device(tmp_path):
   single = _runs(tmp_path, 1, [f"{o}:1,1,1" for o in OBJECTIVES])
   sharded = _runs(tmp_path, 8, [f"{o}:{m}" for o in OBJECTIVES for m in MESHES])

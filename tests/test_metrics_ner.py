@@ -78,6 +78,7 @@ def test_reader_on_real_valid(valid):
   assert all(not s.tags[0].startswith("I-") for s in valid)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_real_valid_perturbed_matches_seqeval_iob2_and_iob1(valid, seed):
   gold = [s.tags for s in valid]

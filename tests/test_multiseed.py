@@ -8,6 +8,7 @@ import sys
 
 import ml_collections
 import numpy as np
+
 import pytest
 
 from bertjax import multiseed
@@ -46,6 +47,7 @@ def _launch(*args):
                         capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_two_seeds_through_launch(tmp_path, data_dir):
   root = tmp_path / "glue" / "RTE"
   root.mkdir(parents=True)

@@ -9,6 +9,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 NEW_OBJECTIVE = '''"""MLM with label smoothing: a test objective, added as a new objective is."""
@@ -47,6 +49,7 @@ def jax_one_hot(ids, n):
 '''
 
 
+@pytest.mark.slow
 def test_a_new_objective_is_one_file_and_one_registry_line(tmp_path):
   root = tmp_path / "repo"
   for part in ("bertjax", "configs"):

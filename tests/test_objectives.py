@@ -17,6 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+
 import pytest
 
 from bertjax import config_lib, inputs, train
@@ -160,6 +161,7 @@ def _rigged(token: int):
   return config, obj, model, params
 
 
+@pytest.mark.slow
 def test_rtd_labels_with_a_rigged_generator():
   """Replaced means the sampled token differs from the original: a generator that samples the
   original token leaves an 'original' label, and padding is never labelled."""
@@ -205,6 +207,7 @@ def test_rtd_metrics_count_real_tokens():
   assert m["rtd_baseline_accuracy"] == pytest.approx(2 / 4)
 
 
+@pytest.mark.slow
 def test_rtd_shares_embeddings_and_stops_gradients_at_the_sample():
   config = tiny("rtd")
   obj, model, _ = init(config)
@@ -250,6 +253,7 @@ def test_generator_config_follows_the_paper():
 # --------------------------------------------------------------------------- configs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_family_configs_build(family):
   objective, variants = FAMILIES[family]
@@ -315,6 +319,7 @@ def _first_batch(config, corpus, tmp_path):
   return next(get_objective(config).build_inputs(config, tmp_path).train)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rate", [0.15, 0.3])
 def test_mask_rate_reaches_the_pipeline(rate, corpus, tmp_path):
   config = quickstart(objective="mlm", batch_size=8, max_predictions_per_seq=40,
@@ -350,6 +355,7 @@ def test_span_batches_carry_boundaries(corpus, tmp_path):
     assert not masked & bounds  # a boundary token is itself visible
 
 
+@pytest.mark.slow
 def test_sop_on_single_sentence_documents_is_one_line(tmp_path):
   words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda".split()
   rng = np.random.default_rng(0)
@@ -397,6 +403,7 @@ def _binary_entropy(q: float) -> float:
   return float(-(q * math.log(q) + (1 - q) * math.log(1 - q)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", PRETRAINING)
 def test_short_training_learns(objective, corpus, tmp_path):
   """150 quickstart steps: the total loss falls for every objective and each masked-LM term goes

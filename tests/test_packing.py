@@ -6,6 +6,7 @@ import json
 
 import jax
 import numpy as np
+
 import pytest
 
 from bertjax.data import packing, pipeline, pretraining
@@ -66,6 +67,7 @@ def test_every_instance_lands_in_exactly_one_row_intact(num_bins):
     assert len(rows) < len(instances) and fill > unpacked
 
 
+@pytest.mark.slow
 def test_more_bins_fill_rows_at_least_as_well_on_real_text(data_dir):
   from tests.test_pipeline import load_wikitext_documents  # pylint: disable=g-import-not-at-top
   documents, vocab_size = load_wikitext_documents(data_dir / "wikitext2" / "wiki.valid.tokens")
@@ -129,6 +131,7 @@ def test_packing_a_labelled_or_already_full_kind_is_a_user_error(kind):
     make(corpus(num_docs=10), kind="single", pack=True, pack_bins=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("architecture", ["bert", "roberta"])  # RoBERTa numbers from pad + 1
 def test_a_packed_row_computes_each_instance_as_it_does_alone(architecture):
   cfg = ModelConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -159,6 +162,7 @@ def test_a_packed_row_computes_each_instance_as_it_does_alone(architecture):
   assert np.max(np.abs(mixed[0, :9] - want[0, :9])) > 1e-3
 
 
+@pytest.mark.slow
 def test_data_pack_reaches_span_sbo_and_its_gradients_stay_finite(tmp_path):
   """configs: data.pack=True gives span_sbo packed rows from the real sample; the loss and every
   gradient are finite (padding queries see no key of their own segment) and depend on the ids."""

@@ -17,6 +17,7 @@ import pathlib
 import sys
 
 import numpy as np
+
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -58,6 +59,7 @@ def write_golden() -> None:
   GOLDEN.write_text("\n".join(lines) + "\n")
 
 
+@pytest.mark.slow
 def test_golden_param_shapes():
   golden = json.loads(GOLDEN.read_text())
   assert sorted(golden) == sorted(PRESETS), (
@@ -107,6 +109,7 @@ def test_param_count_matches_transformers(name):
 
 @pytest.mark.parametrize("name", ["bert-base", "roberta-base", "albert-large", "electra-small",
                                   "electra-small-generator", "electra-base-generator"])
+@pytest.mark.slow
 def test_name_mapping_covers_model(name):
   """Every param of the model with its heads has exactly one HF tensor, with matching shape."""
   cfg = preset(name)

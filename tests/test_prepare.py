@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import numpy as np
+
 import pytest
 
 from bertjax import errors
@@ -217,6 +218,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                         env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
+@pytest.mark.slow
 def test_cli(corpus_files, tok_dir, tmp_path):
   glob = str(corpus_files[0].parent / "*.tokens")
   r = _cli("--input", glob, "--format", "wikitext", "--tokenizer", str(tok_dir), "--output",

@@ -16,9 +16,12 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_quickstart_200_steps_learns(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   r = subprocess.run([sys.executable, "launch.py", "--config", "configs/quickstart.py",

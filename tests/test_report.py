@@ -200,6 +200,7 @@ def test_glue_average_as_papers_report_it(tmp_path):
   assert dev["metric"] == "score" and len(dev["series"]) == len(GLUE_METRICS)
 
 
+@pytest.mark.slow
 def test_crashing_point_is_reported_and_the_others_run(tmp_path):
   """A real sweep on the WikiText-2 sample: the first point crashes, the second still runs."""
   path = tmp_path / "crash.py"

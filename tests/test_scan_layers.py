@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+
 import pytest
 
 from bertjax import train
@@ -13,6 +14,7 @@ from bertjax.models.presets import preset
 from test_train import tiny_config
 
 
+@pytest.mark.slow
 def test_scanned_encoder_matches_unrolled():
   cfg = preset("bert-tiny", num_hidden_layers=3, vocab_size=100)
   scfg = cfg.replace(scan_layers=True)
@@ -40,6 +42,7 @@ def test_scan_is_refused_with_albert_sharing():
     preset("albert-base", num_hidden_groups=1, scan_layers=True)
 
 
+@pytest.mark.slow
 def test_trainer_runs_scanned_layers_with_dropout_and_remat(tmp_path):
   config = tiny_config(total_steps=4, eval_every=0, log_every=1, **{
       "model.scan_layers": True, "model.remat": True, "model.hidden_dropout_prob": 0.1,

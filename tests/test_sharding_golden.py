@@ -6,10 +6,13 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests/golden/sharding_bert_base_2x2x2.json"
 
 
+@pytest.mark.slow
 def test_sharding_matches_golden(tmp_path):
   out = tmp_path / "specs.json"
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")

@@ -246,6 +246,7 @@ def test_remote_flags_are_checked(tmp_path):
 # Local runs.
 
 
+@pytest.mark.slow
 def test_quickstart_sweep_end_to_end_then_rerun_skips(tmp_path):
   workdir = tmp_path / "qs"
   args = ["--sweep", "experiments/quickstart_sweep.py", "--workdir", str(workdir), *FAST,
@@ -299,6 +300,7 @@ def _checkpoint_steps(point_dir: pathlib.Path) -> list[int]:
   return sorted(int(d.name) for d in ckpt.iterdir() if d.name.isdigit()) if ckpt.exists() else []
 
 
+@pytest.mark.slow
 def test_killed_point_resumes_from_its_checkpoint(tmp_path):
   path = write_sweep(tmp_path / "one.py", {"config": "configs/quickstart.py:runlocal",
                                            "points": [{"seed": 3}]})

@@ -7,6 +7,7 @@ import pathlib
 import flax.linen as nn
 import jax
 import numpy as np
+
 import pytest
 
 from bertjax import checkpoints, config_lib, optim, train
@@ -53,6 +54,7 @@ def read_metrics(workdir):
   return [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_sst2_end_to_end(tmp_path, data_dir):
   """Random-init tiny model on 512 SST-2 sentences: loss falls, every dev sentence (872, not a
   multiple of the batch of 16) gets one prediction, test predictions are written in the
@@ -127,6 +129,7 @@ def _wordpiece_checkpoint(tmp_path, data_dir) -> pathlib.Path:
   return out
 
 
+@pytest.mark.slow
 def test_init_from_converted_hf_checkpoint(tmp_path, data_dir, capsys):
   """The encoder comes from the checkpoint (architecture, weights, WordPiece tokenizer), the
   classifier starts fresh, and the run says so. A zero learning rate leaves the restored encoder
@@ -318,6 +321,7 @@ def _launch(*args):
     ("7\tonly two columns\n", "train.tsv:3: 2 tab-separated columns, expected 4"),
     ("7\tA man sleeps.\tA man is awake.\tmaybe\n", "train.tsv:3: label 'maybe' is not a rte label"),
 ])
+@pytest.mark.slow
 def test_bad_rows_are_one_line_exit_2(tmp_path, data_dir, row, needle):
   root = tmp_path / "glue"
   (root / "RTE").mkdir(parents=True)
@@ -400,6 +404,7 @@ def test_local_glue_tasks_build(tmp_path, data_dir, task, folder):
   assert batch["weight"].tolist() == [1.0] * config.batch_size
 
 
+@pytest.mark.slow
 def test_stsb_regression_end_to_end(tmp_path, data_dir):
   root = glue_copy(tmp_path, data_dir, "STS-B")
   rows = glue_eval.read_glue_tsv(root / "STS-B/train.tsv", "stsb", "train")
@@ -428,6 +433,7 @@ def test_stsb_regression_end_to_end(tmp_path, data_dir):
   assert scored["spearman"] == pytest.approx(last["spearman"], abs=1e-12)
 
 
+@pytest.mark.slow
 def test_mnli_writes_matched_mismatched_and_ax(tmp_path, data_dir):
   """MNLI (tfds, mocked with RTE sentences): both dev sets scored, all three test files."""
   tfds = pytest.importorskip("tensorflow_datasets")

@@ -6,6 +6,7 @@ import os
 import pathlib
 
 import numpy as np
+
 import pytest
 
 from bertjax import train
@@ -77,6 +78,7 @@ def read_metrics(workdir):
   return [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_ner_end_to_end(tmp_path, data_dir, spm_dir):
   """Train on CoNLL test.txt sentences, evaluate on 301 valid.txt sentences: loss falls, every
   word gets a tag, and `python -m bertjax.evaluate ner` scores the file as the run did."""
@@ -118,6 +120,7 @@ def test_ner_end_to_end(tmp_path, data_dir, spm_dir):
   assert not (workdir / "predictions" / "step_50" / "test_predictions.txt").exists()
 
 
+@pytest.mark.slow
 def test_pos_tagging(tmp_path, data_dir, spm_dir):
   conll = data_dir / "conll2003"
   dev = conll_part(conll / "valid.txt", tmp_path / "dev.txt", 0, 75)
@@ -196,6 +199,7 @@ def test_bad_lines_are_one_line_exit_2(tmp_path, data_dir, edit, needle):
   assert len(errors) == 1 and f"train.txt:{target}:" in errors[0] and needle in errors[0], errors
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_matches_big_batch(spm_dir, data_dir):
   """Rows hold different numbers of labelled words; the whole-batch denominator keeps four
   accumulated micro-batches exactly equal to one big batch."""

@@ -204,6 +204,7 @@ def read_metrics(workdir):
   return [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_squad_v11_end_to_end(tmp_path, data_dir, spm_dir, capsys):
   train_file = subset(data_dir, "1.1", {"Super_Bowl_50"}, tmp_path, "train.json",
                       extra=[_long_answer_article(data_dir)])
@@ -258,6 +259,7 @@ def test_squad_v11_end_to_end(tmp_path, data_dir, spm_dir, capsys):
   assert proc.stderr.count("\n") == 1 and first in proc.stderr and "lack 1 of" in proc.stderr
 
 
+@pytest.mark.slow
 def test_squad_v20_end_to_end(tmp_path, data_dir, spm_dir):
   """v2.0: null odds for every question, "" exactly where they exceed the threshold, the
   threshold tuned on dev reported, and the files scored as the run scored them."""

@@ -9,6 +9,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+
 import pytest
 
 from bertjax import config_lib, inputs, optim, train
@@ -35,6 +36,7 @@ def run_launch(*args, cwd=REPO):
                         capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_launch_writes_workdir(tmp_path):
   r = run_launch("--config", "configs/quickstart.py:runlocal", "--workdir", str(tmp_path),
                  "--config.data.synthetic=True", "--config.total_steps=10", "--config.eval_every=5")
@@ -80,6 +82,7 @@ def _params(workdir):
   return checkpoints.restore_params(workdir)
 
 
+@pytest.mark.slow
 def test_resume_is_exact(tmp_path):
   """A run resumed from its step-3 checkpoint ends where the uninterrupted run ended.
 
@@ -106,6 +109,7 @@ def test_resume_is_exact(tmp_path):
     assert loss == first[step]
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_matches_big_batch():
   config = tiny_config(batch_size=16, **{"optimizer.warmup_steps": 0})
   objective = get_objective(config)
@@ -134,6 +138,7 @@ def test_gradient_accumulation_matches_big_batch():
   assert moved > 1e-4
 
 
+@pytest.mark.slow
 def test_workdir_of_another_model_is_refused(tmp_path):
   train.train_and_evaluate(tiny_config(total_steps=2, eval_every=0), tmp_path)
   before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())

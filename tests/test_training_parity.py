@@ -18,6 +18,7 @@ import sys
 import flax.linen as nn
 import jax
 import numpy as np
+
 import pytest
 
 from bertjax import convert, hf_reference, optim, sharding, train
@@ -39,6 +40,7 @@ def setup(tmp_path_factory):
   return config, objective, batches
 
 
+@pytest.mark.slow
 def test_pretraining_losses_match_transformers(setup):
   config, objective, batches = setup
   if os.environ.get("BERTJAX_XLA_DEFAULTS") == "1":  # the run below: the oneDNN flags on
@@ -76,6 +78,7 @@ def test_pretraining_losses_match_transformers(setup):
   assert ours[-5:].mean() < ours[0] - 0.5, ours
 
 
+@pytest.mark.slow
 def test_same_losses_with_the_opt_in_onednn_matmuls():
   """The suite runs without bertjax's opt-in oneDNN flags (BERTJAX_XLA_DEFAULTS=1): the parity
   above must hold with them too."""
