@@ -8,6 +8,7 @@ and exits with status 2; genuine bugs still surface as tracebacks.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Callable, NoReturn
 
@@ -30,3 +31,10 @@ def run_cli(main: Callable[[], object]) -> None:
   except KeyboardInterrupt:
     print("error: interrupted", file=sys.stderr)
     sys.exit(130)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+  """An ArgumentParser whose usage errors are one-line `UserError`s (exit status 2 via run_cli)."""
+
+  def error(self, message: str):
+    fail(f"{message}; see {self.prog} --help")

@@ -335,8 +335,8 @@ class PreparedCorpus:
             f"tokens={self.meta['num_tokens']})")
 
 
-def _parser() -> tokenizers.ArgumentParser:
-  p = tokenizers.ArgumentParser(prog="python -m bertjax.data.prepare",
+def _parser() -> errors.ArgumentParser:
+  p = errors.ArgumentParser(prog="python -m bertjax.data.prepare",
                                 description="Tokenize a corpus into ArrayRecord shards.")
   src = p.add_argument_group("input (give --input or --tfds)")
   src.add_argument("--input", action="append", help="file or glob; repeat for more")

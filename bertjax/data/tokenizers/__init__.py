@@ -1,0 +1,32 @@
+"""Tokenizers for BERT-family encoders behind one small interface.
+
+Three kinds, each stored as a folder of its native files plus a small `tokenizer_config.json`:
+  sentencepiece  spm.model                 trained here (unigram or BPE) with ids 0..4 reserved for
+                                           [PAD] [UNK] [CLS] [SEP] [MASK]
+  wordpiece      vocab.txt                 BERT checkpoints (cased or uncased)
+  bpe            vocab.json + merges.txt   RoBERTa's byte-level BPE
+
+`load_tokenizer(dir)` detects the kind from the files, so a prepared corpus or a checkpoint
+folder carries everything needed to reproduce its token ids. `encode` never adds special tokens:
+the pretraining and fine-tuning pipelines place [CLS]/[SEP] themselves.
+
+Command line (train a sentencepiece vocabulary):
+  python -m bertjax.data.tokenizers train --input 'corpus/*.txt' --output tok/ \
+      --vocab_size 32000 --model_type unigram [--lowercase]
+
+By concern: `base` (the interface, file names, special tokens), `spm_tokenizer` (sentencepiece,
+loading and training), `vocab_tokenizers` (WordPiece and byte-level BPE from vocabulary files),
+`loading` (`load_tokenizer`), `__main__` (the command line).
+"""
+
+from bertjax.data.tokenizers.base import (BERT_SPECIALS, BPE_MERGES, BPE_VOCAB, CONFIG_FILE, KINDS,
+                                          ROBERTA_SPECIALS, SPM_FILE, SPM_SPECIALS, WORDPIECE_VOCAB,
+                                          Tokenizer)
+from bertjax.data.tokenizers.loading import load_tokenizer
+from bertjax.data.tokenizers.spm_tokenizer import SentencePieceTokenizer, train_sentencepiece
+from bertjax.data.tokenizers.vocab_tokenizers import ByteLevelBPETokenizer, WordPieceTokenizer
+
+__all__ = ["BERT_SPECIALS", "BPE_MERGES", "BPE_VOCAB", "CONFIG_FILE", "KINDS", "ROBERTA_SPECIALS",
+           "SPM_FILE", "SPM_SPECIALS", "WORDPIECE_VOCAB", "ByteLevelBPETokenizer",
+           "SentencePieceTokenizer", "Tokenizer", "WordPieceTokenizer", "load_tokenizer",
+           "train_sentencepiece"]

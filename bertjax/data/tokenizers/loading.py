@@ -1,0 +1,93 @@
+"""`load_tokenizer`: the kind of a tokenizer folder from its files, and the tokenizer."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+
+import sentencepiece as spm
+
+from bertjax import errors
+from bertjax.data.tokenizers.base import (BPE_MERGES, BPE_VOCAB, CONFIG_FILE, KINDS, SPM_FILE,
+                                          Tokenizer, WORDPIECE_VOCAB)
+from bertjax.data.tokenizers.spm_tokenizer import SentencePieceTokenizer
+from bertjax.data.tokenizers.vocab_tokenizers import ByteLevelBPETokenizer, WordPieceTokenizer
+
+_log = logging.getLogger("bertjax.data.tokenizers")  # not __name__: that is __main__ under -m
+
+
+def _read_config(directory: pathlib.Path) -> dict:
+  path = directory / CONFIG_FILE
+  if not path.exists():
+    return {}
+  try:
+    config = json.loads(path.read_text(encoding="utf-8"))
+  except (ValueError, UnicodeDecodeError) as e:
+    errors.fail(f"{path} is not valid JSON ({e}); fix or delete it")
+  if not isinstance(config, dict):
+    errors.fail(f"{path} must hold a JSON object; fix or delete it")
+  return config
+
+
+def _vocab_has_upper(vocab_file: pathlib.Path) -> bool:
+  """Whether a vocab.txt has upper-case tokens other than [SPECIAL] ones (i.e. is cased)."""
+  with open(vocab_file, encoding="utf-8", errors="replace") as f:
+    for line in f:
+      token = line.rstrip("\n")
+      if not (token.startswith("[") and token.endswith("]")) and token != token.lower():
+        return True
+  return False
+
+
+def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
+  """Loads the tokenizer stored in `directory`, detecting its kind from the files.
+
+  spm.model -> sentencepiece; vocab.json + merges.txt -> byte-level BPE; vocab.txt -> WordPiece.
+  tokenizer_config.json (written by `Tokenizer.save`, or a transformers one) may name the kind and
+  gives `do_lower_case`; without it a WordPiece vocabulary is taken as uncased unless it holds
+  upper-case tokens.
+  """
+  directory = pathlib.Path(directory)
+  if not directory.is_dir():
+    errors.fail(f"tokenizer folder {directory} does not exist; pass a folder holding spm.model, "
+                "vocab.txt or vocab.json + merges.txt")
+  config = _read_config(directory)
+  kind = config.get("kind")
+  if kind is None:
+    if (directory / SPM_FILE).exists():
+      kind = "sentencepiece"
+    elif (directory / BPE_VOCAB).exists() and (directory / BPE_MERGES).exists():
+      kind = "bpe"
+    elif (directory / WORDPIECE_VOCAB).exists():
+      kind = "wordpiece"
+    else:
+      errors.fail(f"no tokenizer files in {directory}; expected spm.model, vocab.txt or "
+                  "vocab.json + merges.txt")
+  if kind not in KINDS:
+    errors.fail(f"{directory / CONFIG_FILE} names unknown kind {kind!r}; use one of {KINDS}")
+  needed = {"sentencepiece": [SPM_FILE], "wordpiece": [WORDPIECE_VOCAB],
+            "bpe": [BPE_VOCAB, BPE_MERGES]}[kind]
+  for name in needed:
+    if not (directory / name).exists():
+      errors.fail(f"{directory} is a {kind} tokenizer but lacks {name}; copy the file there")
+
+  if kind == "sentencepiece":
+    proto = (directory / SPM_FILE).read_bytes()
+    try:
+      spm.SentencePieceProcessor(model_proto=proto)
+    except RuntimeError as e:
+      errors.fail(f"{directory / SPM_FILE} is not a sentencepiece model ({e}); re-train it")
+    return SentencePieceTokenizer(proto, lowercase=bool(config.get("do_lower_case", False)))
+  if kind == "bpe":
+    return ByteLevelBPETokenizer(directory / BPE_VOCAB, directory / BPE_MERGES,
+                                 add_prefix_space=bool(config.get("add_prefix_space", False)))
+  vocab = directory / WORDPIECE_VOCAB
+  if "do_lower_case" in config:
+    lowercase = bool(config["do_lower_case"])
+  else:
+    lowercase = not _vocab_has_upper(vocab)
+    _log.info("%s has no do_lower_case setting; taking the vocabulary as %s", directory,
+                 "uncased" if lowercase else "cased")
+  return WordPieceTokenizer(vocab, lowercase=lowercase, strip_accents=config.get("strip_accents"))
