@@ -163,26 +163,21 @@ def build_config(args):
 def bench_jax(config, steps: int, profile_dir: str | None = None) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  from bertjax import inputs, optim, sharding, train  # pylint: disable=g-import-not-at-top
+  from bertjax import inputs, sharding, train  # pylint: disable=g-import-not-at-top
   from bertjax.registry import get_objective  # pylint: disable=g-import-not-at-top
 
+  # The trainer's own setup: the same model, optimizer, shardings and jitted step a run trains.
   objective = get_objective(config)
   cfg = objective.model_config(config)
-  model = objective.make_model(cfg)
-  optimizer = optim.make_optimizer(config, num_layers=cfg.num_hidden_layers)
   mesh = sharding.make_mesh(config.mesh_shape)
-  rules = sharding.rules_from_config(config)
-  state, shardings, _ = train.create_train_state(
-      objective, model, optimizer, config, mesh,
-      objective.init_batch(1, config.max_seq_length, config.max_predictions_per_seq))
-  n_params = sum(x.size for x in jax.tree.leaves(state.params))
+  run = train.setup(config, objective, cfg, mesh)
+  state, mesh, rules, n_params = run.state, run.mesh, run.rules, run.num_params
+  run.state = None  # the step donates it
   data = objective.build_inputs(config, None) if not config.data.synthetic else None
   batches = (data.train if data else
              inputs.SyntheticBatches(config, cfg.vocab_size, config.seed, config.batch_size))
   host_batches = [next(batches) for _ in range(max(1, min(steps, 4)))]
-  step_fn = jax.jit(train.make_train_step(objective, model, optimizer, config.grad_accum_steps),
-                    in_shardings=(shardings, sharding.batch_sharding(mesh)),
-                    out_shardings=(shardings, sharding.replicated(mesh)), donate_argnums=(0,))
+  step_fn = run.train_step
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     batch0 = sharding.shard_batch(host_batches[0], mesh)
     t = time.perf_counter()

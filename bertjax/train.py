@@ -260,12 +260,25 @@ def load_init_from(state: TrainState, path: str, shardings: TrainState) -> tuple
   return state.replace(params=params), report
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
-  """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns a summary."""
-  workdir = pathlib.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
-  objective = get_objective(config)
-  mesh = sharding.make_mesh(config.mesh_shape)
+@dataclasses.dataclass
+class Setup:
+  """Everything a run trains with, built the same way by the trainer and the benchmark."""
+  objective: Any
+  model_config: ModelConfig
+  model: nn.Module
+  optimizer: optax.GradientTransformation
+  mesh: Any
+  rules: Any
+  state: TrainState
+  state_shardings: TrainState
+  abstract_state: TrainState
+  train_step: Callable     # jitted (state, sharded batch) -> (state, metrics); donates the state
+  eval_step: Callable      # jitted (params, sharded batch) -> metric sums
+  num_params: int
+
+
+def accumulation_steps(config, mesh) -> int:
+  """`grad_accum_steps`, checked against the batch, the data-parallel size and the processes."""
   dp = sharding.data_parallel_size(mesh)
   accum = int(config.grad_accum_steps)
   if accum < 1 or config.batch_size % (dp * accum):
@@ -274,12 +287,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   if config.batch_size % jax.process_count():
     fail(f"batch_size={config.batch_size} must be divisible by the process count "
          f"{jax.process_count()}")
+  return accum
 
-  data = objective.build_inputs(config, workdir)
-  model_cfg = objective.model_config(config)
-  if data.vocab_size > model_cfg.vocab_size:
-    fail(f"the tokenizer has {data.vocab_size} tokens but model.vocab_size is "
-         f"{model_cfg.vocab_size}; set --config.model.vocab_size={data.vocab_size}")
+
+def setup(config, objective, model_cfg: ModelConfig, mesh) -> Setup:
+  """The model, optimizer, sharded train state and jitted steps of `objective` under `config`."""
+  accum = accumulation_steps(config, mesh)
   model = objective.make_model(model_cfg)
   init_batch = objective.init_batch(1, config.max_seq_length, config.max_predictions_per_seq)
   # The optimizer sees the parameter tree (shapes only) for per-layer learning-rate scales.
@@ -289,104 +302,151 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
                                    num_layers=model_cfg.num_hidden_layers)
   state, state_shardings, abstract_state = create_train_state(
       objective, model, optimizer, config, mesh, init_batch)
-  n_params = sum(x.size for x in jax.tree.leaves(state.params))
-  logging.info("model: %s parameters", f"{n_params:,}")
+  batch_shard = sharding.batch_sharding(mesh)
+  metric_shard = sharding.replicated(mesh)
+  train_step = jax.jit(make_train_step(objective, model, optimizer, accum),
+                       in_shardings=(state_shardings, batch_shard),
+                       out_shardings=(state_shardings, metric_shard), donate_argnums=(0,))
+  eval_step = jax.jit(make_eval_step(objective, model),
+                      in_shardings=(state_shardings.params, batch_shard), out_shardings=metric_shard)
+  return Setup(objective=objective, model_config=model_cfg, model=model, optimizer=optimizer,
+               mesh=mesh, rules=sharding.rules_from_config(config), state=state,
+               state_shardings=state_shardings, abstract_state=abstract_state,
+               train_step=train_step, eval_step=eval_step,
+               num_params=sum(x.size for x in jax.tree.leaves(state.params)))
+
+
+def _write_run_files(config, workdir: pathlib.Path, model_cfg: ModelConfig, data) -> None:
+  """config.json with the model actually trained (fine-tuning takes init_from's architecture, so
+  this workdir can itself be an init_from or a teacher), and the tokenizer."""
+  resolved = config.to_dict()
+  resolved["model"] = model_cfg.to_dict()
+  (workdir / "config.json").write_text(json.dumps(resolved, indent=2, sort_keys=True, default=str))
+  if data.tokenizer is not None and jax.process_index() == 0 and not (workdir / "tokenizer").exists():
+    data.tokenizer.save(workdir / "tokenizer")
+
+
+@dataclasses.dataclass
+class _Progress:
+  """The loop's record: metric sums of the current logging window and the run's first and last
+  metrics."""
+  sums: Any = None
+  tokens: int = 0
+  timed_steps: int = 0
+  t_log: float = dataclasses.field(default_factory=time.time)
+  compiling: bool = True
+  first: dict | None = None
+  last: dict | None = None
+  last_eval: dict | None = None
+
+  def add(self, batch, metrics) -> None:
+    self.sums = add_metrics(self.sums, metrics)
+    if self.compiling:
+      # Throughput windows start after the first step, so compilation is not counted in them.
+      jax.block_until_ready(metrics)
+      self.compiling, self.t_log = False, time.time()
+    else:
+      self.tokens += int(np.sum(batch["attention_mask"])) * jax.process_count()
+      self.timed_steps += 1
+
+  def log(self, writer: MetricWriter, step: int, metrics) -> None:
+    logged = summarize(self.sums)
+    # learning_rate and grad_norm were summed over the window: report the last step's values.
+    for k in ("learning_rate", "grad_norm"):
+      logged[k] = float(jax.device_get(metrics[k][0]))
+    elapsed = time.time() - self.t_log
+    if self.timed_steps and elapsed > 0:
+      logged["tokens_per_s"] = self.tokens / elapsed
+      logged["steps_per_s"] = self.timed_steps / elapsed
+    writer.write(step, "train", logged)
+    self.first = self.first or logged
+    self.last = logged
+    self.sums, self.tokens, self.timed_steps, self.t_log = None, 0, 0, time.time()
+
+
+def _train_loop(config, s: Setup, state: TrainState, data, ckpt, writer: MetricWriter,
+                run_eval: Callable, progress: _Progress) -> tuple[TrainState, int, str]:
+  """Steps until total_steps or SIGTERM: logging, evaluation and checkpoints on their cadence.
+  Returns the state, the step reached and why the loop ended."""
+  step = int(jax.device_get(state.step))
+  stop_reason = "finished"
+  batches = prefetch.DevicePrefetch(data.train, lambda b: sharding.shard_batch(b, s.mesh),
+                                    config.get("prefetch_batches", 2))
+  with _Preemption() as preemption:
+    while step < config.total_steps:
+      batch, device_batch = next(batches)
+      with jax.set_mesh(s.mesh), nn.logical_axis_rules(s.rules):
+        state, metrics = s.train_step(state, device_batch)
+      step += 1
+      progress.add(batch, metrics)
+      if step % config.log_every == 0 or step == config.total_steps:
+        progress.log(writer, step, metrics)
+      if config.eval_every and step % config.eval_every == 0:
+        t_eval = time.time()
+        progress.last_eval = run_eval(step, state) or progress.last_eval
+        progress.t_log += time.time() - t_eval  # evaluation time is not training time
+      if step % config.checkpoint_every == 0 or step == config.total_steps:
+        ckpt.save(step, state, batches.get_state(), force=True)
+      if preemption.requested:
+        ckpt.save(step, state, batches.get_state(), force=True)
+        stop_reason = "preempted (SIGTERM): checkpoint saved"
+        break
+  return state, step, stop_reason
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
+  """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns a summary."""
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  objective = get_objective(config)
+  mesh = sharding.make_mesh(config.mesh_shape)
+  accumulation_steps(config, mesh)
+  data = objective.build_inputs(config, workdir)
+  model_cfg = objective.model_config(config)
+  if data.vocab_size > model_cfg.vocab_size:
+    fail(f"the tokenizer has {data.vocab_size} tokens but model.vocab_size is "
+         f"{model_cfg.vocab_size}; set --config.model.vocab_size={data.vocab_size}")
+  s = setup(config, objective, model_cfg, mesh)
+  state, s.state = s.state, None  # one reference: a restored state replaces it
+  logging.info("model: %s parameters", f"{s.num_params:,}")
 
   ckpt = checkpoints.Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints,
                                   async_save=config.async_checkpointing)
   try:
-    restored = ckpt.restore_latest(_abstract_with_shardings(abstract_state, state_shardings))
+    restored = ckpt.restore_latest(_abstract_with_shardings(s.abstract_state, s.state_shardings))
     if restored is not None:
       step0, state, data_state = restored
       data.train.set_state(data_state)
       logging.info("resumed from the checkpoint at step %d in %s", step0, ckpt.directory)
     elif config.init_from:
-      state, report = load_init_from(state, config.init_from, state_shardings)
+      state, report = load_init_from(state, config.init_from, s.state_shardings)
       logging.info(report)
       print(report, flush=True)
-    # The model actually trained (fine-tuning takes init_from's architecture), so this workdir can
-    # itself be used as init_from or a teacher.
-    resolved = config.to_dict()
-    resolved["model"] = model_cfg.to_dict()
-    (workdir / "config.json").write_text(json.dumps(resolved, indent=2, sort_keys=True, default=str))
-    if data.tokenizer is not None and jax.process_index() == 0 and not (workdir / "tokenizer").exists():
-      data.tokenizer.save(workdir / "tokenizer")
-
-    rules = sharding.rules_from_config(config)
-    batch_shard = sharding.batch_sharding(mesh)
-    metric_shard = sharding.replicated(mesh)
-    train_step = jax.jit(make_train_step(objective, model, optimizer, accum),
-                         in_shardings=(state_shardings, batch_shard),
-                         out_shardings=(state_shardings, metric_shard), donate_argnums=(0,))
-    eval_step = jax.jit(make_eval_step(objective, model),
-                        in_shardings=(state_shardings.params, batch_shard), out_shardings=metric_shard)
-
+    _write_run_files(config, workdir, model_cfg, data)
     writer = MetricWriter(workdir, config.total_steps, tensorboard=config.tensorboard)
-    step = int(jax.device_get(state.step))
-    first_metrics, last_metrics, last_eval = None, None, None
-    sums, tokens, timed_steps, t_log, compiling = None, 0, 0, time.time(), True
-    stop_reason = "finished"
-
     best = BestKeeper(workdir, config.get("best_metric", ""), config.get("best_mode", "max"))
 
-    def run_eval(step):
-      context = EvalContext(mesh=mesh, rules=rules, workdir=workdir, step=step, eval_step=eval_step,
-                            batches=data.eval_batches)
+    def run_eval(step, state):
+      context = EvalContext(mesh=mesh, rules=s.rules, workdir=workdir, step=step,
+                            eval_step=s.eval_step, batches=data.eval_batches)
       metrics = objective.evaluate(state.params, context)
       if metrics:
         writer.write(step, "eval", metrics)
         best.update(step, metrics, state.params)
       return metrics
 
-    batches = prefetch.DevicePrefetch(data.train, lambda b: sharding.shard_batch(b, mesh),
-                                      config.get("prefetch_batches", 2))
-    with _Preemption() as preemption:
-      while step < config.total_steps:
-        batch, device_batch = next(batches)
-        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-          state, metrics = train_step(state, device_batch)
-        step += 1
-        sums = add_metrics(sums, metrics)
-        if compiling:
-          # Throughput windows start after the first step, so compilation is not counted in them.
-          jax.block_until_ready(metrics)
-          compiling, t_log = False, time.time()
-        else:
-          tokens += int(np.sum(batch["attention_mask"])) * jax.process_count()
-          timed_steps += 1
-        if step % config.log_every == 0 or step == config.total_steps:
-          logged = summarize(sums)
-          # learning_rate and grad_norm were summed over the window: report the last step's values.
-          for k in ("learning_rate", "grad_norm"):
-            logged[k] = float(jax.device_get(metrics[k][0]))
-          elapsed = time.time() - t_log
-          if timed_steps and elapsed > 0:
-            logged["tokens_per_s"] = tokens / elapsed
-            logged["steps_per_s"] = timed_steps / elapsed
-          writer.write(step, "train", logged)
-          first_metrics = first_metrics or logged
-          last_metrics = logged
-          sums, tokens, timed_steps, t_log = None, 0, 0, time.time()
-        if config.eval_every and step % config.eval_every == 0:
-          t_eval = time.time()
-          last_eval = run_eval(step) or last_eval
-          t_log += time.time() - t_eval  # evaluation time is not training time
-        if step % config.checkpoint_every == 0 or step == config.total_steps:
-          ckpt.save(step, state, batches.get_state(), force=True)
-        if preemption.requested:
-          ckpt.save(step, state, batches.get_state(), force=True)
-          stop_reason = "preempted (SIGTERM): checkpoint saved"
-          break
-    if config.eval_every and step == config.total_steps and (last_eval is None or
+    progress = _Progress()
+    state, step, stop_reason = _train_loop(config, s, state, data, ckpt, writer, run_eval, progress)
+    if config.eval_every and step == config.total_steps and (progress.last_eval is None or
                                                              step % config.eval_every):
-      last_eval = run_eval(step) or last_eval
+      progress.last_eval = run_eval(step, state) or progress.last_eval
   finally:
     # Also on errors: orbax's background threads must finish before the process exits.
     ckpt.close()
   writer.close()
   summary = {"workdir": str(workdir), "step": step, "status": stop_reason,
              "checkpoint": str(ckpt.directory / str(ckpt.latest_step())) if ckpt.latest_step() else None,
-             "first_train": first_metrics, "last_train": last_metrics, "last_eval": last_eval,
-             "num_params": int(n_params)}
+             "first_train": progress.first, "last_train": progress.last,
+             "last_eval": progress.last_eval, "num_params": int(s.num_params)}
   (workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
   return summary
