@@ -170,18 +170,16 @@ def bench_jax(config, steps: int, profile_dir: str | None = None) -> dict:
   objective = get_objective(config)
   cfg = objective.model_config(config)
   mesh = sharding.make_mesh(config.mesh_shape)
-  run = train.setup(config, objective, cfg, mesh)
-  state, mesh, rules, n_params = run.state, run.mesh, run.rules, run.num_params
-  run.state = None  # the step donates it
+  run, state = train.setup(config, objective, cfg, mesh)
+  n_params = run.num_params
   data = objective.build_inputs(config, None) if not config.data.synthetic else None
   batches = (data.train if data else
              inputs.SyntheticBatches(config, cfg.vocab_size, config.seed, config.batch_size))
   host_batches = [next(batches) for _ in range(max(1, min(steps, 4)))]
-  step_fn = run.train_step
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+  with jax.set_mesh(mesh), nn.logical_axis_rules(run.rules):
     batch0 = sharding.shard_batch(host_batches[0], mesh)
     t = time.perf_counter()
-    compiled = step_fn.lower(state, batch0).compile()
+    compiled = run.train_step.lower(state, batch0).compile()
     compile_s = time.perf_counter() - t
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -190,15 +188,20 @@ def bench_jax(config, steps: int, profile_dir: str | None = None) -> dict:
     # process's peak memory also holds the runtime and varies by tens of MB between runs.
     memory = compiled.memory_analysis()
     xla_temp = int(memory.temp_size_in_bytes) if memory is not None else None
+    tokens = config.batch_size * config.max_seq_length
+    device = jax.devices()[0]
+    plan = {  # what the compiled step is, before anything runs
+        "framework": "bertjax", "device": getattr(device, "device_kind", device.platform),
+        "num_devices": jax.device_count(), "objective": config.objective,
+        "batch_size": config.batch_size, "seq_len": config.max_seq_length,
+        "num_predictions": config.max_predictions_per_seq, "dtype": cfg.dtype,
+        "remat": cfg.remat and cfg.remat_policy, "num_params": int(n_params),
+        "compile_time_s": compile_s, "xla_temp_bytes": xla_temp,
+        "xla_argument_bytes": int(memory.argument_size_in_bytes) if memory is not None else None,
+        "xla_flops_per_token": xla_flops / tokens if xla_flops else None,
+        "jax_version": jax.__version__}
     if steps == 0:  # the compiled step's plan only: nothing runs
-      return {"framework": "bertjax", "device": getattr(jax.devices()[0], "device_kind", "cpu"),
-              "objective": config.objective, "batch_size": config.batch_size,
-              "seq_len": config.max_seq_length, "dtype": cfg.dtype,
-              "remat": cfg.remat and cfg.remat_policy, "num_params": int(n_params),
-              "compile_time_s": compile_s, "xla_temp_bytes": xla_temp,
-              "xla_argument_bytes": int(memory.argument_size_in_bytes) if memory else None,
-              "xla_flops_per_token": xla_flops / (config.batch_size * config.max_seq_length),
-              "jax_version": jax.__version__}
+      return plan
     device_batches = [sharding.shard_batch(b, mesh) for b in host_batches]
     state, m = compiled(state, device_batches[0])  # warm-up
     jax.block_until_ready(m)
@@ -213,8 +216,6 @@ def bench_jax(config, steps: int, profile_dir: str | None = None) -> dict:
       profile = profile_steps(compiled, state, device_batches, profile_dir)
       state = profile.pop("state")
   step_s = statistics.median(times)
-  tokens = config.batch_size * config.max_seq_length
-  device = jax.devices()[0]
   flops = model_flops_per_token(cfg, config.max_seq_length, config.max_predictions_per_seq,
                                 pair_head=getattr(objective, "pair_head", False),
                                 last_layer_rows=last_layer_rows(cfg, config))
@@ -225,20 +226,13 @@ def bench_jax(config, steps: int, profile_dir: str | None = None) -> dict:
   peak_total = peak * jax.device_count() if peak else None
   tps = tokens / step_s
   return {
-      "framework": "bertjax", "device": getattr(device, "device_kind", device.platform),
-      "num_devices": jax.device_count(), "objective": config.objective,
-      "batch_size": config.batch_size, "seq_len": config.max_seq_length,
-      "num_predictions": config.max_predictions_per_seq, "dtype": cfg.dtype, "remat": cfg.remat and cfg.remat_policy,
-      "num_params": int(n_params), "tokens_per_s": tps, "step_time_s": step_s,
-      "step_time_min_s": min(times), "compile_time_s": compile_s,
-      "peak_memory_bytes": peak_memory_bytes(device), "xla_temp_bytes": xla_temp,
+      **plan, "tokens_per_s": tps, "step_time_s": step_s, "step_time_min_s": min(times),
+      "peak_memory_bytes": peak_memory_bytes(device),
       "model_flops_per_token": flops["total"], "flops_breakdown": flops,
       "hardware_flops_per_token": hw_per_token,
-      "xla_flops_per_token": xla_flops / tokens if xla_flops else None,
       "peak_flops": peak_total, "peak_source": peak_source,
       "mfu": tps * flops["total"] / peak_total if peak_total else None,
       "hfu": tps * hw_per_token / peak_total if peak_total else None,
-      "jax_version": jax.__version__,
       **({"profile": profile} if profile else {}),
   }
 
@@ -464,7 +458,8 @@ def main(argv=None) -> dict:
     result["reference"] = ref
     result["speedup_vs_reference"] = result["tokens_per_s"] / ref["tokens_per_s"]
     result["memory_ratio_vs_reference"] = result["peak_memory_bytes"] / ref["peak_memory_bytes"]
-    print(f"{ref['framework']}: {ref['tokens_per_s']:.0f} tokens/s, step {ref['step_time_s'] * 1e3:.1f} ms, "
+    print(f"{ref['framework']}: {ref['tokens_per_s']:.0f} tokens/s, "
+          f"step {ref['step_time_s'] * 1e3:.1f} ms, "
           f"peak memory {ref['peak_memory_bytes'] / 2**20:.0f} MiB -> speedup "
           f"{result['speedup_vs_reference']:.2f}x")
   print(json.dumps(result))

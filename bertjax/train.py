@@ -262,14 +262,9 @@ def load_init_from(state: TrainState, path: str, shardings: TrainState) -> tuple
 
 @dataclasses.dataclass
 class Setup:
-  """Everything a run trains with, built the same way by the trainer and the benchmark."""
-  objective: Any
-  model_config: ModelConfig
-  model: nn.Module
-  optimizer: optax.GradientTransformation
+  """How a run trains, built the same way by the trainer and the benchmark."""
   mesh: Any
   rules: Any
-  state: TrainState
   state_shardings: TrainState
   abstract_state: TrainState
   train_step: Callable     # jitted (state, sharded batch) -> (state, metrics); donates the state
@@ -290,8 +285,9 @@ def accumulation_steps(config, mesh) -> int:
   return accum
 
 
-def setup(config, objective, model_cfg: ModelConfig, mesh) -> Setup:
-  """The model, optimizer, sharded train state and jitted steps of `objective` under `config`."""
+def setup(config, objective, model_cfg: ModelConfig, mesh) -> tuple[Setup, TrainState]:
+  """The jitted steps of `objective` under `config` (model, optimizer, shardings) and its freshly
+  initialized, sharded train state."""
   accum = accumulation_steps(config, mesh)
   model = objective.make_model(model_cfg)
   init_batch = objective.init_batch(1, config.max_seq_length, config.max_predictions_per_seq)
@@ -309,11 +305,10 @@ def setup(config, objective, model_cfg: ModelConfig, mesh) -> Setup:
                        out_shardings=(state_shardings, metric_shard), donate_argnums=(0,))
   eval_step = jax.jit(make_eval_step(objective, model),
                       in_shardings=(state_shardings.params, batch_shard), out_shardings=metric_shard)
-  return Setup(objective=objective, model_config=model_cfg, model=model, optimizer=optimizer,
-               mesh=mesh, rules=sharding.rules_from_config(config), state=state,
-               state_shardings=state_shardings, abstract_state=abstract_state,
-               train_step=train_step, eval_step=eval_step,
-               num_params=sum(x.size for x in jax.tree.leaves(state.params)))
+  run = Setup(mesh=mesh, rules=sharding.rules_from_config(config), state_shardings=state_shardings,
+              abstract_state=abstract_state, train_step=train_step, eval_step=eval_step,
+              num_params=sum(x.size for x in jax.tree.leaves(state.params)))
+  return run, state
 
 
 def _write_run_files(config, workdir: pathlib.Path, model_cfg: ModelConfig, data) -> None:
@@ -400,14 +395,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   workdir.mkdir(parents=True, exist_ok=True)
   objective = get_objective(config)
   mesh = sharding.make_mesh(config.mesh_shape)
-  accumulation_steps(config, mesh)
+  accumulation_steps(config, mesh)  # before any input is prepared (setup checks it again)
   data = objective.build_inputs(config, workdir)
   model_cfg = objective.model_config(config)
   if data.vocab_size > model_cfg.vocab_size:
     fail(f"the tokenizer has {data.vocab_size} tokens but model.vocab_size is "
          f"{model_cfg.vocab_size}; set --config.model.vocab_size={data.vocab_size}")
-  s = setup(config, objective, model_cfg, mesh)
-  state, s.state = s.state, None  # one reference: a restored state replaces it
+  s, state = setup(config, objective, model_cfg, mesh)
   logging.info("model: %s parameters", f"{s.num_params:,}")
 
   ckpt = checkpoints.Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints,

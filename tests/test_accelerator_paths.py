@@ -18,7 +18,7 @@ import numpy as np
 
 import pytest
 
-from bertjax import optim, sharding, train
+from bertjax import inputs, sharding, train
 from bertjax.errors import UserError
 from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
@@ -55,23 +55,16 @@ def step_setup(spec: str, **settings):
   config = load_config(spec, **{**TINY, **settings})
   objective = get_objective(config)
   cfg = objective.model_config(config)
-  model = objective.make_model(cfg)
-  optimizer = optim.make_optimizer(config, num_layers=cfg.num_hidden_layers)
   mesh = sharding.make_mesh(config.mesh_shape)
-  state, _, _ = train.create_train_state(
-      objective, model, optimizer, config, mesh,
-      objective.init_batch(1, config.max_seq_length, config.max_predictions_per_seq))
-  step = jax.jit(train.make_train_step(objective, model, optimizer, config.grad_accum_steps))
-  return config, objective, model, state, step, mesh
+  run, state = train.setup(config, objective, cfg, mesh)  # the trainer's own step
+  return config, cfg, state, run
 
 
 def lowered_step_text(spec: str, **settings) -> str:
-  from bertjax import inputs
-  config, objective, model, state, step, mesh = step_setup(spec, **settings)
-  batch = next(inputs.SyntheticBatches(config, model.config.vocab_size if hasattr(model, "config")
-                                       else config.model.vocab_size, 0, config.batch_size))
-  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.rules_from_config(config)):
-    return step.lower(state, batch).as_text()
+  config, cfg, state, run = step_setup(spec, **settings)
+  batch = next(inputs.SyntheticBatches(config, cfg.vocab_size, 0, config.batch_size))
+  with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
+    return run.train_step.lower(state, batch).as_text()
 
 
 def test_scatter_check_sees_a_bf16_embedding_gradient():
@@ -99,20 +92,19 @@ def test_bf16_steps_track_the_float32_loss_curve():
   """20 steps on 4 repeated batches (the loss falls, so the curves have a shape to follow):
   bf16 compute with float32 parameters, optimizer state and loss stays within 1% of float32 at
   every step (measured: 0.2% at most, loss 8.99 -> 6.31)."""
-  from bertjax import inputs
   losses = {}
   for dtype in ("float32", "bfloat16"):
-    config, objective, model, state, step, mesh = step_setup(
+    config, cfg, state, run = step_setup(
         "configs/quickstart.py", **{"model.dtype": dtype, "learning_rate": 5e-3,
                                     "optimizer.warmup_steps": 0})
-    source = inputs.SyntheticBatches(config, config.model.vocab_size, 0, config.batch_size)
+    source = inputs.SyntheticBatches(config, cfg.vocab_size, 0, config.batch_size)
     batches = [next(source) for _ in range(4)]
     curve = []
-    with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.rules_from_config(config)):
+    with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
       for k in range(20):
-        state, metrics = step(state, batches[k % 4])
-        curve.append(float(metrics["loss"][0] / metrics["loss"][1])
-                     if isinstance(metrics["loss"], tuple) else float(metrics["loss"]))
+        state, metrics = run.train_step(state, batches[k % 4])
+        total, count = metrics["loss"]
+        curve.append(float(total / count))
     assert all(jax.tree.leaves(jax.tree.map(lambda p: p.dtype == jnp.float32, state.params)))
     losses[dtype] = np.array(curve)
   f32, bf16 = losses["float32"], losses["bfloat16"]
@@ -208,14 +200,15 @@ def test_gathered_queries_give_the_explicit_results():
 
 def test_implementation_follows_platform_dtype_and_head_size():
   gpu = ModelConfig(kernels="gpu")
-  pick = lambda cfg, head, dtype, backend="gpu": attention_implementation(cfg, head, dtype, backend)
+  pick = lambda cfg, head, dtype, cudnn=True: attention_implementation(cfg, head, dtype, cudnn)
   assert pick(gpu, 64, jnp.bfloat16) == "cudnn"
   assert pick(gpu, 64, jnp.float16) == "cudnn"
   assert pick(gpu, 64, jnp.float32) == "xla"    # cuDNN takes half precision
   assert pick(gpu, 12, jnp.bfloat16) == "xla"   # head size not a multiple of 8
-  assert pick(gpu, 64, jnp.bfloat16, "cpu") == "xla"  # the GPU set run elsewhere (these tests)
+  assert pick(gpu, 64, jnp.bfloat16, False) == "xla"  # the GPU set where cuDNN does not run
+  assert attention_implementation(gpu, 64, jnp.bfloat16) == "xla"  # here: a CPU
   assert pick(ModelConfig(kernels="cpu"), 64, jnp.bfloat16) == "xla"
-  assert pick(ModelConfig(kernels="tpu"), 64, jnp.bfloat16, "tpu") == "xla"
+  assert pick(ModelConfig(kernels="tpu"), 64, jnp.bfloat16) == "xla"
   assert kernels.for_model(ModelConfig()) == kernels.for_platform(jax.default_backend())
   assert kernels.for_platform("cuda") == kernels.GPU
 
@@ -332,5 +325,5 @@ def test_one_row_token_type_table_serves_every_id():
 def test_cudnn_needs_even_lengths_with_a_per_query_mask():
   gpu = ModelConfig(kernels="gpu")
   pick = lambda q_len, per_query: attention_implementation(
-      gpu, 64, jnp.bfloat16, "gpu", per_query_mask=per_query, q_len=q_len, k_len=128)
+      gpu, 64, jnp.bfloat16, True, per_query_mask=per_query, q_len=q_len, k_len=128)
   assert pick(61, True) == "xla" and pick(62, True) == "cudnn" and pick(61, False) == "cudnn"

@@ -84,12 +84,10 @@ def explicit_attention(q: Array, k: Array, v: Array, keys: Array, dropout: Calla
   return jnp.einsum("bhqk,bkhd->bqhd", probs, v), raw_scores
 
 
-def cudnn_available(backend: str | None = None) -> bool:
+def cudnn_available() -> bool:
   """cuDNN's flash attention runs here: an NVIDIA GPU of compute capability 8.0 or newer."""
-  if (backend or jax.default_backend()) not in ("gpu", "cuda"):
+  if jax.default_backend() not in ("gpu", "cuda"):
     return False
-  if backend is not None:  # asked about a backend other than the one running (tests)
-    return True
   capability = getattr(jax.devices()[0], "compute_capability", None)
   try:
     return capability is not None and float(capability) >= 8.0
@@ -97,15 +95,17 @@ def cudnn_available(backend: str | None = None) -> bool:
     return False
 
 
-def attention_implementation(cfg: ModelConfig, head_dim: int, dtype, backend: str | None = None,
+def attention_implementation(cfg: ModelConfig, head_dim: int, dtype, cudnn: bool | None = None,
                              per_query_mask: bool = False, q_len: int = 2, k_len: int = 2) -> str:
   """The fused implementation for this model: cuDNN where the platform's kernels ask for it and
-  it applies (an NVIDIA GPU of compute capability >= 8.0, half precision, head size a multiple of
-  8 up to 128; a per-query mask, which cuDNN takes as a bias, needs even query and key lengths
-  in training), else XLA's."""
+  it applies (it runs here, `cudnn`, by default `cudnn_available()`; half precision, head size a
+  multiple of 8 up to 128; a per-query mask, which cuDNN takes as a bias, needs even query and key
+  lengths in training), else XLA's."""
   impl = kernels.for_model(cfg).attention
-  if impl == "cudnn" and (not cudnn_available(backend) or head_dim % 8 or head_dim > 128
-                          or jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16)
-                          or (per_query_mask and (q_len % 2 or k_len % 2))):
+  if impl != "cudnn":
+    return impl
+  if (not (cudnn_available() if cudnn is None else cudnn) or head_dim % 8 or head_dim > 128
+      or jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16)
+      or (per_query_mask and (q_len % 2 or k_len % 2))):
     return "xla"
   return impl

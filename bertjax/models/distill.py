@@ -13,6 +13,7 @@ from bertjax.models.encoder import Encoder
 from bertjax.models.heads import ClassificationHead, MLMHead, gather_positions
 from bertjax.models.layers import dense_init
 
+
 class Projection(nn.Module):
   """TinyBERT's W_h: <float>[..., student hidden] -> <float>[..., features] (the teacher's width).
 

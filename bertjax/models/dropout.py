@@ -61,8 +61,7 @@ def dropout(x: jax.Array, key_data: jax.Array, rate: float, impl) -> jax.Array:
   """x with each element dropped with probability `rate` (the mask from the key of
   implementation `impl` whose raw bits are `key_data`), the rest scaled by 1 / (1 - rate).
   Reverse-mode only (custom VJP)."""
-  key = jax.random.wrap_key_data(key_data, impl=impl)
-  return _scale(x, keep_mask(key, x.shape, rate), rate)
+  return _dropout_fwd(x, key_data, rate, impl)[0]
 
 
 def _dropout_fwd(x, key_data, rate, impl):

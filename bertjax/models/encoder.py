@@ -17,11 +17,11 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.errors import fail
+from bertjax.models import kernels
 from bertjax.models.attention import (AttentionMask, attention_implementation, attention_mask_for,
                                       explicit_attention, fused_attention)
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
-from bertjax.models import kernels
 from bertjax.models.embeddings import Embeddings, position_ids_for
 from bertjax.models.layers import _dense, _layer_norm, activation
 

@@ -51,7 +51,6 @@ class Dense(nn.Module):
   names: tuple[str | None, ...]
   num_in: int = 1
   dtype: Any = jnp.float32
-
   flat: bool = True
 
   @nn.compact
