@@ -25,6 +25,7 @@ class Inputs:
   eval_batches: Callable[[], Iterable[dict]]   # a fresh, identical pass over the eval batches
   vocab_size: int
   tokenizer: Any = None
+  num_train_rows: int | None = None            # a finite training set's size (fine-tuning)
 
 
 class DocumentSlice(Sequence):

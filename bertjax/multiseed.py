@@ -76,8 +76,7 @@ def run_seeds(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
   workdir.mkdir(parents=True, exist_ok=True)
   runs: dict[str, dict[str, Any]] = {}
   for seed in seeds:
-    # A fresh copy per seed: tasks fill in derived settings (total_steps from num_epochs) and
-    # every run must start from the same experiment config.
+    # A fresh copy per seed: every run starts from the same experiment config.
     run_config = copy.deepcopy(config)
     run_config.seed = seed
     if "seeds" in run_config:

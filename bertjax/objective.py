@@ -9,6 +9,7 @@ as (numerator, denominator) pairs and summed over micro-batches before dividing.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -16,8 +17,18 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from bertjax import inputs
+from bertjax.models.config import ModelConfig
+
 Batch = Mapping[str, jax.Array]
 Metrics = dict[str, tuple[jax.Array, jax.Array]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """How long a run trains and how often it evaluates (0: never)."""
+  total_steps: int
+  eval_every: int
 
 
 class Objective:
@@ -34,13 +45,18 @@ class Objective:
 
   def model_config(self, config):
     """The encoder's `ModelConfig`: from `config.model` (fine-tuning tasks take init_from's)."""
-    from bertjax.models.config import ModelConfig  # pylint: disable=g-import-not-at-top
     return ModelConfig.from_dict(config.model.to_dict())
 
   def build_inputs(self, config, workdir):
     """The train iterator and eval batches (see `bertjax.inputs.Inputs`)."""
-    from bertjax import inputs  # pylint: disable=g-import-not-at-top
     return inputs.build(config, workdir, self)
+
+  def schedule(self, config, data: inputs.Inputs) -> Schedule:
+    """The run's length and evaluation cadence, decided once the inputs are built and before
+    anything is initialized: the config's own for a pretraining corpus (a stream); fine-tuning
+    tasks derive them from their number of training rows."""
+    del data
+    return Schedule(int(config.total_steps), int(config.eval_every))
 
   def evaluate(self, params, context) -> dict[str, float] | None:
     """Eval metrics at `context.step`: the trainer's metric sums over its eval batches (the

@@ -9,6 +9,7 @@ repeats an uninterrupted one bit for bit.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
@@ -31,6 +32,7 @@ from bertjax import checkpoints, optim, prefetch, sharding
 from bertjax.errors import fail
 from bertjax.metric_writers import MetricWriter
 from bertjax.models.config import ModelConfig
+from bertjax.objective import Schedule
 from bertjax.registry import get_objective
 
 
@@ -137,6 +139,7 @@ class EvalContext:
   rules: Any
   workdir: pathlib.Path
   step: int
+  total_steps: int
   eval_step: Callable      # (params, sharded batch) -> (numerator, denominator) metric sums
   batches: Callable        # () -> iterable of host (numpy) batches
 
@@ -190,24 +193,29 @@ class BestKeeper:
     self.value = value
 
 
-def param_shardings_for(objective, model, config, mesh, init_batch):
+def abstract_params_of(objective, model, init_batch):
+  """The boxed parameter tree (shapes, dtypes, logical axes), traced without allocating."""
+  return jax.eval_shape(lambda r: objective.init_params(model, r, init_batch), jax.random.key(0))
+
+
+def param_shardings_for(objective, model, config, mesh, init_batch, abstract_boxed=None):
   """(abstract boxed params, NamedSharding per param) without allocating anything."""
-  rules = sharding.rules_from_config(config)
-  abstract_boxed = jax.eval_shape(
-      lambda r: objective.init_params(model, jax.random.fold_in(r, 1), init_batch),
-      jax.random.key(config.seed))
-  return abstract_boxed, sharding.logical_shardings(abstract_boxed, mesh, rules)
+  if abstract_boxed is None:
+    abstract_boxed = abstract_params_of(objective, model, init_batch)
+  return abstract_boxed, sharding.logical_shardings(abstract_boxed, mesh,
+                                                    sharding.rules_from_config(config))
 
 
-def create_train_state(objective, model, optimizer, config, mesh, init_batch):
-  """Parameters and optimizer state created already sharded: eval_shape, specs, jitted init."""
+def create_train_state(objective, model, optimizer, config, mesh, init_batch, abstract_boxed=None):
+  """Parameters and optimizer state created already sharded: shapes, specs, one jitted init.
+
+  The model's init is traced once for the shapes (or not at all, given `abstract_boxed`) and
+  once more by the jitted init that allocates them.
+  """
   rules = sharding.rules_from_config(config)
   rng = jax.random.key(config.seed)
-
-  def init_boxed(rng):
-    return objective.init_params(model, jax.random.fold_in(rng, 1), init_batch)
-
-  abstract_boxed, param_shardings = param_shardings_for(objective, model, config, mesh, init_batch)
+  abstract_boxed, param_shardings = param_shardings_for(objective, model, config, mesh, init_batch,
+                                                        abstract_boxed)
   abstract_params = nn.meta.unbox(abstract_boxed)
   abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
   repl = sharding.replicated(mesh)
@@ -215,14 +223,16 @@ def create_train_state(objective, model, optimizer, config, mesh, init_batch):
       optimizer, lambda _, s: s, abstract_opt, param_shardings,
       transform_non_params=lambda _: repl)
   state_shardings = TrainState(step=repl, params=param_shardings, opt_state=opt_shardings, rng=repl)
+  abstract_state = TrainState(
+      step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params, opt_state=abstract_opt,
+      rng=jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))))
 
   def init(rng):
-    params = nn.meta.unbox(init_boxed(rng))
+    params = nn.meta.unbox(objective.init_params(model, jax.random.fold_in(rng, 1), init_batch))
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
                       rng=jax.random.key_data(jax.random.fold_in(rng, 2)))
 
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    abstract_state = jax.eval_shape(init, rng)
     state = jax.jit(init, out_shardings=state_shardings)(rng)
   return state, state_shardings, abstract_state
 
@@ -292,12 +302,11 @@ def setup(config, objective, model_cfg: ModelConfig, mesh) -> tuple[Setup, Train
   model = objective.make_model(model_cfg)
   init_batch = objective.init_batch(1, config.max_seq_length, config.max_predictions_per_seq)
   # The optimizer sees the parameter tree (shapes only) for per-layer learning-rate scales.
-  abstract_params = nn.meta.unbox(jax.eval_shape(
-      lambda r: objective.init_params(model, r, init_batch), jax.random.key(0)))
-  optimizer = optim.make_optimizer(config, params=abstract_params,
+  abstract_boxed = abstract_params_of(objective, model, init_batch)
+  optimizer = optim.make_optimizer(config, params=nn.meta.unbox(abstract_boxed),
                                    num_layers=model_cfg.num_hidden_layers)
   state, state_shardings, abstract_state = create_train_state(
-      objective, model, optimizer, config, mesh, init_batch)
+      objective, model, optimizer, config, mesh, init_batch, abstract_boxed)
   batch_shard = sharding.batch_sharding(mesh)
   metric_shard = sharding.replicated(mesh)
   train_step = jax.jit(make_train_step(objective, model, optimizer, accum),
@@ -309,6 +318,13 @@ def setup(config, objective, model_cfg: ModelConfig, mesh) -> tuple[Setup, Train
               abstract_state=abstract_state, train_step=train_step, eval_step=eval_step,
               num_params=sum(x.size for x in jax.tree.leaves(state.params)))
   return run, state
+
+
+def with_schedule(config: ml_collections.ConfigDict, schedule: Schedule) -> ml_collections.ConfigDict:
+  """A copy of `config` with the objective's schedule (the caller's config stays as it was)."""
+  config = copy.deepcopy(config)
+  config.total_steps, config.eval_every = schedule.total_steps, schedule.eval_every
+  return config
 
 
 def _write_run_files(config, workdir: pathlib.Path, model_cfg: ModelConfig, data) -> None:
@@ -397,6 +413,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   mesh = sharding.make_mesh(config.mesh_shape)
   accumulation_steps(config, mesh)  # before any input is prepared (setup checks it again)
   data = objective.build_inputs(config, workdir)
+  config = with_schedule(config, objective.schedule(config, data))
   model_cfg = objective.model_config(config)
   if data.vocab_size > model_cfg.vocab_size:
     fail(f"the tokenizer has {data.vocab_size} tokens but model.vocab_size is "
@@ -422,7 +439,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
 
     def run_eval(step, state):
       context = EvalContext(mesh=mesh, rules=s.rules, workdir=workdir, step=step,
-                            eval_step=s.eval_step, batches=data.eval_batches)
+                            total_steps=config.total_steps, eval_step=s.eval_step, batches=data.eval_batches)
       metrics = objective.evaluate(state.params, context)
       if metrics:
         writer.write(step, "eval", metrics)

@@ -15,6 +15,7 @@ from bertjax.data import tokenizers
 from bertjax.errors import UserError
 from bertjax.evaluation import glue as glue_eval
 from bertjax.models import classifiers
+from bertjax.objective import Schedule
 from bertjax.registry import get_objective
 from bertjax.tasks import base
 from bertjax.tasks import glue as glue_task
@@ -69,6 +70,10 @@ def test_sst2_end_to_end(tmp_path, data_dir):
                           "learning_rate": 1e-3})
   summary = train.train_and_evaluate(config, workdir)
   assert summary["step"] == 6 * 512 // 16  # total_steps derived from num_epochs at run time
+  # The derivation is recorded in the run's config.json; the caller's config is not rewritten.
+  recorded = json.loads((workdir / "config.json").read_text())
+  assert (recorded["total_steps"], recorded["eval_every"]) == (192, 32)
+  assert (config.total_steps, config.eval_every) == (0, 0)
   rows = read_metrics(workdir)
   losses = [r["loss"] for r in rows if r["split"] == "train"]
   assert losses[0] > 0.6 and losses[-1] < 0.5 * losses[0], losses
@@ -385,9 +390,14 @@ def test_local_glue_tasks_build(tmp_path, data_dir, task, folder):
   dev = glue_eval.read_glue_tsv(data_dir / "glue" / folder / "dev.tsv", task, "dev")
   tok = spm_tokenizer(tmp_path, [r["sentence1"] for r in dev], 400)
   config = glue_config(f"task={task},runlocal", data_dir=str(data_dir / "glue"),
-                       max_train_examples=40, **{"data.tokenizer": str(tok)})
+                       max_train_examples=40, num_epochs=2.5, **{"data.tokenizer": str(tok)})
   objective = get_objective(config)
+  before = config.to_json()
   inputs = objective.build_inputs(config, tmp_path / "w")
+  # The schedule is derived from the rows, explicitly, without writing into the config.
+  assert config.to_json() == before and inputs.num_train_rows == 40
+  steps = -(-100 // config.batch_size)  # ceil(2.5 epochs x 40 rows / batch)
+  assert objective.schedule(config, inputs) == Schedule(steps, min(-(-40 // config.batch_size), steps))
   [dev_set] = objective.eval_sets
   assert dev_set.num_rows == len(dev) and objective.test_sets == []
   labels = dev_set.meta["labels"]

@@ -300,7 +300,8 @@ def test_squad_v20_end_to_end(tmp_path, data_dir, spm_dir):
   objective.make_model(objective.model_config(config2))
   mesh = sharding.make_mesh(config2.mesh_shape)
   context = train.EvalContext(mesh=mesh, rules=sharding.rules_from_config(config2),
-                              workdir=tmp_path / "again", step=7, eval_step=None, batches=None)
+                              workdir=tmp_path / "again", step=7, total_steps=config2.total_steps,
+                              eval_step=None, batches=None)
   metrics = objective.evaluate(checkpoints.restore_params(workdir), context)
   again = tmp_path / "again" / "predictions" / "step_7"
   odds2 = json.loads((again / "null_odds.json").read_text())

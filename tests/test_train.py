@@ -12,7 +12,7 @@ import numpy as np
 
 import pytest
 
-from bertjax import config_lib, inputs, optim, train
+from bertjax import config_lib, inputs, optim, sharding, train
 from bertjax.registry import get_objective
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -118,7 +118,6 @@ def test_gradient_accumulation_matches_big_batch():
   batch = next(inputs.SyntheticBatches(config, 200, 0, 16))
   # Unequal masked counts per row, so normalizing per micro-batch would be visibly wrong.
   batch["masked_weights"][::3, 2:] = 0.0
-  from bertjax import sharding
   mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
   state, _, _ = train.create_train_state(objective, model, optimizer, config, mesh,
                                          objective.init_batch(1, 16, 4))
@@ -148,3 +147,23 @@ def test_workdir_of_another_model_is_refused(tmp_path):
   assert r.returncode == 2 and "Traceback" not in r.stderr
   assert "different model" in r.stderr
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
+
+
+def test_setup_traces_the_model_init_twice_and_matches_its_abstract_state():
+  """One trace for the shapes (shared by the optimizer and the shardings), one by the jitted
+  init: the abstract state setup reports is the state it creates."""
+  config = tiny_config()
+  objective = get_objective(config)
+  calls = []
+  original = objective.init_params
+
+  def counting(model, rng, batch):
+    calls.append(1)
+    return original(model, rng, batch)
+
+  objective.init_params = counting
+  mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+  s, state = train.setup(config, objective, train.model_config_from(config), mesh)
+  assert len(calls) == 2
+  shapes = lambda t: jax.tree.map(lambda x: (x.shape, x.dtype), t)
+  assert shapes(s.abstract_state) == shapes(state)

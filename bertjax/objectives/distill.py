@@ -235,6 +235,9 @@ class DistillGlue(_Distillation, Objective):
     check_tokenizers(data.tokenizer, self.teacher)
     return data
 
+  def schedule(self, config, data):
+    return self.task.schedule(config, data)
+
   def model_config(self, config):
     cfg = self.task.model_config(config)
     self._check_student(cfg)

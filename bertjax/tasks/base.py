@@ -34,7 +34,7 @@ from bertjax import checkpoints, inputs, sharding
 from bertjax.data import tokenizers
 from bertjax.errors import fail
 from bertjax.models.config import ModelConfig
-from bertjax.objective import Objective
+from bertjax.objective import Objective, Schedule
 
 _log = logging.getLogger(__name__)
 
@@ -358,7 +358,6 @@ class TaskObjective(Objective):
         fail(f"the {s.name} set of {self.name} has no examples; check the data files")
     n = num_rows(train_arrays)
     train_arrays["weight"] = np.ones((n,), np.float32)
-    resolve_schedule(config, n, self.name)
     train = FeatureIterator(train_arrays, config.batch_size, config.seed, jax.process_index(),
                             jax.process_count(), int(config.get("pad_to_multiple_of", 0)))
     micro_batch = config.batch_size // config.grad_accum_steps
@@ -372,7 +371,11 @@ class TaskObjective(Objective):
           yield batch
 
     return inputs.Inputs(train=train, eval_batches=eval_batches,
-                         vocab_size=self.tokenizer.vocab_size, tokenizer=self.tokenizer)
+                         vocab_size=self.tokenizer.vocab_size, tokenizer=self.tokenizer,
+                         num_train_rows=n)
+
+  def schedule(self, config, data: inputs.Inputs) -> Schedule:
+    return derive_schedule(config, data.num_train_rows, self.name)
 
   # -- helpers for subclasses ------------------------------------------------------------------
 
@@ -427,22 +430,24 @@ class TaskObjective(Objective):
     return path
 
   def is_final(self, context) -> bool:
-    return context.step >= self.config.total_steps
+    return context.step >= context.total_steps
 
 
-def resolve_schedule(config, num_train: int, what: str) -> None:
-  """Fills total_steps (0: from num_epochs) and eval_every (0: once per epoch) in `config`."""
+def derive_schedule(config, num_train: int, what: str) -> Schedule:
+  """total_steps (0: from num_epochs) and eval_every (0: once per epoch) for `num_train` rows;
+  `config` is left as it is (the trainer records the derived values in the run's config.json)."""
   steps_per_epoch = max(1, math.ceil(num_train / config.batch_size))
-  if config.total_steps == 0:
+  total_steps = int(config.total_steps)
+  if total_steps == 0:
     epochs = float(config.get("num_epochs", 0.0))
     if epochs <= 0:
       fail("total_steps=0 derives the steps from num_epochs, which is not positive; set "
            "--config.num_epochs or --config.total_steps")
-    config.total_steps = max(1, math.ceil(epochs * num_train / config.batch_size))
-  if config.eval_every == 0:
-    config.eval_every = min(steps_per_epoch, config.total_steps)
+    total_steps = max(1, math.ceil(epochs * num_train / config.batch_size))
+  eval_every = int(config.eval_every) or min(steps_per_epoch, total_steps)
   announce(f"{what}: {num_train} training rows, batch {config.batch_size}: {steps_per_epoch} "
-           f"steps per epoch, total_steps {config.total_steps}, eval every {config.eval_every}")
+           f"steps per epoch, total_steps {total_steps}, eval every {eval_every}")
+  return Schedule(total_steps, eval_every)
 
 
 def write_json(path: pathlib.Path, obj: Any) -> None:
