@@ -11,6 +11,18 @@ import os
 import sys
 import warnings
 
+# Read by JAX when it is imported (below): compiled steps are cached across runs, so a resumed or
+# repeated run skips most compilation.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/bertjax/jax"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+# pylint: disable=wrong-import-position
+import jax
+
+from bertjax import config_lib, distributed, multiseed, sweep, train, xla_defaults
+from bertjax.errors import run_cli
+# pylint: enable=wrong-import-position
+
 
 def parse_args(argv):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -65,30 +77,21 @@ def print_summary(summary: dict) -> None:
 def main(argv=None):
   args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
   configure_logging()
-  # Compiled steps are cached across runs (a resumed or repeated run skips most compilation).
-  os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/bertjax/jax"))
-  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-  from bertjax import xla_defaults  # pylint: disable=g-import-not-at-top
   if xla_defaults.onednn_active():
     # On CPUs the oneDNN matmuls cannot be cached (bertjax/xla_defaults.py); say nothing per step.
     warnings.filterwarnings("ignore", message="Error writing persistent compilation cache entry")
   if args.sweep:
-    from bertjax import sweep  # pylint: disable=g-import-not-at-top
     record = sweep.run_sweep(args.sweep, args.workdir, dry_run=args.dry_run, tpu=args.tpu,
                              zone=args.zone, project=args.project, hosts=args.hosts,
                              overrides=overrides)
     sys.exit(1 if record["failed"] else 0)
-  from bertjax import config_lib, train  # pylint: disable=g-import-not-at-top
   config = config_lib.load_config_file(args.config)
   config_lib.apply_overrides(config, overrides)
   if config.get("distributed"):
-    import jax  # pylint: disable=g-import-not-at-top
     # On Cloud TPU every setting is discovered; on GPU hosts set the coordinator address, process
     # count and id through JAX's environment variables (see experiments/README.md).
-    from bertjax import distributed  # pylint: disable=g-import-not-at-top
     jax.distributed.initialize(**distributed.jax_distributed_kwargs())
   if config.get("seeds"):  # several seeds: one run each into WORKDIR/seed_<n>
-    from bertjax import multiseed  # pylint: disable=g-import-not-at-top
     summary = multiseed.run_seeds(config, args.workdir)
   else:
     summary = train.train_and_evaluate(config, args.workdir)
@@ -97,5 +100,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  from bertjax.errors import run_cli  # pylint: disable=g-import-not-at-top
   run_cli(main)

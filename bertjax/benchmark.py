@@ -24,13 +24,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
-import resource
 import statistics
 import subprocess
 import sys
 import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax import config_lib, inputs, profiling, sharding, train
+from bertjax.errors import fail, run_cli
+from bertjax.host_memory import host_peak_rss_bytes
+from bertjax.models import encoder
+from bertjax.registry import get_objective, objective_class
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
 
 # bf16 dense peak FLOP/s per chip.
 PEAK_FLOPS = {
@@ -75,8 +85,6 @@ def recomputed_flops(cfg, flops: dict) -> float:
 
 def last_layer_rows(cfg, config) -> int | None:
   """Rows the last layer computes per sequence under `config` (None: every row)."""
-  from bertjax.models import encoder  # pylint: disable=g-import-not-at-top
-  from bertjax.registry import objective_class  # pylint: disable=g-import-not-at-top
   per_prediction = objective_class(config.objective).output_rows_per_prediction
   if per_prediction is None:
     return None
@@ -86,8 +94,6 @@ def last_layer_rows(cfg, config) -> int | None:
 
 def measure_cpu_peak(size: int = 2048, repeats: int = 5) -> float:
   """FLOP/s of a large float32 matmul on this machine (the CPU's practical peak)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   a = jnp.ones((size, size), jnp.float32)
   f = jax.jit(lambda x: x @ x)
   f(a).block_until_ready()
@@ -109,18 +115,6 @@ def device_peak(device) -> tuple[float | None, str]:
   return None, f"unknown device {kind!r}"
 
 
-def host_peak_rss_bytes() -> int:
-  """This process's peak resident memory. VmHWM, unlike ru_maxrss, is not inherited from the
-  parent across fork+exec, so a reference run in a subprocess reports only its own peak."""
-  try:
-    for line in open("/proc/self/status"):
-      if line.startswith("VmHWM:"):
-        return int(line.split()[1]) * 1024
-  except OSError:
-    pass
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
 def peak_memory_bytes(device) -> int:
   stats = device.memory_stats() if hasattr(device, "memory_stats") else None
   if stats and "peak_bytes_in_use" in stats:
@@ -129,16 +123,13 @@ def peak_memory_bytes(device) -> int:
 
 
 def build_config(args):
-  from bertjax import config_lib  # pylint: disable=g-import-not-at-top
-  here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   if args.config:
     config = config_lib.load_config_file(args.config)
   else:
-    sys.path.insert(0, here)
-    from configs.common import base_config, model_config  # pylint: disable=g-import-not-at-top
-    config = base_config()
+    common = config_lib.load_module(REPO / "configs" / "common.py")
+    config = common.base_config()
     with config.unlocked():
-      config.model = model_config(args.preset)
+      config.model = common.model_config(args.preset)
     config.lock()
   overrides = ["data.synthetic=True", "optimizer.warmup_steps=0", "total_steps=1000000"]
   if args.batch_size:
@@ -161,10 +152,6 @@ def build_config(args):
 
 
 def bench_jax(config, steps: int, profile_dir: str | None = None) -> dict:
-  import jax  # pylint: disable=g-import-not-at-top
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  from bertjax import inputs, sharding, train  # pylint: disable=g-import-not-at-top
-  from bertjax.registry import get_objective  # pylint: disable=g-import-not-at-top
 
   # The trainer's own setup: the same model, optimizer, shardings and jitted step a run trains.
   objective = get_objective(config)
@@ -239,8 +226,6 @@ def bench_jax(config, steps: int, profile_dir: str | None = None) -> dict:
 
 def profile_steps(compiled, state, device_batches, profile_dir: str, steps: int = 3) -> dict:
   """Traces `steps` more steps and writes the per-operation table to profile_dir/ops.{md,json}."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from bertjax import profiling  # pylint: disable=g-import-not-at-top
   out = pathlib.Path(profile_dir)
   out.mkdir(parents=True, exist_ok=True)
   with jax.profiler.trace(str(out), create_perfetto_trace=True):
@@ -255,90 +240,14 @@ def profile_steps(compiled, state, device_batches, profile_dir: str, steps: int 
           "top": table["ops"][:5], "state": state}
 
 
-def bench_torch(cfg, batch_size: int, seq_len: int, num_predictions: int, steps: int,
-                learning_rate: float, compile_model: bool = False) -> dict:
-  """transformers' BertForPreTraining in PyTorch at the same shapes: the fair reference.
-
-  On a GPU: bf16 autocast when the bertjax side runs bf16, SDPA attention, fused AdamW, global-norm
-  clipping, timed between device synchronizations, peak memory from the CUDA allocator. On a CPU:
-  eager float32 (what transformers users run there), peak memory from the process.
-  `compile_model`: the model under torch.compile (its compile time reported apart).
-  """
-  import contextlib  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import torch  # pylint: disable=g-import-not-at-top
-  import transformers  # pylint: disable=g-import-not-at-top
-  torch.manual_seed(0)
-  cuda = torch.cuda.is_available()
-  device = torch.device("cuda" if cuda else "cpu")
-  hf_cfg = transformers.BertConfig(
-      vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_hidden_layers,
-      num_attention_heads=cfg.num_attention_heads, intermediate_size=cfg.intermediate_size,
-      hidden_act=cfg.hidden_act, hidden_dropout_prob=cfg.hidden_dropout_prob,
-      attention_probs_dropout_prob=cfg.attention_probs_dropout_prob,
-      max_position_embeddings=max(cfg.max_position_embeddings, seq_len),
-      type_vocab_size=cfg.type_vocab_size)
-  model = transformers.BertForPreTraining._from_config(hf_cfg, attn_implementation="sdpa")
-  model = model.to(device).train()
-  opt = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01,
-                          **({"fused": True} if cuda else {}))
-  forward = torch.compile(model) if compile_model else model
-  autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if cuda and cfg.dtype == "bfloat16"
-              else contextlib.nullcontext())
-  rng = np.random.default_rng(0)
-  ids = torch.tensor(rng.integers(5, cfg.vocab_size, (batch_size, seq_len)))
-  labels = torch.full((batch_size, seq_len), -100)
-  for r in range(batch_size):
-    pos = rng.choice(np.arange(1, seq_len), num_predictions, replace=False)
-    labels[r, pos] = ids[r, pos]
-  nsp = torch.tensor(rng.integers(0, 2, batch_size))
-  batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
-           "token_type_ids": torch.zeros_like(ids), "labels": labels, "next_sentence_label": nsp}
-  batch = {k: v.to(device) for k, v in batch.items()}
-  sync = torch.cuda.synchronize if cuda else (lambda: None)
-
-  def step():
-    opt.zero_grad(set_to_none=True)
-    with autocast:
-      loss = forward(**batch).loss
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
-
-  t = time.perf_counter()
-  step()  # under torch.compile: the compilation
-  sync()
-  first_s = time.perf_counter() - t
-  for _ in range(2):
-    step()
-  sync()
-  times = []
-  for _ in range(steps):
-    t = time.perf_counter()
-    step()
-    sync()
-    times.append(time.perf_counter() - t)
-  step_s = statistics.median(times)
-  peak = torch.cuda.max_memory_allocated() if cuda else host_peak_rss_bytes()
-  return {"framework": "hf-torch-compile" if compile_model else "hf-torch",
-          "device": torch.cuda.get_device_name() if cuda else "cpu",
-          "dtype": "bfloat16 autocast" if cuda and cfg.dtype == "bfloat16" else "float32",
-          "tokens_per_s": batch_size * seq_len / step_s, "step_time_s": step_s,
-          "first_step_s": first_s, "torch_threads": torch.get_num_threads(),
-          "peak_memory_bytes": int(peak), "torch_version": torch.__version__,
-          "transformers_version": transformers.__version__}
-
-
 def _torch_subprocess(config, steps: int, compile_model: bool = False) -> dict:
   """Runs the PyTorch reference in its own process, so its peak memory is its own."""
   spec = {"model": config.model.to_dict(), "batch_size": config.batch_size,
           "seq_len": config.max_seq_length, "num_predictions": config.max_predictions_per_seq,
           "steps": steps, "learning_rate": config.learning_rate, "compile": compile_model}
-  r = subprocess.run([sys.executable, "-m", "bertjax.benchmark", "--_torch_worker", json.dumps(spec)],
-                     capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(
-                         os.path.abspath(__file__))), timeout=3600)
+  r = subprocess.run([sys.executable, "-m", "bertjax.torch_benchmark", json.dumps(spec)],
+                     capture_output=True, text=True, cwd=REPO, timeout=3600)
   if r.returncode != 0:
-    from bertjax.errors import fail  # pylint: disable=g-import-not-at-top
     last = (r.stderr.strip().splitlines() or ["no output"])[-1]
     fail(f"the PyTorch reference failed ({last}); install requirements-dev.txt for --compare")
   return json.loads(r.stdout.strip().splitlines()[-1])
@@ -366,9 +275,8 @@ def _alternate(config, args, argv: list[str]) -> dict:
   for r in range(args.rounds):
     p = subprocess.run([sys.executable, "-m", "bertjax.benchmark", *ours_argv],
                        capture_output=True, text=True, timeout=3600,
-                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                       cwd=REPO)
     if p.returncode != 0:
-      from bertjax.errors import fail  # pylint: disable=g-import-not-at-top
       fail(f"the bertjax run of round {r + 1} failed: "
            f"{(p.stderr.strip().splitlines() or ['no output'])[-1]}")
     ours = json.loads(p.stdout.strip().splitlines()[-1])
@@ -417,27 +325,15 @@ def main(argv=None) -> dict:
                       help="with --compare: alternate bertjax and the reference this many times, "
                            "each in its own process, and report the median of the per-round ratios")
   parser.add_argument("--override", action="append", help="extra config override key=value")
-  parser.add_argument("--_torch_worker", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
-  if args._torch_worker:  # pylint: disable=protected-access
-    from bertjax.models.config import ModelConfig  # pylint: disable=g-import-not-at-top
-    spec = json.loads(args._torch_worker)  # pylint: disable=protected-access
-    result = bench_torch(ModelConfig.from_dict(spec["model"]), spec["batch_size"], spec["seq_len"],
-                         spec["num_predictions"], spec["steps"], spec["learning_rate"],
-                         spec.get("compile", False))
-    print(json.dumps(result))
-    return result
   config = build_config(args)
   if args.steps < 0:
-    from bertjax.errors import fail  # pylint: disable=g-import-not-at-top
     fail(f"--steps {args.steps}: give 0 (compile only) or more")
   if args.steps == 0 and (args.rounds > 1 or args.compare or args.profile):
-    from bertjax.errors import fail  # pylint: disable=g-import-not-at-top
     fail("--steps 0 compiles the step without running it; drop --compare, --rounds and --profile "
          "or time some steps")
   if args.rounds > 1:
     if not args.compare:
-      from bertjax.errors import fail  # pylint: disable=g-import-not-at-top
       fail("--rounds needs --compare hf-torch or hf-torch-compile (it alternates bertjax and the "
            "reference)")
     result = _alternate(config, args, sys.argv[1:] if argv is None else list(argv))
@@ -467,5 +363,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-  from bertjax.errors import run_cli  # pylint: disable=g-import-not-at-top
   run_cli(main)

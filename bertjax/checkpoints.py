@@ -9,6 +9,7 @@ one is finalized.
 
 from __future__ import annotations
 
+import json
 import logging
 import pathlib
 import time
@@ -150,7 +151,6 @@ def restore_params(path: str | pathlib.Path) -> dict:
 
 def load_model_config(path: str | pathlib.Path) -> dict:
   """The `ModelConfig` fields of a converted folder (model.json) or a training workdir (config.json)."""
-  import json  # pylint: disable=g-import-not-at-top
   path = pathlib.Path(path)
   if (path / "model.json").is_file():
     return dict(json.loads((path / "model.json").read_text())["model"])

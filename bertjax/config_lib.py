@@ -19,15 +19,21 @@ import ml_collections
 from bertjax.errors import fail
 
 
+def load_module(file: pathlib.Path):
+  """The Python file `file` (a config, or a helper such as configs/common.py) as a module."""
+  module_spec = importlib.util.spec_from_file_location(f"bertjax_config_{file.stem}", file)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module
+
+
 def load_config_file(spec: str) -> ml_collections.ConfigDict:
   """`path/to/config.py[:arg]` -> the locked ConfigDict its `get_config(arg)` returns."""
   path, _, arg = spec.partition(":")
   file = pathlib.Path(path)
   if not file.is_file():
     fail(f"config file {path} not found; pass an existing file such as configs/quickstart.py")
-  module_spec = importlib.util.spec_from_file_location(f"bertjax_config_{file.stem}", file)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
+  module = load_module(file)
   if not hasattr(module, "get_config"):
     fail(f"config file {path} defines no get_config(arg); add one returning a ConfigDict")
   config = module.get_config(arg or None)

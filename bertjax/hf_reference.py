@@ -14,13 +14,15 @@ from __future__ import annotations
 from typing import Iterable
 
 import numpy as np
+import torch
+import torch.nn.functional as F
+import transformers
+
+from bertjax import convert, optim
 
 
 def build_model(model_cfg, seed: int = 0):
   """A randomly initialized BertForPreTraining of `model_cfg`'s shape, in training mode."""
-  import torch  # pylint: disable=g-import-not-at-top
-  import transformers  # pylint: disable=g-import-not-at-top
-  from bertjax import convert  # pylint: disable=g-import-not-at-top
   torch.manual_seed(seed)
   hf_config = transformers.BertConfig(**convert.model_config_to_hf_config(model_cfg))
   model = transformers.BertForPreTraining(hf_config)
@@ -30,9 +32,6 @@ def build_model(model_cfg, seed: int = 0):
 
 def train(model, batches: Iterable[dict], config) -> list[dict]:
   """Trains `model` one step per batch with `config`'s optimizer settings; per-step metrics."""
-  import torch  # pylint: disable=g-import-not-at-top
-  import torch.nn.functional as F  # pylint: disable=g-import-not-at-top
-  from bertjax import optim  # pylint: disable=g-import-not-at-top
   o = config.optimizer
   schedule = optim.make_schedule(config)  # the trainer's own, as a multiple of the peak below
   no_decay = lambda n: n.endswith("bias") or "LayerNorm" in n

@@ -16,6 +16,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import jax
 import numpy as np
 
+from bertjax.data import packing, pipeline, prepare, sources, tokenizers
+from bertjax.data.masking import SpecialIds
 from bertjax.errors import fail
 
 
@@ -45,7 +47,6 @@ class DocumentSlice(Sequence):
 
 def prepared_corpus_dir(config, workdir: pathlib.Path) -> pathlib.Path:
   """The prepared corpus to train on, preparing `config.data.corpus` first if needed."""
-  from bertjax.data import prepare, sources, tokenizers  # pylint: disable=g-import-not-at-top
   if config.data_dir:
     path = pathlib.Path(config.data_dir)
     if not path.is_dir():
@@ -96,7 +97,10 @@ class SyntheticBatches:
     rng = np.random.default_rng([self.seed, self.index])
     self.index += 1
     seq, p = c.max_seq_length, c.max_predictions_per_seq
-    lengths = rng.integers(seq // 2, seq + 1, size=rows)
+    if p >= seq:
+      fail(f"max_predictions_per_seq={p} must be below max_seq_length={seq}; lower "
+           "--config.max_predictions_per_seq")
+    lengths = rng.integers(max(seq // 2, p + 1), seq + 1, size=rows)  # room for p masked tokens
     mask = (np.arange(seq)[None, :] < lengths[:, None]).astype(np.int32)
     ids = rng.integers(5, self.vocab_size, size=(rows, seq)).astype(np.int32) * mask
     ids[:, 0] = 2
@@ -133,8 +137,6 @@ def build(config, workdir: pathlib.Path, objective) -> Inputs:
       return (next(it) for _ in range(config.data.eval_batches))
     return Inputs(train=train, eval_batches=synthetic_eval, vocab_size=vocab)
 
-  from bertjax.data import packing, pipeline, prepare  # pylint: disable=g-import-not-at-top
-  from bertjax.data.masking import SpecialIds  # pylint: disable=g-import-not-at-top
 
   if config.data.pack:  # refuse before a tokenizer is trained or a corpus prepared
     packing.check_packing(objective.data_kind, config.data.pack_bins)

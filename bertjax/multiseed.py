@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 import ml_collections
 import numpy as np
 
+from bertjax import train
 from bertjax.errors import fail
 
 _log = logging.getLogger(__name__)
@@ -67,7 +68,6 @@ def summarize(runs: Mapping[Any, Mapping[str, Any]]) -> dict[str, dict[str, floa
 def run_seeds(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
               seeds: Sequence[int] | None = None) -> dict[str, Any]:
   """Trains `config` once per seed into WORKDIR/seed_<n>; writes and returns the summary."""
-  from bertjax import train  # pylint: disable=g-import-not-at-top
 
   workdir = pathlib.Path(workdir)
   seeds = list(seeds) if seeds is not None else seed_list(config)

@@ -34,7 +34,10 @@ import pathlib
 import statistics
 from typing import Any, Sequence
 
+from matplotlib.figure import Figure
+
 from bertjax import sweep as sweep_lib
+from bertjax.evaluation import glue
 from bertjax.errors import fail
 from bertjax.metric_writers import read_metrics
 
@@ -229,7 +232,6 @@ def best_points(points: Sequence[PointResult]) -> list[dict[str, Any]]:
 
 def _glue_metrics(task: str, final: dict[str, float]) -> dict[str, dict[str, float]] | None:
   """A point's final eval row -> {glue task name: glue_metrics dict} (MNLI: both dev sets)."""
-  from bertjax.evaluation import glue  # pylint: disable=g-import-not-at-top
   if task == "mnli":
     parts = {"mnli_matched": "matched_", "mnli_mismatched": "mismatched_"}
   else:
@@ -245,7 +247,6 @@ def _glue_metrics(task: str, final: dict[str, float]) -> dict[str, dict[str, flo
 
 def glue_summary(points: Sequence[PointResult]) -> dict[str, Any] | None:
   """Per GLUE task the best setting by median dev score over seeds, and the GLUE average."""
-  from bertjax.evaluation import glue  # pylint: disable=g-import-not-at-top
   settings: dict[str, dict[tuple, list[dict]]] = {}
   for p in points:
     if p.task and p.status == "finished":
@@ -352,16 +353,15 @@ def render_markdown(sweep_dir: pathlib.Path, points: Sequence[PointResult], metr
   return "\n".join(lines) + "\n"
 
 
-def _figure():
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")  # files only: no display on servers and in tests
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  return plt, *plt.subplots(figsize=(8, 5), dpi=100)
+def _figure() -> tuple[Figure, Any]:
+  """A figure drawn straight to files (no pyplot, no display backend, nothing global)."""
+  fig = Figure(figsize=(8, 5), dpi=100)
+  return fig, fig.subplots()
 
 
 def plot_train_loss(points: Sequence[PointResult], path: pathlib.Path) -> dict[str, Any]:
   """One line per point with logged training loss; the plotted arrays go to path.json."""
-  plt, fig, ax = _figure()
+  fig, ax = _figure()
   curves = []
   for p in points:
     if p.train_steps:
@@ -377,7 +377,6 @@ def plot_train_loss(points: Sequence[PointResult], path: pathlib.Path) -> dict[s
     ax.text(0.5, 0.5, "no training metrics yet", ha="center", transform=ax.transAxes)
   fig.tight_layout()
   fig.savefig(path)
-  plt.close(fig)
   data = {"curves": curves}
   path.with_suffix(".json").write_text(json.dumps(data, indent=1))
   return data
@@ -387,7 +386,7 @@ def plot_dev_vs_lr(points: Sequence[PointResult], metric: str | None,
                    path: pathlib.Path) -> dict[str, Any]:
   """The final dev `metric` against the learning rate: per setting of the other swept keys,
   a dot per seed and a line through the medians."""
-  plt, fig, ax = _figure()
+  fig, ax = _figure()
   series: dict[tuple, dict[float, list[tuple[float, str]]]] = {}
   for p in points:
     lr = p.config.get(LR_KEY)
@@ -417,7 +416,6 @@ def plot_dev_vs_lr(points: Sequence[PointResult], metric: str | None,
             transform=ax.transAxes)
   fig.tight_layout()
   fig.savefig(path)
-  plt.close(fig)
   path.with_suffix(".json").write_text(json.dumps(data, indent=1))
   return data
 

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from bertjax.errors import fail
+from bertjax.models import heads as heads_lib
+from bertjax.models import layers as layers_lib
 from bertjax.models.config import ModelConfig
+from bertjax.models.electra import ElectraDiscriminator
+from bertjax.models.encoder import Encoder
+from bertjax.models.pretraining import PretrainingModel
 
 Params = dict[str, Any]
 
@@ -16,9 +24,6 @@ Params = dict[str, Any]
 
 def build_model(cfg: ModelConfig, heads: tuple[str, ...]):
   """The Linen module whose params are {"encoder", *heads}."""
-  from bertjax.models.electra import ElectraDiscriminator  # pylint: disable=g-import-not-at-top
-  from bertjax.models.encoder import Encoder  # pylint: disable=g-import-not-at-top
-  from bertjax.models.pretraining import PretrainingModel  # pylint: disable=g-import-not-at-top
   if not heads:
     return Encoder(cfg)
   if "rtd" in heads:
@@ -28,8 +33,6 @@ def build_model(cfg: ModelConfig, heads: tuple[str, ...]):
 
 def _init_fn(cfg: ModelConfig, heads: tuple[str, ...]):
   """A function rng -> unboxed params of {"encoder", *heads} (encoder alone: the Encoder's)."""
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   model = build_model(cfg, heads)
   ids = jnp.zeros((1, 2), jnp.int32)
   # PretrainingModel only creates its MLM head when asked for masked positions.
@@ -48,7 +51,6 @@ class _TiedEmbeddingStub:
     self.vocab_size = vocab_size
 
   def attend(self, x):
-    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
     return jnp.zeros(x.shape[:-1] + (self.vocab_size,), x.dtype)
 
 
@@ -58,11 +60,6 @@ def _fresh_part(cfg: ModelConfig, part: str, seed: int) -> Params:
   Initializing just that module, rather than the whole model, keeps it to a handful of small
   ops; `_check_tree` later confirms the result fits the full model's tree.
   """
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from bertjax.models import layers as layers_lib  # pylint: disable=g-import-not-at-top
-  from bertjax.models import heads as heads_lib  # pylint: disable=g-import-not-at-top
   x = jnp.zeros((1, 1, cfg.hidden_size), jnp.float32)
   if part == "pooler":
     # The same constructor call as Encoder.setup's pooler.
@@ -82,13 +79,11 @@ def _fresh_part(cfg: ModelConfig, part: str, seed: int) -> Params:
 
 def abstract_params(cfg: ModelConfig, heads: tuple[str, ...]) -> Params:
   """Shapes (jax.ShapeDtypeStruct) of the tree {"encoder", *heads}, without allocating it."""
-  import jax  # pylint: disable=g-import-not-at-top
   return jax.eval_shape(_init_fn(cfg, heads), jax.random.key(0))
 
 
 def _check_tree(params: Params, cfg: ModelConfig, heads: tuple[str, ...], where: str) -> None:
   """Fails unless `params` has exactly the paths and shapes the model expects."""
-  import jax  # pylint: disable=g-import-not-at-top
   want = {jax.tree_util.keystr(k): tuple(v.shape)
           for k, v in jax.tree_util.tree_leaves_with_path(abstract_params(cfg, heads))}
   got = {jax.tree_util.keystr(k): tuple(np.shape(v))

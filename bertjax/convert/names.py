@@ -9,6 +9,7 @@ import numpy as np
 
 from bertjax.errors import fail
 from bertjax.models.config import ModelConfig
+from bertjax.models.encoder import has_embedding_projection
 
 Params = dict[str, Any]
 
@@ -43,7 +44,6 @@ def _layer_norm(hf: str, path: tuple[str, ...], size: int, part: str) -> list[En
 
 def encoder_entries(cfg: ModelConfig) -> list[Entry]:
   """The encoder's tensors, HF names with the base-model prefix ("bert.", "albert.", ...)."""
-  from bertjax.models.encoder import has_embedding_projection  # pylint: disable=g-import-not-at-top
   t, p = cfg.architecture, cfg.architecture + "."
   e_size, hidden, inter = cfg.embed_size, cfg.hidden_size, cfg.intermediate_size
   emb = ("encoder", "embeddings")

@@ -8,6 +8,7 @@ import pathlib
 from typing import Any
 
 import numpy as np
+from safetensors.numpy import load_file
 
 from bertjax.errors import fail
 
@@ -26,7 +27,6 @@ _ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np
 
 
 def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
   try:
     return load_file(str(path))
   except TypeError:
@@ -57,7 +57,7 @@ def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
 
 def _read_torch_bin(path: pathlib.Path) -> dict[str, np.ndarray]:
   """Unpickles a pytorch_model.bin; the one place torch is needed."""
-  try:
+  try:  # torch is not a runtime dependency (requirements-dev.txt): only this reader needs it
     import torch  # pylint: disable=g-import-not-at-top
   except ImportError:
     fail(f"{path} is a PyTorch pickle and reading it needs torch, which is not installed; "

@@ -12,6 +12,8 @@ import uuid
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
+import orbax.checkpoint as ocp
+from safetensors.numpy import save_file
 
 from bertjax.convert.hf_configs import (ELECTRA_PARTS, TOKENIZER_FILES, _HEAD_ORDER, _HF_CLASSES,
                                         hf_config_to_model_config, model_config_to_hf_config)
@@ -137,7 +139,6 @@ def _copy_tokenizer(src: pathlib.Path, dst: pathlib.Path) -> list[str]:
 
 
 def _save_params(path: pathlib.Path, params: Params) -> None:
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   checkpointer = ocp.StandardCheckpointer()
   checkpointer.save(path, params)
   checkpointer.wait_until_finished()
@@ -197,7 +198,6 @@ def load_workdir(workdir: PathLike) -> Converted:
     fail(f"cannot read {meta_path}: {_one_line(e)}; re-run the conversion")
   if not (d / "params").is_dir():
     fail(f"{d / 'params'} not found; re-run the conversion")
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   try:
     params = ocp.StandardCheckpointer().restore(d / "params")
   except Exception as e:  # pylint: disable=broad-except
@@ -231,7 +231,6 @@ def _hf_heads(c: Converted, log: Callable[[str], Any]) -> tuple[str, ...]:
 
 def _write_hf(c: Converted, out: pathlib.Path, tokenizer: pathlib.Path,
               log: Callable[[str], Any]) -> str:
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   cfg = c.config
   heads = _hf_heads(c, log)
   if "mlm" in heads:

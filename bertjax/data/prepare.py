@@ -179,68 +179,83 @@ def prepare_corpus(source: Iterable[Sequence[str]],
   return meta
 
 
+def _tokenized(source: Iterable[Sequence[str]], tokenizer: tokenizers.Tokenizer,
+               tokenizer_dir: pathlib.Path, num_workers: int, max_documents: int | None
+               ) -> Iterator[tuple[tuple[list[bytes], _Counts], int]]:
+  """(encoded documents and their counts, number of input documents) per chunk, in source
+  order, tokenized here or by `num_workers` processes."""
+  chunks = _chunks(source, _CHUNK_DOCUMENTS, max_documents)
+  if num_workers == 1:
+    for chunk in chunks:
+      yield _tokenize_documents(tokenizer, chunk), len(chunk)
+    return
+  ctx = multiprocessing.get_context("spawn")  # fork is unsafe once JAX or Rust threads run
+  with ctx.Pool(num_workers, initializer=_init_worker, initargs=(str(tokenizer_dir),)) as pool:
+    # A bounded window of tasks in flight, collected in order: results come out in source
+    # order whatever the workers' speed, and memory stays bounded on huge corpora.
+    pending: collections.deque = collections.deque()
+    for chunk in chunks:
+      pending.append((pool.apply_async(_worker_tokenize, (chunk,)), len(chunk)))
+      if len(pending) >= 2 * num_workers:
+        task, n = pending.popleft()
+        yield task.get(), n
+    while pending:
+      task, n = pending.popleft()
+      yield task.get(), n
+
+
+def _source_size(source, max_documents: int | None) -> int | None:
+  """The number of documents to expect (for the progress bar), when the source knows it."""
+  try:
+    total = len(source)  # type: ignore[arg-type]
+  except TypeError:
+    return None
+  return min(total, max_documents) if max_documents is not None else total
+
+
+def _write_shards(staging: pathlib.Path, names: list[str], results, bar) -> tuple[_Counts, list[int]]:
+  """Writes the encoded documents round-robin into the shards `names`: document i is record
+  i // num_shards of shard i % num_shards. Returns the counts and documents per shard."""
+  writers = [array_record_module.ArrayRecordWriter(str(staging / n), _WRITER_OPTIONS)
+             for n in names]
+  shard_documents = [0] * len(names)
+  counts = _Counts()
+  try:
+    for (docs, chunk_counts), num_input in results:
+      for record in docs:
+        shard = counts.documents % len(names)
+        writers[shard].write(record)
+        shard_documents[shard] += 1
+        counts.documents += 1
+      chunk_counts.documents = 0  # already counted one by one above
+      counts.add(chunk_counts)
+      bar.update(num_input)
+  finally:
+    bar.close()
+    for w in writers:
+      w.close()
+  return counts, shard_documents
+
+
 def _prepare_into(staging: pathlib.Path, source: Iterable[Sequence[str]],
                   tokenizer: tokenizers.Tokenizer, num_shards: int, num_workers: int,
                   max_documents: int | None, progress: bool | None) -> dict:
   tokenizer_dir = staging / records.TOKENIZER_DIR
   tokenizer.save(tokenizer_dir)
   names = [records.shard_name(i, num_shards) for i in range(num_shards)]
-  writers = [array_record_module.ArrayRecordWriter(str(staging / n), _WRITER_OPTIONS)
-             for n in names]
-  shard_documents = [0] * num_shards
-  counts = _Counts()
-  total = None
+  bar = tqdm.tqdm(total=_source_size(source, max_documents), unit="doc", desc="tokenizing",
+                  disable=None if progress is None else not progress)
+  results = _tokenized(source, tokenizer, tokenizer_dir, num_workers, max_documents)
   try:
-    total = len(source)  # type: ignore[arg-type]
-  except TypeError:
-    pass
-  if total is not None and max_documents is not None:
-    total = min(total, max_documents)
-  bar = tqdm.tqdm(total=total, unit="doc", desc="tokenizing", disable=(
-      None if progress is None else not progress))
-
-  def write(result: tuple[list[bytes], _Counts], num_input: int) -> None:
-    docs, chunk_counts = result
-    for record in docs:
-      shard = counts.documents % num_shards
-      writers[shard].write(record)
-      shard_documents[shard] += 1
-      counts.documents += 1
-    chunk_counts.documents = 0  # already counted one by one above
-    counts.add(chunk_counts)
-    bar.update(num_input)
-
-  chunks = _chunks(source, _CHUNK_DOCUMENTS, max_documents)
-  try:
-    if num_workers == 1:
-      for chunk in chunks:
-        write(_tokenize_documents(tokenizer, chunk), len(chunk))
-    else:
-      ctx = multiprocessing.get_context("spawn")  # fork is unsafe once JAX or Rust threads run
-      with ctx.Pool(num_workers, initializer=_init_worker,
-                    initargs=(str(tokenizer_dir),)) as pool:
-        # A bounded window of tasks in flight, collected in order: results come out in source
-        # order whatever the workers' speed, and memory stays bounded on huge corpora.
-        pending: collections.deque = collections.deque()
-        for chunk in chunks:
-          pending.append((pool.apply_async(_worker_tokenize, (chunk,)), len(chunk)))
-          if len(pending) >= 2 * num_workers:
-            task, n = pending.popleft()
-            write(task.get(), n)
-        while pending:
-          task, n = pending.popleft()
-          write(task.get(), n)
+    counts, shard_documents = _write_shards(staging, names, results, bar)
   finally:
-    bar.close()
-    for w in writers:
-      w.close()
+    results.close()  # on an error: the worker pool stops now, not when collected
 
-  skipped_lines = int(getattr(source, "skipped_lines", 0))
   if counts.documents == 0:
     errors.fail("every document tokenized to nothing; check the input text and the tokenizer")
   if counts.empty_sentences or counts.empty_documents:
     _log.warning("dropped %d sentence(s) and %d document(s) that tokenized to nothing",
-                    counts.empty_sentences, counts.empty_documents)
+                 counts.empty_sentences, counts.empty_documents)
   meta = {
       "format_version": FORMAT_VERSION,
       "num_documents": counts.documents,
@@ -249,7 +264,7 @@ def _prepare_into(staging: pathlib.Path, source: Iterable[Sequence[str]],
       "skipped": {
           "empty_sentences": counts.empty_sentences,
           "empty_documents": counts.empty_documents,
-          "undecodable_lines": skipped_lines,
+          "undecodable_lines": int(getattr(source, "skipped_lines", 0)),
       },
       "num_shards": num_shards,
       "shards": names,
@@ -265,7 +280,7 @@ def _prepare_into(staging: pathlib.Path, source: Iterable[Sequence[str]],
   tmp.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
   os.replace(tmp, staging / records.META_FILE)
   _log.info("prepared %d documents, %d sentences, %d tokens in %d shard(s)",
-               counts.documents, counts.sentences, counts.tokens, num_shards)
+            counts.documents, counts.sentences, counts.tokens, num_shards)
   return meta
 
 

@@ -245,6 +245,7 @@ class TfdsSource(Source):
 
   def _data_source(self):
     if self._source is None:
+      # Imported only for tfds corpora: with its builders, 0.3 s that local files do not need.
       import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
       # Importing the text builders registers wikipedia, c4, ... so names resolve to them.
       import tensorflow_datasets.text  # pylint: disable=g-import-not-at-top,unused-import

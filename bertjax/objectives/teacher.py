@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from bertjax import checkpoints, sharding
+from bertjax.data import tokenizers
 from bertjax.errors import fail
 from bertjax.models.config import ModelConfig
 from bertjax.models.distill import DistillModel
@@ -133,7 +134,6 @@ def check_tokenizers(tokenizer, teacher: Teacher) -> None:
   the soft targets range over, id for id."""
   if tokenizer is None or teacher.tokenizer_dir is None:
     return
-  from bertjax.data import tokenizers  # pylint: disable=g-import-not-at-top
   theirs = tokenizers.load_tokenizer(teacher.tokenizer_dir)
   n = tokenizer.vocab_size
   if theirs.vocab_size != n or any(theirs.id_to_token(i) != tokenizer.id_to_token(i)

@@ -11,12 +11,12 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from bertjax.errors import fail
 from bertjax.sweep.launchers import (_host_address, hosts_install_commands, hosts_point_commands,
                                      local_command, tpu_install_commands, tpu_point_command)
-from bertjax.sweep.spec import REPO, Sweep, _plain, load_sweep
+from bertjax.sweep.spec import REPO, Point, Sweep, _plain, load_sweep
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,15 +129,8 @@ def _print_plan(sweep: Sweep, workdir: pathlib.Path, install: list[list[str]],
       print(shlex.join(argv))
 
 
-def run_sweep(path: str, workdir: str | os.PathLike, dry_run: bool = False, tpu: str | None = None,
-              zone: str | None = None, project: str | None = None,
-              hosts: str | Sequence[str] | None = None,
-              overrides: Sequence[str] = ()) -> dict[str, Any]:
-  """Runs (or with dry_run prints) every point of the sweep file `path` into `workdir`.
-
-  Returns the sweep record written to WORKDIR/sweep.json (with dry_run: the planned points and
-  commands, nothing written), with counts `finished`, `failed` and `skipped` (done before).
-  """
+def _remote_hosts(tpu, zone, project, hosts) -> list[str]:
+  """The ssh hosts of a --hosts sweep (empty otherwise), after checking the remote flags."""
   if tpu and hosts:
     fail("give --tpu or --hosts, not both")
   if tpu and not zone:
@@ -148,45 +141,105 @@ def run_sweep(path: str, workdir: str | os.PathLike, dry_run: bool = False, tpu:
     hosts = [h for h in hosts.split(",") if h.strip()]
     if not hosts:
       fail("--hosts needs a comma-separated list of ssh hosts, e.g. --hosts gpu1,gpu2")
-  remote = bool(tpu or hosts)
-  # Remote commands add --config.distributed=True themselves: the config must have the key.
-  sweep = load_sweep(path, overrides, also_check=["distributed=True"] if remote else [])
-  local_dir = pathlib.Path(workdir).absolute()
-  remote_dir = str(workdir)
+  return list(hosts or [])
 
+
+def _commands(sweep: Sweep, local_dir: pathlib.Path, remote_dir: str, tpu, zone, project,
+              hosts: list[str]) -> tuple[list[list[str]], dict[str, list[list[str]]]]:
+  """(install commands, each point's commands) for where the sweep runs."""
   if tpu:
-    install = tpu_install_commands(tpu, zone, project)
-    commands = {p.name: [tpu_point_command(sweep, p, remote_dir, tpu, zone, project)]
-                for p in sweep.points}
-  elif hosts:
-    install = hosts_install_commands(hosts)
-    commands = {p.name: hosts_point_commands(sweep, p, remote_dir, hosts) for p in sweep.points}
-  else:
-    install = []
-    commands = {p.name: [local_command(sweep, p, local_dir)] for p in sweep.points}
+    return (tpu_install_commands(tpu, zone, project),
+            {p.name: [tpu_point_command(sweep, p, remote_dir, tpu, zone, project)]
+             for p in sweep.points})
+  if hosts:
+    return (hosts_install_commands(hosts),
+            {p.name: hosts_point_commands(sweep, p, remote_dir, hosts) for p in sweep.points})
+  return [], {p.name: [local_command(sweep, p, local_dir)] for p in sweep.points}
 
-  record: dict[str, Any] = {
+
+def _plan(sweep: Sweep, local_dir: pathlib.Path, mode: str,
+          commands: dict[str, list[list[str]]]) -> dict[str, Any]:
+  return {
       "sweep": sweep.path, "arg": sweep.arg, "config": sweep.config, "workdir": str(local_dir),
-      "mode": f"tpu {tpu}" if tpu else ("hosts " + ",".join(hosts) if hosts else "local"),
+      "mode": mode,
       "points": [{"name": p.name, "overrides": {k: _plain(v) for k, v in p.overrides.items()},
                   "workdir": str(local_dir / p.name), "total_steps": p.total_steps,
                   "resolved": p.resolved,
                   "command": " ; ".join(shlex.join(c) for c in commands[p.name])}
                  for p in sweep.points],
   }
-  if dry_run:
-    _print_plan(sweep, local_dir, install, commands)
-    return {**record, "finished": 0, "failed": 0, "skipped": 0}
 
+
+def _carry_over(record: dict[str, Any], local_dir: pathlib.Path) -> None:
+  """Each point's run count, time and last result from an earlier sweep.json in `local_dir`."""
   previous = {p["name"]: p for p in (_read_json(local_dir / "sweep.json") or {}).get("points", [])}
   for entry in record["points"]:
     old = previous.get(entry["name"], {})
     entry.update(status="pending", runs=int(old.get("runs", 0)),
                  wall_s=float(old.get("wall_s", 0.0)), returncode=old.get("returncode"),
                  last_line=old.get("last_line"))
+
+
+def _install(install: list[list[str]], local_dir: pathlib.Path) -> None:
+  print("installing the code on every host", flush=True)
+  for argv in install:
+    code, line = _run_logged([argv], [local_dir / "install_log.txt"], _Stop(), cwd=REPO)
+    if code:
+      fail(f"installing on the hosts failed ({shlex.join(argv[:6])} ...: {line}); see "
+           f"{local_dir / 'install_log.txt'}")
+
+
+def _run_point(point: Point, entry: dict[str, Any], commands: list[list[str]],
+               logs: list[pathlib.Path], stop: _Stop, cwd, save: Callable[[], None]) -> str | None:
+  """Runs one point to its end, recording status, time and return code in `entry`; returns
+  the last line it printed."""
+  entry.update(status="running", skipped=False, runs=entry["runs"] + 1)
+  save()
+  start = time.time()
+  try:
+    code, line = _run_logged(commands, logs, stop, cwd=cwd)
+  except KeyboardInterrupt:
+    entry.update(status="interrupted", wall_s=entry["wall_s"] + time.time() - start)
+    save()
+    raise
+  point_dir = logs[0].parent
+  entry["wall_s"] = round(entry["wall_s"] + time.time() - start, 3)
+  entry["returncode"] = code
+  summary = _read_json(point_dir / "summary.json") or {}
+  if code == 0 and is_finished(point_dir, point.total_steps):
+    entry.update(status="finished", last_line=None)
+  elif stop.requested or str(summary.get("status", "")).startswith("preempted"):
+    entry.update(status="preempted", last_line=line)
+  else:
+    entry.update(status="failed", last_line=line)
+  save()
+  return line
+
+
+def run_sweep(path: str, workdir: str | os.PathLike, dry_run: bool = False, tpu: str | None = None,
+              zone: str | None = None, project: str | None = None,
+              hosts: str | Sequence[str] | None = None,
+              overrides: Sequence[str] = ()) -> dict[str, Any]:
+  """Runs (or with dry_run prints) every point of the sweep file `path` into `workdir`.
+
+  Returns the sweep record written to WORKDIR/sweep.json (with dry_run: the planned points and
+  commands, nothing written), with counts `finished`, `failed` and `skipped` (done before).
+  """
+  hosts = _remote_hosts(tpu, zone, project, hosts)
+  remote = bool(tpu or hosts)
+  # Remote commands add --config.distributed=True themselves: the config must have the key.
+  sweep = load_sweep(path, overrides, also_check=["distributed=True"] if remote else [])
+  local_dir = pathlib.Path(workdir).absolute()
+  install, commands = _commands(sweep, local_dir, str(workdir), tpu, zone, project, hosts)
+  mode = f"tpu {tpu}" if tpu else ("hosts " + ",".join(hosts) if hosts else "local")
+  record = _plan(sweep, local_dir, mode, commands)
+  if dry_run:
+    _print_plan(sweep, local_dir, install, commands)
+    return {**record, "finished": 0, "failed": 0, "skipped": 0}
+
+  _carry_over(record, local_dir)
   local_dir.mkdir(parents=True, exist_ok=True)
   save = lambda: _write_json(local_dir / "sweep.json", record)
-
   todo = []
   for point, entry in zip(sweep.points, record["points"]):
     if is_finished(local_dir / point.name, point.total_steps):
@@ -198,37 +251,15 @@ def run_sweep(path: str, workdir: str | os.PathLike, dry_run: bool = False, tpu:
         f"finished, {len(todo)} to run", flush=True)
   save()
   if install and todo:
-    print("installing the code on every host", flush=True)
-    for argv in install:
-      code, line = _run_logged([argv], [local_dir / "install_log.txt"], _Stop(), cwd=REPO)
-      if code:
-        fail(f"installing on the hosts failed ({shlex.join(argv[:6])} ...: {line}); see "
-             f"{local_dir / 'install_log.txt'}")
+    _install(install, local_dir)
 
   with _Stop() as stop:
     for i, (point, entry) in enumerate(todo, 1):
       point_dir = local_dir / point.name
       logs = [point_dir / "log.txt"] + [point_dir / f"log.{_host_address(h)}.txt"
-                                        for h in (hosts or [])[1:]]
-      entry.update(status="running", skipped=False, runs=entry["runs"] + 1)
-      save()
-      start = time.time()
-      try:
-        code, line = _run_logged(commands[point.name], logs, stop, cwd=None if remote else REPO)
-      except KeyboardInterrupt:
-        entry.update(status="interrupted", wall_s=entry["wall_s"] + time.time() - start)
-        save()
-        raise
-      entry["wall_s"] = round(entry["wall_s"] + time.time() - start, 3)
-      entry["returncode"] = code
-      summary = _read_json(point_dir / "summary.json") or {}
-      if code == 0 and is_finished(point_dir, point.total_steps):
-        entry.update(status="finished", last_line=None)
-      elif stop.requested or str(summary.get("status", "")).startswith("preempted"):
-        entry.update(status="preempted", last_line=line)
-      else:
-        entry.update(status="failed", last_line=line)
-      save()
+                                        for h in hosts[1:]]
+      line = _run_point(point, entry, commands[point.name], logs, stop,
+                        None if remote else REPO, save)
       print(f"[{i}/{len(todo)}] {point.name}: {entry['status']} in {entry['wall_s']:.1f}s"
             + (f": {line}" if entry["status"] == "failed" else ""), flush=True)
       if stop.requested:

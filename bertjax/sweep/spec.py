@@ -14,6 +14,7 @@ import re
 import sys
 from typing import Any, Sequence
 
+from bertjax import config_lib
 from bertjax.errors import UserError, fail
 
 
@@ -153,7 +154,6 @@ def load_sweep(spec: str, overrides: Sequence[str] = (), also_check: Sequence[st
   `overrides` (`key=value`, as on the command line) join every point's args; `also_check` is
   applied in the check only (settings the remote commands add themselves).
   """
-  from bertjax import config_lib  # pylint: disable=g-import-not-at-top  (imports jax: slow)
 
   raw, path, arg = load_sweep_spec(spec)
   where = f"sweep {path}"

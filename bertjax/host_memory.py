@@ -1,0 +1,18 @@
+"""A process's peak resident memory, readable without importing any framework."""
+
+from __future__ import annotations
+
+import resource
+
+
+def host_peak_rss_bytes() -> int:
+  """This process's peak resident memory. VmHWM, unlike ru_maxrss, is not inherited from the
+  parent across fork+exec, so a reference run in a subprocess reports only its own peak."""
+  try:
+    with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+      for line in f:
+        if line.startswith("VmHWM:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
