@@ -15,10 +15,11 @@ sentences in the gold file's order without -DOCSTART- markers.
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 from typing import Iterable, Sequence
 
-from bertjax.errors import fail
+from bertjax.errors import fail, read_text
 
 DOCSTART = "-DOCSTART-"
 _PREFIXES = ("B", "I", "E", "S")
@@ -50,27 +51,28 @@ def _read_columns(path: str | os.PathLike, num_columns: int,
   sentences: list[tuple[int, list[list[str]]]] = []
   current: list[list[str]] = []
   start = 0
-  with open(path, encoding="utf-8") as f:
-    for line_no, raw in enumerate(f, start=1):
-      fields = raw.split()
-      if not fields:
-        if current:
-          sentences.append((start, current))
-          current = []
-        continue
-      if fields[0] == DOCSTART:
-        # A document marker sits alone between blank lines; it closes any open sentence.
-        if current:
-          sentences.append((start, current))
-          current = []
-        continue
-      if len(fields) != num_columns:
-        fail(f"{path}:{line_no}: {len(fields)} columns, a {what} line has {num_columns}; "
-             "fix the line")
-      _check_tag(fields[-1], path, line_no)
-      if not current:
-        start = line_no
-      current.append(fields)
+  # newline=None: lines end at \n, \r\n or \r, as a file opened in text mode splits them.
+  for line_no, raw in enumerate(io.StringIO(read_text(path, f"{what} file"), newline=None),
+                                start=1):
+    fields = raw.split()
+    if not fields:
+      if current:
+        sentences.append((start, current))
+        current = []
+      continue
+    if fields[0] == DOCSTART:
+      # A document marker sits alone between blank lines; it closes any open sentence.
+      if current:
+        sentences.append((start, current))
+        current = []
+      continue
+    if len(fields) != num_columns:
+      fail(f"{path}:{line_no}: {len(fields)} columns, a {what} line has {num_columns}; "
+           "fix the line")
+    _check_tag(fields[-1], path, line_no)
+    if not current:
+      start = line_no
+    current.append(fields)
   if current:
     sentences.append((start, current))
   return sentences
