@@ -215,6 +215,9 @@ def read_glue_tsv(path: str | os.PathLike, task: str, split: str) -> list[dict[s
         "sentence2": None if cols.sentence2 is None else row[cols.sentence2],
         "label": label,
     })
+  if not rows and split != "test":
+    fail(f"{path}: no GLUE {t.name} {split} examples (the file is empty or holds only a "
+         f"header); use the official {t.glue_dir}/{t.files[split]} with its rows")
   return rows
 
 
