@@ -275,7 +275,8 @@ def _metrics_v2(examples: Sequence[Mapping[str, Any]], predictions: Mapping[str,
     _check_predictions(examples, null_odds, what="null odds")
     for qid in has_ans:
       v = null_odds[qid]
-      if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+      if isinstance(v, bool) or not isinstance(v, (int, float)) or (
+          isinstance(v, float) and math.isnan(v)):
         fail(f"null odds for {qid!r} is {v!r}, not a number; give one float per question")
     odds = null_odds
   else:
@@ -341,3 +342,27 @@ def read_squad_predictions(path: str | os.PathLike, what: str = "predictions") -
     fail(f"{path} holds a json {type(obj).__name__}; {fix}")
   return obj
 
+
+def check_prediction_file(path: str | os.PathLike, values: Mapping[str, Any],
+                          examples: Sequence[Mapping[str, Any]], what: str = "predictions",
+                          numbers: bool = False) -> None:
+  """Checks a `read_squad_predictions` result against the gold questions: one value per question
+  id, no id the gold data lacks, each value text (or, `numbers`, a number that is not NaN)."""
+  path = os.fspath(path)
+  gold = {ex["id"] for ex in examples}
+  extra = [k for k in values if k not in gold]
+  if extra:
+    first = ", ".join(map(repr, extra[:3])) + (", ..." if len(extra) > 3 else "")
+    fail(f"{path} has {len(extra)} question ids not in the gold file (first: {first}); is it "
+         f"the {what} for another dataset or version?")
+  _check_predictions(examples, values, what=f"{path}: {what}")
+  for ex in examples:
+    v = values[ex["id"]]
+    if numbers:
+      ok = (isinstance(v, (int, float)) and not isinstance(v, bool)
+            and not (isinstance(v, float) and math.isnan(v)))
+    else:
+      ok = isinstance(v, str)
+    if not ok:
+      fail(f"{path}: the {what} for {ex['id']!r} is {_short(v)}, not "
+           f"{'a number' if numbers else 'text'}; give one per question id")
