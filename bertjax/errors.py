@@ -9,6 +9,7 @@ and exits with status 2; genuine bugs still surface as tracebacks.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Callable, NoReturn
 
@@ -19,6 +20,26 @@ class UserError(Exception):
 
 def fail(message: str) -> NoReturn:
   raise UserError(message)
+
+
+def read_text(path: str | os.PathLike, what: str = "file") -> str:
+  """The whole of `path` decoded as UTF-8 (a leading byte-order mark dropped; line ends kept as
+  they are). A missing or unreadable file, or bytes that are not UTF-8, fail with one line that
+  names the file, the line and the byte offset of the first bad byte."""
+  path = os.fspath(path)
+  try:
+    with open(path, "rb") as f:
+      data = f.read()
+  except OSError as e:
+    fail(f"cannot read {what} {path} ({e.strerror or type(e).__name__}); check the path")
+  try:
+    return data.decode("utf-8-sig")
+  except UnicodeDecodeError as e:
+    start = e.start + len(data) - len(e.object)  # e.object lacks a byte-order mark
+    head = data[:start]
+    line = head.count(b"\n") + head.count(b"\r") - head.count(b"\r\n") + 1
+    fail(f"{path}:{line}: byte {start} (0x{data[start]:02x}) is not valid UTF-8 "
+         f"({e.reason}); save the {what} as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
 
 
 def run_cli(main: Callable[[], object]) -> None:

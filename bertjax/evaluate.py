@@ -9,6 +9,9 @@
   ner:   --data CoNLL-2003 gold (token POS chunk NER), --predictions `token tag` lines with a
          blank line after each sentence.
 
+Predictions must cover exactly the gold data: a missing index, question id or sentence, or one the
+gold file lacks, is refused, as is a file that does not parse (bytes that are not UTF-8 included).
+
 Prints human-readable lines, then one JSON object with every metric as its last line (NaN, e.g.
 a correlation of constant predictions, is written as null). Bad input: one line on stderr, exit 2.
 """
@@ -106,12 +109,16 @@ def _evaluate_squad(args: argparse.Namespace) -> dict[str, Any]:
       fail(f"--task {args.task} and --version {version} disagree; pass one of them")
     version = version or _SQUAD_TASKS[key]
   found, examples = squad.read_squad(args.data, version=version)
+  if not examples:
+    fail(f"{args.data} has no questions; pass the SQuAD dev json the predictions are for")
   predictions = squad.read_squad_predictions(args.predictions, "predictions")
+  squad.check_prediction_file(args.predictions, predictions, examples, "predictions")
   null_odds = None
   if args.null_odds:
     if found != "2.0":
       fail(f"{args.data} is SQuAD v{found}; null odds apply to v2.0 only: drop --null_odds")
     null_odds = squad.read_squad_predictions(args.null_odds, "null odds")
+    squad.check_prediction_file(args.null_odds, null_odds, examples, "null odds", numbers=True)
   metrics = squad.squad_metrics(examples, predictions, null_odds=null_odds, version=found,
                                 na_prob_thresh=args.na_prob_thresh)
   print(f"SQuAD v{found}: {len(examples)} questions")
@@ -122,8 +129,10 @@ def _evaluate_squad(args: argparse.Namespace) -> dict[str, Any]:
 
 def _evaluate_ner(args: argparse.Namespace) -> dict[str, Any]:
   gold = ner.read_conll(args.data)
+  if not gold:
+    fail(f"{args.data} has no sentences; pass the CoNLL-2003 gold file the predictions are for")
   predicted = ner.read_ner_predictions(args.predictions)
-  pred_tags = ner.align_predictions(gold, predicted)
+  pred_tags = ner.align_predictions(gold, predicted, args.predictions)
   metrics = ner.ner_metrics([s.tags for s in gold], pred_tags)
   print(f"NER: {len(gold)} sentences, {metrics['num_gold']} gold entities, "
         f"{metrics['num_predicted']} predicted, {metrics['num_correct']} correct")

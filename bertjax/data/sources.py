@@ -27,6 +27,7 @@ import logging
 import os
 import pathlib
 import re
+import zlib
 from typing import BinaryIO, Iterable, Iterator, Sequence
 
 from bertjax import errors
@@ -175,7 +176,7 @@ class TextFileSource(Source):
           if i == 0:
             line = line.lstrip("\ufeff")  # a byte-order mark is not text
           yield line.strip()
-    except (OSError, EOFError) as e:  # unreadable file, truncated or corrupt .gz
+    except (OSError, EOFError, zlib.error) as e:  # unreadable file, truncated or corrupt .gz
       errors.fail(f"cannot read {path} ({e}); check the file")
     finally:
       if skipped:

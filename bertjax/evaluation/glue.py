@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import math
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from bertjax.errors import fail
+from bertjax.errors import fail, read_text
 
 SPLITS = ("train", "dev", "test")
 # tfds calls the dev split "validation"; accept both spellings.
@@ -192,33 +193,48 @@ def read_glue_tsv(path: str | os.PathLike, task: str, split: str) -> list[dict[s
          f"({t.glue_dir}/{t.files[split]})")
   label_index = {s: i for i, s in enumerate(t.labels)}
   rows = []
-  # utf-8-sig: the official MRPC files start with a byte-order mark.
-  with open(path, encoding="utf-8-sig", newline="") as f:
-    reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-    for row in reader:
-      line = reader.line_num
-      if cols.header and line == 1:
-        if len(row) != cols.num_columns:
-          fail(f"{path}:1: header has {len(row)} columns, a GLUE {t.name} {split} file has "
-               f"{cols.num_columns}; check the --task and the file")
-        continue
-      if not row:  # a blank line carries no example
-        continue
+  for line, row in _tsv_rows(path, f"GLUE {t.name} {split} file"):
+    if cols.header and line == 1:
       if len(row) != cols.num_columns:
-        fail(f"{path}:{line}: {len(row)} tab-separated columns, expected {cols.num_columns} for "
-             f"GLUE {t.name} {split}; fix the row (or check the task and split)")
-      label = None
-      if cols.label is not None:
-        label = _parse_label(row[cols.label], t, label_index, f"{path}:{line}",
-                             "score" if t.is_regression else "label", "; fix the row",
-                             "; fix the row (or check the task)")
-      rows.append({
-          "idx": len(rows),
-          "sentence1": row[cols.sentence1],
-          "sentence2": None if cols.sentence2 is None else row[cols.sentence2],
-          "label": label,
-      })
+        fail(f"{path}:1: header has {len(row)} columns, a GLUE {t.name} {split} file has "
+             f"{cols.num_columns}; check the --task and the file")
+      continue
+    if not row:  # a blank line carries no example
+      continue
+    if len(row) != cols.num_columns:
+      fail(f"{path}:{line}: {len(row)} tab-separated columns, expected {cols.num_columns} for "
+           f"GLUE {t.name} {split}; fix the row (or check the task and split)")
+    label = None
+    if cols.label is not None:
+      label = _parse_label(row[cols.label], t, label_index, f"{path}:{line}",
+                           "score" if t.is_regression else "label", "; fix the row",
+                           "; fix the row (or check the task)")
+    rows.append({
+        "idx": len(rows),
+        "sentence1": row[cols.sentence1],
+        "sentence2": None if cols.sentence2 is None else row[cols.sentence2],
+        "label": label,
+    })
+  if not rows and split != "test":
+    fail(f"{path}: no GLUE {t.name} {split} examples (the file is empty or holds only a "
+         f"header); use the official {t.glue_dir}/{t.files[split]} with its rows")
   return rows
+
+
+def _tsv_rows(path: str, what: str) -> Iterator[tuple[int, list[str]]]:
+  """(line number, cells) of each line of a tab-separated UTF-8 file, quoting off; bytes that are
+  not UTF-8, or a line csv cannot split, fail naming the file and line."""
+  # read_text drops a leading byte-order mark: the official MRPC files start with one.
+  text = read_text(path, what)
+  reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE)
+  while True:
+    try:
+      row = next(reader)
+    except StopIteration:
+      return
+    except csv.Error as e:
+      fail(f"{path}:{reader.line_num}: cannot split the line into columns ({e}); fix the line")
+    yield reader.line_num, row
 
 
 # ---------------------------------------------------------------------------------------------
@@ -425,27 +441,26 @@ def read_predictions_tsv(path: str | os.PathLike, task: str) -> tuple[np.ndarray
   indices: list[int] = []
   preds: list[float] = []
   seen: dict[int, int] = {}
-  with open(path, encoding="utf-8-sig", newline="") as f:
-    reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-    for row in reader:
-      line = reader.line_num
-      if line == 1:
-        if [c.strip().lower() for c in row] != ["index", "prediction"]:
-          fail(f"{path}:1: header must be 'index<TAB>prediction', got {chr(9).join(row)!r}")
-        continue
-      if not row:
-        continue
-      if len(row) != 2:
-        fail(f"{path}:{line}: {len(row)} columns, expected 2 (index<TAB>prediction)")
-      try:
-        idx = int(row[0])
-      except ValueError:
-        fail(f"{path}:{line}: index {row[0]!r} is not an integer")
-      if idx in seen:
-        fail(f"{path}:{line}: index {idx} already given on line {seen[idx]}; keep one row each")
-      seen[idx] = line
-      value = _parse_label(row[1], t, label_index, f"{path}:{line}", "prediction", "", "")
-      indices.append(idx)
-      preds.append(value)
+  for line, row in _tsv_rows(path, "predictions file"):
+    if line == 1:
+      if [c.strip().lower() for c in row] != ["index", "prediction"]:
+        fail(f"{path}:1: header must be 'index<TAB>prediction', got {chr(9).join(row)!r}")
+      continue
+    if not row:
+      continue
+    if len(row) != 2:
+      fail(f"{path}:{line}: {len(row)} columns, expected 2 (index<TAB>prediction)")
+    try:
+      idx = int(row[0])
+    except ValueError:
+      idx = None
+    if idx is None or not 0 <= idx < 2**63:
+      fail(f"{path}:{line}: index {row[0]!r} is not a row index (an integer from 0)")
+    if idx in seen:
+      fail(f"{path}:{line}: index {idx} already given on line {seen[idx]}; keep one row each")
+    seen[idx] = line
+    value = _parse_label(row[1], t, label_index, f"{path}:{line}", "prediction", "", "")
+    indices.append(idx)
+    preds.append(value)
   dtype = np.float64 if t.is_regression else np.int64
   return np.asarray(indices, np.int64), np.asarray(preds, dtype)

@@ -15,10 +15,11 @@ sentences in the gold file's order without -DOCSTART- markers.
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 from typing import Iterable, Sequence
 
-from bertjax.errors import fail
+from bertjax.errors import fail, read_text
 
 DOCSTART = "-DOCSTART-"
 _PREFIXES = ("B", "I", "E", "S")
@@ -50,27 +51,28 @@ def _read_columns(path: str | os.PathLike, num_columns: int,
   sentences: list[tuple[int, list[list[str]]]] = []
   current: list[list[str]] = []
   start = 0
-  with open(path, encoding="utf-8") as f:
-    for line_no, raw in enumerate(f, start=1):
-      fields = raw.split()
-      if not fields:
-        if current:
-          sentences.append((start, current))
-          current = []
-        continue
-      if fields[0] == DOCSTART:
-        # A document marker sits alone between blank lines; it closes any open sentence.
-        if current:
-          sentences.append((start, current))
-          current = []
-        continue
-      if len(fields) != num_columns:
-        fail(f"{path}:{line_no}: {len(fields)} columns, a {what} line has {num_columns}; "
-             "fix the line")
-      _check_tag(fields[-1], path, line_no)
-      if not current:
-        start = line_no
-      current.append(fields)
+  # newline=None: lines end at \n, \r\n or \r, as a file opened in text mode splits them.
+  for line_no, raw in enumerate(io.StringIO(read_text(path, f"{what} file"), newline=None),
+                                start=1):
+    fields = raw.split()
+    if not fields:
+      if current:
+        sentences.append((start, current))
+        current = []
+      continue
+    if fields[0] == DOCSTART:
+      # A document marker sits alone between blank lines; it closes any open sentence.
+      if current:
+        sentences.append((start, current))
+        current = []
+      continue
+    if len(fields) != num_columns:
+      fail(f"{path}:{line_no}: {len(fields)} columns, a {what} line has {num_columns}; "
+           "fix the line")
+    _check_tag(fields[-1], path, line_no)
+    if not current:
+      start = line_no
+    current.append(fields)
   if current:
     sentences.append((start, current))
   return sentences
@@ -109,23 +111,26 @@ def read_ner_predictions(path: str | os.PathLike) -> list[Sentence]:
           for start, rows in _read_columns(path, 2, "predictions (token tag)")]
 
 
-def align_predictions(gold: Sequence[Sentence],
-                      predicted: Sequence[Sentence]) -> list[list[str]]:
+def align_predictions(gold: Sequence[Sentence], predicted: Sequence[Sentence],
+                      predictions_path: str | os.PathLike | None = None) -> list[list[str]]:
   """Checks `predicted` sentence by sentence against `gold`; returns the predicted tags.
 
   Raises `UserError` naming the first sentence (1-based, in gold order) whose length or tokens
-  differ, or the sentence counts if they differ.
+  differ, or the sentence counts if they differ (a sentence the gold data lacks included); the
+  message starts with `predictions_path` when given.
   """
+  at = f"{os.fspath(predictions_path)}: " if predictions_path is not None else ""
   for n, (g, p) in enumerate(zip(gold, predicted), start=1):
     if len(g.tokens) != len(p.tokens):
-      fail(f"sentence {n} (gold line {g.line}, predictions line {p.line}) has {len(g.tokens)} "
-           f"gold tokens but {len(p.tokens)} predicted; write one line per gold token")
+      fail(f"{at}sentence {n} (gold line {g.line}, predictions line {p.line}) has "
+           f"{len(g.tokens)} gold tokens but {len(p.tokens)} predicted; write one line per gold "
+           "token")
     for k, (a, b) in enumerate(zip(g.tokens, p.tokens)):
       if a != b:
-        fail(f"sentence {n} token {k + 1} (predictions line {p.line + k}) is {b!r}, gold has "
-             f"{a!r}; keep the gold file's tokens and order")
+        fail(f"{at}sentence {n} token {k + 1} (predictions line {p.line + k}) is {b!r}, gold "
+             f"has {a!r}; keep the gold file's tokens and order")
   if len(gold) != len(predicted):
-    fail(f"{len(predicted)} predicted sentences for {len(gold)} gold sentences; write one "
+    fail(f"{at}{len(predicted)} predicted sentences for {len(gold)} gold sentences; write one "
          "block per gold sentence, in order, without -DOCSTART- lines")
   return [list(p.tags) for p in predicted]
 

@@ -21,7 +21,7 @@ import re
 import string
 from typing import Any, Mapping, Sequence
 
-from bertjax.errors import fail
+from bertjax.errors import fail, read_text
 
 VERSIONS = ("1.1", "2.0")
 _PUNCTUATION = frozenset(string.punctuation)
@@ -76,16 +76,33 @@ def normalize_version(version: str | float | None) -> str | None:
   return v
 
 
+def _children(obj: Any, key: str) -> list:
+  """obj[key] if obj is a dict holding a list there, else [] (for a lenient first look)."""
+  value = obj.get(key) if isinstance(obj, dict) else None
+  return value if isinstance(value, list) else []
+
+
 def detect_version(dataset: Mapping[str, Any]) -> str:
   """'2.0' if the json says version v2.0 or any question has `is_impossible`, else '1.1'."""
   if str(dataset.get("version", "")).lstrip("v").startswith("2"):
     return "2.0"
-  for article in dataset.get("data", []):
-    for paragraph in article.get("paragraphs", []):
-      for qa in paragraph.get("qas", []):
-        if "is_impossible" in qa:
+  for article in _children(dataset, "data"):
+    for paragraph in _children(article, "paragraphs"):
+      for qa in _children(paragraph, "qas"):
+        if isinstance(qa, dict) and "is_impossible" in qa:
           return "2.0"
   return "1.1"
+
+
+def _load_json(path: str, what: str, fix: str) -> Any:
+  """The json value in `path`, or one line naming the file, the line and the problem."""
+  text = read_text(path, what)
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError as e:
+    fail(f"{path}:{e.lineno}: not valid json ({e.msg} at column {e.colno}); {fix}")
+  except RecursionError:
+    fail(f"{path}: json nested too deeply to read; {fix}")
 
 
 def read_squad(path: str | os.PathLike,
@@ -94,17 +111,15 @@ def read_squad(path: str | os.PathLike,
 
   Returns `(version, examples)`: version '1.1' or '2.0' as detected from the file, examples one
   dict per question: id, question, context, answers [{text, answer_start}], is_impossible. If
-  `version` is given and the file is of the other version, raises `UserError` saying so.
+  `version` is given and the file is of the other version, raises `UserError` saying so; so it
+  does for a field missing or of the wrong type, a repeated id, or a v1.1 question without
+  answers, naming the file and the question.
   """
   path = os.fspath(path)
   expected = normalize_version(version)
   if not os.path.isfile(path):
     fail(f"SQuAD file not found: {path}; pass the official dev json")
-  try:
-    with open(path, encoding="utf-8") as f:
-      dataset = json.load(f)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    fail(f"{path} is not valid json ({e}); pass the official SQuAD json")
+  dataset = _load_json(path, "SQuAD json", "pass the official SQuAD json")
   if not isinstance(dataset, dict) or not isinstance(dataset.get("data"), list):
     fail(f"{path} has no top-level 'data' list; pass an official SQuAD json, not predictions")
   found = detect_version(dataset)
@@ -116,28 +131,63 @@ def read_squad(path: str | os.PathLike,
          f"or ask for version {found}")
   examples = []
   seen = set()
-  try:
-    for article in dataset["data"]:
-      for paragraph in article["paragraphs"]:
-        context = paragraph["context"]
-        for qa in paragraph["qas"]:
-          qid = qa["id"]
-          if qid in seen:
-            fail(f"{path}: question id {qid!r} appears twice; ids must be unique")
-          seen.add(qid)
-          answers = [{"text": a["text"], "answer_start": int(a["answer_start"])}
-                     for a in qa.get("answers", [])]
-          examples.append({
-              "id": qid,
-              "question": qa["question"],
-              "context": context,
-              "answers": answers,
-              "is_impossible": bool(qa.get("is_impossible", False)),
-          })
-  except (KeyError, TypeError) as e:
-    fail(f"{path}: malformed SQuAD structure (missing or bad field {e}); "
-         "pass an official SQuAD json")
+  for i, article in enumerate(dataset["data"]):
+    at = f"data[{i}]"
+    for j, paragraph in enumerate(_field(path, at, article, "paragraphs", list)):
+      where = f"{at}.paragraphs[{j}]"
+      context = _field(path, where, paragraph, "context", str)
+      for k, qa in enumerate(_field(path, where, paragraph, "qas", list)):
+        example = _question(path, f"{where}.qas[{k}]", qa, context, found)
+        if example["id"] in seen:
+          fail(f"{path}: question id {example['id']!r} appears twice; ids must be unique")
+        seen.add(example["id"])
+        examples.append(example)
   return found, examples
+
+
+_TYPE_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer"}
+
+
+def _field(path: str, where: str, obj: Any, key: str, kind: type) -> Any:
+  """obj[key], checked to be of `kind`; else one line naming the file and the record."""
+  if not isinstance(obj, dict):
+    fail(f"{path}: {where} is a json {type(obj).__name__}, not an object; pass an official "
+         "SQuAD json")
+  if key not in obj:
+    fail(f"{path}: {where} has no {key!r} field; pass an official SQuAD json")
+  value = obj[key]
+  if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+    fail(f"{path}: {where}.{key} is {type(value).__name__} {_short(value)}, not "
+         f"{_TYPE_NAMES[kind]}; pass an official SQuAD json")
+  return value
+
+
+def _short(value: Any) -> str:
+  text = json.dumps(value)
+  return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _question(path: str, where: str, qa: Any, context: str, version: str) -> dict[str, Any]:
+  """One question of the file as an example dict, its fields checked."""
+  qid = _field(path, where, qa, "id", str)
+  where = f"{where} (id {qid!r})"
+  question = _field(path, where, qa, "question", str)
+  impossible = qa.get("is_impossible", False)
+  if not isinstance(impossible, bool):
+    fail(f"{path}: {where}.is_impossible is {_short(impossible)}, not true or false; pass an "
+         "official SQuAD json")
+  answers = []
+  if "answers" in qa:
+    for n, a in enumerate(_field(path, where, qa, "answers", list)):
+      text = _field(path, f"{where}.answers[{n}]", a, "text", str)
+      start = _field(path, f"{where}.answers[{n}]", a, "answer_start", int)
+      answers.append({"text": text, "answer_start": start})
+  if version == "1.1" and not answers:
+    fail(f"{path}: question {where} has no answers, and every SQuAD v1.1 question needs one; "
+         "add its answers (or, if the file is SQuAD v2.0, mark unanswerable questions "
+         "is_impossible: true and set version v2.0)")
+  return {"id": qid, "question": question, "context": context, "answers": answers,
+          "is_impossible": impossible}
 
 
 def _check_predictions(examples: Sequence[Mapping[str, Any]], predictions: Mapping[str, Any],
@@ -181,11 +231,14 @@ def squad_metrics(dataset_examples: Sequence[Mapping[str, Any]],
       fail(f"prediction for {ex['id']!r} is {type(predictions[ex['id']]).__name__}, not text; "
            "predictions map question id -> answer string")
   if version == "1.1":
-    impossible = [ex["id"] for ex in dataset_examples
-                  if ex.get("is_impossible") or not ex["answers"]]
+    impossible = [ex["id"] for ex in dataset_examples if ex.get("is_impossible")]
     if impossible:
       fail(f"gold data has {len(impossible)} unanswerable questions (e.g. {impossible[0]}): "
            "it is SQuAD v2.0; score it with version 2.0")
+    unanswered = [ex["id"] for ex in dataset_examples if not ex["answers"]]
+    if unanswered:
+      fail(f"gold data has {len(unanswered)} questions without answers (e.g. "
+           f"{unanswered[0]}), and every SQuAD v1.1 question needs one; add their answers")
     if null_odds is not None:
       fail("null odds only apply to SQuAD v2.0; drop them or score with version 2.0")
     return _metrics_v1(dataset_examples, predictions)
@@ -222,7 +275,8 @@ def _metrics_v2(examples: Sequence[Mapping[str, Any]], predictions: Mapping[str,
     _check_predictions(examples, null_odds, what="null odds")
     for qid in has_ans:
       v = null_odds[qid]
-      if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+      if isinstance(v, bool) or not isinstance(v, (int, float)) or (
+          isinstance(v, float) and math.isnan(v)):
         fail(f"null odds for {qid!r} is {v!r}, not a number; give one float per question")
     odds = null_odds
   else:
@@ -282,12 +336,33 @@ def read_squad_predictions(path: str | os.PathLike, what: str = "predictions") -
   path = os.fspath(path)
   if not os.path.isfile(path):
     fail(f"{what} file not found: {path}")
-  try:
-    with open(path, encoding="utf-8") as f:
-      obj = json.load(f)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    fail(f"{path} is not valid json ({e}); {what} are a json object {{question id: value}}")
+  fix = f"{what} are a json object {{question id: value}}"
+  obj = _load_json(path, f"{what} file", fix)
   if not isinstance(obj, dict):
-    fail(f"{path} holds a json {type(obj).__name__}; {what} are a json object "
-         "{question id: value}")
+    fail(f"{path} holds a json {type(obj).__name__}; {fix}")
   return obj
+
+
+def check_prediction_file(path: str | os.PathLike, values: Mapping[str, Any],
+                          examples: Sequence[Mapping[str, Any]], what: str = "predictions",
+                          numbers: bool = False) -> None:
+  """Checks a `read_squad_predictions` result against the gold questions: one value per question
+  id, no id the gold data lacks, each value text (or, `numbers`, a number that is not NaN)."""
+  path = os.fspath(path)
+  gold = {ex["id"] for ex in examples}
+  extra = [k for k in values if k not in gold]
+  if extra:
+    first = ", ".join(map(repr, extra[:3])) + (", ..." if len(extra) > 3 else "")
+    fail(f"{path} has {len(extra)} question ids not in the gold file (first: {first}); is it "
+         f"the {what} for another dataset or version?")
+  _check_predictions(examples, values, what=f"{path}: {what}")
+  for ex in examples:
+    v = values[ex["id"]]
+    if numbers:
+      ok = (isinstance(v, (int, float)) and not isinstance(v, bool)
+            and not (isinstance(v, float) and math.isnan(v)))
+    else:
+      ok = isinstance(v, str)
+    if not ok:
+      fail(f"{path}: the {what} for {ex['id']!r} is {_short(v)}, not "
+           f"{'a number' if numbers else 'text'}; give one per question id")

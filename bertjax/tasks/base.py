@@ -18,6 +18,7 @@ predicts every dev example, writes prediction files and scores them.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import math
@@ -390,10 +391,15 @@ class TaskObjective(Objective):
     elif (workdir / "tokenizer").is_dir():  # a resumed run keeps the vocabulary it trained
       tok = tokenizers.load_tokenizer(workdir / "tokenizer")
     else:
+      texts = iter(train_texts())
+      first = next((t for t in texts if t.strip()), None)
+      if first is None:
+        fail(f"{self.name}: the training data has no text to train a tokenizer on; fill the "
+             "training file, or set --config.data.tokenizer (or --config.init_from)")
       announce(f"{self.name}: no init_from or data.tokenizer; training a sentencepiece tokenizer "
                f"(vocab {config.data.vocab_size}) on the training text")
-      tok = tokenizers.train_sentencepiece(train_texts(), None, vocab_size=config.data.vocab_size,
-                                           seed=config.seed)
+      tok = tokenizers.train_sentencepiece(itertools.chain([first], texts), None,
+                                           vocab_size=config.data.vocab_size, seed=config.seed)
     self.tokenizer = tok
     return tok
 

@@ -45,7 +45,8 @@ def read_sentences(config, task: str, split: str,
                    required: bool = True) -> tuple[list[tuple[list[str], list[str]]], str] | None:
   """[(words, labels)] of one split and where it came from; None for an absent optional split.
 
-  A label outside the task's label set raises `UserError` naming the file and line.
+  A label outside the task's label set, a malformed line (bytes that are not UTF-8 included)
+  or a required file without sentences raises `UserError` naming the file (and line).
   """
   labels = LABELS[task]
   known = set(labels)
@@ -68,6 +69,9 @@ def read_sentences(config, task: str, split: str,
                f"label ({', '.join(labels[:9])}{', ...' if len(labels) > 9 else ''}); fix the "
                "line")
       out.append((list(s.tokens), list(tags)))
+    if not out and required:
+      fail(f"{path} has no sentences; a CoNLL-2003 {split} file has `token POS chunk NER` lines "
+           "with a blank line after each sentence")
     return out, str(path)
   try:
     source = base.open_tfds("conll2003", TFDS_SPLITS[split], config.get("tfds_data_dir", ""))

@@ -60,7 +60,8 @@ def _local(config) -> bool:
 
 def read_examples(config, split: str) -> tuple[list[dict[str, Any]], str]:
   """Examples (as `evaluation.squad.read_squad` gives them) of `split` (train | dev), and where
-  they came from. A file of the other SQuAD version is refused."""
+  they came from. A file of the other SQuAD version, a malformed one (a v1.1 question without
+  answers included) or one without questions is refused here, before any training."""
   version = squad_eval.normalize_version(config.version)
   if _local(config):
     key, stem = ("train_file", "train") if split == "train" else ("dev_file", "dev")
@@ -69,6 +70,8 @@ def read_examples(config, split: str) -> tuple[list[dict[str, Any]], str]:
       fail(f"SQuAD {split} file not found: {path}; set --config.data_dir (and "
            f"--config.{key}) to the official SQuAD v{version} json")
     _, examples = squad_eval.read_squad(path, version=version)
+    if not examples:
+      fail(f"{path} has no questions; pass a SQuAD v{version} {split} file with questions")
     return examples, str(path)
   name = f"squad/v{version}"
   source = base.open_tfds(name, "train" if split == "train" else "validation",
@@ -85,6 +88,8 @@ def read_examples(config, split: str) -> tuple[list[dict[str, Any]], str]:
         "answers": [{"text": t, "answer_start": s} for t, s in zip(texts, starts)],
         "is_impossible": bool(np.asarray(ex.get("is_impossible", False)).item()),
     })
+  if not examples:
+    fail(f"tfds {name} has no {split} questions; rebuild the dataset")
   return examples, f"tfds {name}"
 
 
@@ -351,8 +356,6 @@ class SquadTask(base.TaskObjective):
     all_train, train_from = read_examples(config, "train")
     dev_examples, dev_from = read_examples(config, "dev")
     train_examples = all_train[:config.max_train_examples or None]
-    if not dev_examples:
-      fail(f"{dev_from} has no questions; pass a SQuAD dev file with questions")
 
     def texts():  # a tokenizer trained here sees all the training text
       seen = set()
