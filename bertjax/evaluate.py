@@ -26,7 +26,7 @@ import sys
 from typing import Any, Sequence
 
 from bertjax.errors import fail, run_cli
-from bertjax.evaluation import glue, ner, squad
+from bertjax.metrics import glue, ner, squad
 
 _SQUAD_TASKS = {"squad": None, "squad_v1": "1.1", "squad1.1": "1.1", "squad_v1.1": "1.1",
                 "squad_v2": "2.0", "squad2.0": "2.0", "squad_v2.0": "2.0"}

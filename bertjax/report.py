@@ -19,7 +19,7 @@ metric is `--metric`, else GLUE's `score`, else `mlm_accuracy`, else the first n
 
 The GLUE average follows the papers: per task, the setting (the swept keys other than seed)
 with the best median dev score over seeds is chosen and its median metrics are reported; the
-average (`bertjax.evaluation.glue.glue_average`) leaves WNLI out and counts MNLI once, as the
+average (`bertjax.metrics.glue.glue_average`) leaves WNLI out and counts MNLI once, as the
 mean of matched and mismatched.
 """
 
@@ -37,7 +37,7 @@ from typing import Any, Sequence
 from matplotlib.figure import Figure
 
 from bertjax import sweep as sweep_lib
-from bertjax.evaluation import glue
+from bertjax.metrics import glue
 from bertjax.errors import fail
 from bertjax.metric_writers import read_metrics
 

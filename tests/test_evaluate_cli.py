@@ -11,7 +11,7 @@ import pytest
 import scipy.stats
 import sklearn.metrics
 
-from bertjax.evaluation import glue, ner, squad
+from bertjax.metrics import glue, ner, squad
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bertjax.models.config import ModelConfig
-from bertjax.models.electra_pretraining import ElectraPretrainingModel
+from bertjax.models.electra import ElectraPretrainingModel
 from bertjax.models.encoder import Encoder, TransformerLayer
 from bertjax.models.pretraining import PretrainingModel
 from bertjax.objectives.span_sbo import SpanBertModel

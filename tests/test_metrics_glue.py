@@ -15,7 +15,7 @@ import scipy.stats
 import sklearn.metrics
 
 from bertjax.errors import UserError
-from bertjax.evaluation import glue
+from bertjax.metrics import glue
 
 # (tfds task, GLUE folder, HF processor name) for the dev files in ../shared/data/glue.
 REAL_DEV = [("cola", "CoLA", "cola"), ("sst2", "SST-2", "sst-2"), ("mrpc", "MRPC", "mrpc"),

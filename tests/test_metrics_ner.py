@@ -7,7 +7,7 @@ import pytest
 from seqeval import metrics as seqeval_metrics
 
 from bertjax.errors import UserError
-from bertjax.evaluation import ner
+from bertjax.metrics import ner
 
 TYPES = ("PER", "LOC", "ORG", "MISC")
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bertjax.errors import UserError
-from bertjax.evaluation import squad
+from bertjax.metrics import squad
 
 
 def _example(qid, answers, impossible=False):

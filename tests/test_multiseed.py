@@ -14,7 +14,7 @@ import pytest
 from bertjax import multiseed
 from bertjax.data import tokenizers
 from bertjax.errors import UserError
-from bertjax.evaluation import glue as glue_eval
+from bertjax.metrics import glue as glue_eval
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 

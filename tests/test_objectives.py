@@ -24,7 +24,7 @@ from bertjax import config_lib, inputs, train
 from bertjax.data import prepare
 from bertjax.errors import UserError
 from bertjax.models.config import ModelConfig
-from bertjax.models.electra_pretraining import generator_config
+from bertjax.models.electra import generator_config
 from bertjax.models.encoder import Encoder
 from bertjax.models.heads import SpanBoundaryHead
 from bertjax.registry import get_objective

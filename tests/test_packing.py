@@ -9,7 +9,7 @@ import numpy as np
 
 import pytest
 
-from bertjax.data import packing, pipeline, pretraining
+from bertjax.data import instances as inst, packing, pipeline
 from bertjax.errors import UserError
 from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import Encoder
@@ -24,7 +24,7 @@ SEQ = 48
 
 def instance_stream(documents, seed=0):
   """The unpacked instances of one epoch, as the pipeline sees them."""
-  return [dict(i, epoch=0) for i in pretraining.epoch_instances(
+  return [dict(i, epoch=0) for i in inst.epoch_instances(
       documents, "single", SEQ, seed, 0, special=SPECIAL, short_seq_prob=0.3)]
 
 

@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from bertjax.data import pipeline, pretraining
+from bertjax.data import instances as inst, pipeline
 from bertjax.errors import UserError
 from bertjax.data.masking import SpecialIds
 
@@ -158,7 +158,7 @@ def test_finite_epochs_end():
   one = list(make(documents, kind="single", batch_size=2, num_epochs=1, drop_remainder=False))
   two = list(make(documents, kind="single", batch_size=2, num_epochs=2, drop_remainder=False))
   examples = sum(len(b["input_ids"]) for b in one)
-  assert examples == pretraining.count_instances(documents, "single", 48,
+  assert examples == inst.count_instances(documents, "single", 48,
                                                  special=SPECIAL).instances
   assert sum(len(b["input_ids"]) for b in two) == 2 * examples
   dropped = list(make(documents, kind="single", batch_size=5, num_epochs=1))

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from bertjax import evaluate
 from bertjax.data import sources
 from bertjax.errors import UserError
-from bertjax.evaluation import glue, ner, squad
+from bertjax.metrics import glue, ner, squad
 from bertjax.registry import get_objective
 from bertjax.tasks import base
 from bertjax.tasks import glue as glue_task

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from bertjax.evaluation import span_decoding as sd
+from bertjax.metrics import span_decoding as sd
 
 
 def _random_example(rng, windows=3, seq=20):

@@ -13,7 +13,7 @@ import pytest
 from bertjax import checkpoints, config_lib, optim, train
 from bertjax.data import tokenizers
 from bertjax.errors import UserError
-from bertjax.evaluation import glue as glue_eval
+from bertjax.metrics import glue as glue_eval
 from bertjax.models import classifiers
 from bertjax.objective import Schedule
 from bertjax.registry import get_objective

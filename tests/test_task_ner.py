@@ -12,7 +12,7 @@ import pytest
 from bertjax import train
 from bertjax.data import tokenizers
 from bertjax.errors import UserError
-from bertjax.evaluation import ner as ner_eval
+from bertjax.metrics import ner as ner_eval
 from bertjax.registry import get_objective
 from bertjax.tasks import ner
 

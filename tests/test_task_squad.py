@@ -12,8 +12,8 @@ import tokenizers as hf_tokenizers
 from bertjax import checkpoints, config_lib, sharding, train
 from bertjax.data import tokenizers
 from bertjax.errors import UserError
-from bertjax.evaluation import span_decoding
-from bertjax.evaluation import squad as squad_eval
+from bertjax.metrics import span_decoding
+from bertjax.metrics import squad as squad_eval
 from bertjax.registry import get_objective
 from bertjax.tasks import squad
 

@@ -28,7 +28,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from bertjax.data.pretraining import Instance
+from bertjax.data.instances import Instance
 from bertjax.errors import UserError
 
 # Kinds whose instances can share a row: they carry no per-instance label read from [CLS].

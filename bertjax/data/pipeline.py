@@ -1,6 +1,6 @@
 """The grain input pipeline for pretraining: documents -> instances -> masked, padded batches.
 
-  documents --(_InstanceDataset: epochs of `pretraining.walk_epoch`)--> instances
+  documents --(_InstanceDataset: epochs of `instances.walk_epoch`)--> instances
             [--(packing.PackedDataset, when pack=True: several instances per row)--> rows]
             --map(_Featurize: pad to max_seq_length, dynamic masking)--> examples
             --batch(batch_size)--> batches of numpy arrays
@@ -25,7 +25,7 @@ import grain
 import numpy as np
 
 from bertjax.data import packing
-from bertjax.data import pretraining
+from bertjax.data import instances
 from bertjax.errors import UserError
 from bertjax.data import masking
 from bertjax.data.masking import SpecialIds
@@ -37,7 +37,7 @@ _MASK_TAG = 0x4D41534B
 class _InstanceDataset(grain.IterDataset):
   """Unpadded instances of `num_epochs` epochs (forever if None) of one shard."""
 
-  def __init__(self, documents: pretraining.Documents, *, kind: str, max_seq_length: int,
+  def __init__(self, documents: instances.Documents, *, kind: str, max_seq_length: int,
                seed: int, special: SpecialIds, shard_index: int, shard_count: int,
                num_epochs: int | None, short_seq_prob: float | None):
     super().__init__()
@@ -62,14 +62,14 @@ class _InstanceIterator(grain.DatasetIterator):
     super().__init__()
     self._ds = dataset
     self._epoch = 0
-    self._cursor: pretraining.Cursor = (0, 0)
+    self._cursor: instances.Cursor = (0, 0)
     self._walk = None
 
-  def __next__(self) -> pretraining.Instance:
+  def __next__(self) -> instances.Instance:
     ds = self._ds
     while ds.num_epochs is None or self._epoch < ds.num_epochs:
       if self._walk is None:
-        self._walk = pretraining.walk_epoch(
+        self._walk = instances.walk_epoch(
             ds.documents, ds.kind, ds.max_seq_length, ds.seed, self._epoch, ds.shard_index,
             ds.shard_count, special=ds.special, short_seq_prob=ds.short_seq_prob,
             start=self._cursor)
@@ -108,7 +108,7 @@ class _Featurize:
     self.special = special
     self.masking_kwargs = masking_kwargs
 
-  def __call__(self, instance: pretraining.Instance) -> dict[str, np.ndarray]:
+  def __call__(self, instance: instances.Instance) -> dict[str, np.ndarray]:
     length = instance["length"]
     input_ids = np.full(self.max_seq_length, self.special.pad, np.int32)
     input_ids[:length] = instance["input_ids"]
@@ -130,7 +130,7 @@ class _Featurize:
 
 
 def make_pretraining_dataset(
-    documents: pretraining.Documents, *, kind: str, max_seq_length: int, batch_size: int,
+    documents: instances.Documents, *, kind: str, max_seq_length: int, batch_size: int,
     seed: int, special: SpecialIds, word_start_mask: np.ndarray | None = None,
     mask_rate: float = 0.15, max_predictions: int = 20, strategy: str = "token",
     max_ngram: int = 3, span_p: float = 0.2, span_max: int = 10,
@@ -139,7 +139,7 @@ def make_pretraining_dataset(
     drop_remainder: bool = True, pack: bool = False,
     pack_bins: int = 64) -> grain.IterDataset:
   """The pretraining `grain.IterDataset` of batches; see `make_pretraining_iterator`."""
-  pretraining.check_kind(kind, max_seq_length)
+  instances.check_kind(kind, max_seq_length)
   if pack:
     packing.check_packing(kind, pack_bins)
   if batch_size < 1:
@@ -147,27 +147,27 @@ def make_pretraining_dataset(
   if num_epochs is not None and num_epochs < 1:
     raise UserError(f"num_epochs={num_epochs} must be >= 1, or None to repeat forever")
   # Fail on a bad shard, seed or masking config now rather than at the first batch.
-  pretraining.shard_documents(len(documents), seed, 0, shard_index, shard_count)
+  instances.shard_documents(len(documents), seed, 0, shard_index, shard_count)
   masking_kwargs = dict(mask_rate=mask_rate, max_predictions=max_predictions, strategy=strategy,
                         word_start_mask=word_start_mask, max_ngram=max_ngram, span_p=span_p,
                         span_max=span_max, replace_probs=tuple(replace_probs))
   masking.check_masking_config(special, **masking_kwargs)
   if word_start_mask is not None:
     masking_kwargs["word_start_mask"] = np.asarray(word_start_mask, bool)
-  instances = _InstanceDataset(documents, kind=kind, max_seq_length=max_seq_length, seed=seed,
+  dataset = _InstanceDataset(documents, kind=kind, max_seq_length=max_seq_length, seed=seed,
                                special=special, shard_index=shard_index,
                                shard_count=shard_count, num_epochs=num_epochs,
                                short_seq_prob=short_seq_prob)
   if pack:
-    instances = packing.PackedDataset(instances, max_seq_length=max_seq_length,
+    dataset = packing.PackedDataset(dataset, max_seq_length=max_seq_length,
                                       num_bins=pack_bins)
   featurize = _Featurize(max_seq_length=max_seq_length, seed=seed, special=special,
                          masking_kwargs=masking_kwargs)
-  return instances.map(featurize).batch(batch_size, drop_remainder=drop_remainder)
+  return dataset.map(featurize).batch(batch_size, drop_remainder=drop_remainder)
 
 
 def make_pretraining_iterator(
-    documents: pretraining.Documents, *, kind: str, max_seq_length: int, batch_size: int,
+    documents: instances.Documents, *, kind: str, max_seq_length: int, batch_size: int,
     seed: int, special: SpecialIds, word_start_mask: np.ndarray | None = None,
     mask_rate: float = 0.15, max_predictions: int = 20, strategy: str = "token",
     max_ngram: int = 3, span_p: float = 0.2, span_max: int = 10,
@@ -179,7 +179,7 @@ def make_pretraining_iterator(
 
   Args:
     documents: random-access sequence of documents (lists of `<int32>[len]` sentences).
-    kind: 'nsp', 'sop', 'full' or 'single' (see `bertjax.data.pretraining`).
+    kind: 'nsp', 'sop', 'full' or 'single' (see `bertjax.data.instances`).
     max_seq_length: L, the padded sequence length.
     batch_size: B, per process.
     seed: non-negative; with the step it determines every batch.

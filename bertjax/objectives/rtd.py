@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax.models.electra_pretraining import ElectraPretrainingModel, generator_config
+from bertjax.models.electra import ElectraPretrainingModel, generator_config
 from bertjax.objective import Objective, masked_lm_terms
 
 # ELECTRA's corruption of the selected tokens: ([MASK], random, unchanged).

@@ -7,7 +7,7 @@ logits; stsb is a regression with one output and a squared-error loss. MNLI eval
 dev sets (matched and mismatched) and its model also predicts the diagnostic set (AX).
 
 Data: `config.data_dir` names the GLUE download (glue_data/ with one folder per task, or one
-task's folder) in the official tsv formats (read by `bertjax.evaluation.glue`); empty, the tfds
+task's folder) in the official tsv formats (read by `bertjax.metrics.glue`); empty, the tfds
 `glue/<task>` dataset built under `config.tfds_data_dir`.
 
 Each evaluation writes WORKDIR/predictions/step_<N>/dev/<leaderboard name>.tsv (RTE.tsv,
@@ -28,7 +28,7 @@ import numpy as np
 import optax
 
 from bertjax.errors import UserError, fail
-from bertjax.evaluation import glue
+from bertjax.metrics import glue
 from bertjax.models import classifiers
 from bertjax.tasks import base
 

@@ -5,7 +5,7 @@ ignored (label weight 0), as BERT tags CoNLL. A sentence longer than the window 
 boundaries into several rows, so every word of every sentence gets exactly one prediction; a
 single word with more sub-tokens than fit keeps its first ones.
 
-NER is scored at the entity level (precision, recall, F1; `bertjax.evaluation.ner`, conlleval
+NER is scored at the entity level (precision, recall, F1; `bertjax.metrics.ner`, conlleval
 semantics), POS by token accuracy. Each evaluation writes WORKDIR/predictions/step_<N>/
 dev_predictions.txt (`token tag` lines, a blank line after each sentence: what
 `python -m bertjax.evaluate ner` scores) and metrics.json; the final one also predicts and scores
@@ -25,7 +25,7 @@ import numpy as np
 import optax
 
 from bertjax.errors import UserError, fail
-from bertjax.evaluation import ner as ner_eval
+from bertjax.metrics import ner as ner_eval
 from bertjax.models import classifiers
 from bertjax.tasks import base
 

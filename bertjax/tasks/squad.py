@@ -12,7 +12,7 @@ unanswerable v2.0 question) points both at [CLS]. A question whose answer lies i
 is longer than a window, or crosses window boundaries with too little overlap), or whose answer
 text does not match its context at `answer_start`, is skipped, counted and reported.
 
-Decoding (`bertjax.evaluation.span_decoding`, vectorized over windows): the best span over all
+Decoding (`bertjax.metrics.span_decoding`, vectorized over windows): the best span over all
 windows of a question, restricted to passage tokens, starting in a window where that token has
 its maximal context, at most `max_answer_length` tokens long, plus the n-best list. v2.0: the
 null score is [CLS]'s start + end logit; null_odds = null score - best span score, and a
@@ -21,7 +21,7 @@ would have been best on dev (the official script's best_f1_thresh) is reported w
 
 Each evaluation writes WORKDIR/predictions/step_<N>/predictions.json (official format),
 nbest_predictions.json, null_odds.json (v2.0) and metrics.json, scored with
-`bertjax.evaluation.squad` exactly as `python -m bertjax.evaluate squad` scores the files.
+`bertjax.metrics.squad` exactly as `python -m bertjax.evaluate squad` scores the files.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ import numpy as np
 import optax
 
 from bertjax.errors import fail
-from bertjax.evaluation import span_decoding
-from bertjax.evaluation import squad as squad_eval
+from bertjax.metrics import span_decoding
+from bertjax.metrics import squad as squad_eval
 from bertjax.models import classifiers
 from bertjax.tasks import base
 

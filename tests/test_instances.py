@@ -1,4 +1,4 @@
-"""Tests for bertjax.data.pretraining: NSP/SOP/FULL-SENTENCES/single-segment instances.
+"""Tests for bertjax.data.instances: NSP/SOP/FULL-SENTENCES/single-segment instances.
 
 Real-text checks use WikiText-2 valid cut into documents at ` = Title = ` headings and into
 sentences after each "." token, with whitespace tokens mapped to ids by a vocabulary built here.
@@ -10,8 +10,8 @@ import re
 import numpy as np
 import pytest
 
-from bertjax.data import pretraining
-from bertjax.data.pretraining import Segment
+from bertjax.data import instances as inst
+from bertjax.data.instances import Segment
 from bertjax.errors import UserError
 from bertjax.data.masking import SpecialIds
 
@@ -63,7 +63,7 @@ def segment_tokens(documents, segment: Segment, max_len: int) -> np.ndarray:
   """The tokens a Segment names, recomputed from the documents."""
   key = (id(documents), segment.doc, max_len)
   if key not in _pieces_cache:
-    _pieces_cache[key] = pretraining.split_long_sentences(documents[segment.doc], max_len)
+    _pieces_cache[key] = inst.split_long_sentences(documents[segment.doc], max_len)
   pieces = _pieces_cache[key]
   text = np.concatenate(pieces[segment.start:segment.end])
   return text[segment.trim_front:len(text) - segment.trim_back]
@@ -84,7 +84,7 @@ def test_nsp_statistics_and_pair_provenance(wikitext):
   max_seq_length = 64
   labels = []
   for epoch in range(3):
-    for instance in pretraining.epoch_instances(documents, "nsp", max_seq_length, seed=0,
+    for instance in inst.epoch_instances(documents, "nsp", max_seq_length, seed=0,
                                                 epoch=epoch, special=special):
       assert instance["length"] == len(instance["input_ids"]) <= max_seq_length
       tokens_a, tokens_b = split_pair(instance)
@@ -110,7 +110,7 @@ def test_sop_statistics_and_swaps(wikitext):
   special = special_for(vocab_size)
   labels = []
   for epoch in range(3):
-    for instance in pretraining.epoch_instances(documents, "sop", 64, seed=1, epoch=epoch,
+    for instance in inst.epoch_instances(documents, "sop", 64, seed=1, epoch=epoch,
                                                 special=special):
       tokens_a, tokens_b = split_pair(instance)
       first, second = instance["segments"]
@@ -129,9 +129,9 @@ def test_sop_statistics_and_swaps(wikitext):
 def test_short_sequences_appear_at_short_seq_prob(wikitext):
   documents, vocab_size = wikitext
   special = special_for(vocab_size)
-  lengths = [i["length"] for i in pretraining.epoch_instances(
+  lengths = [i["length"] for i in inst.epoch_instances(
       documents, "nsp", 128, seed=0, epoch=0, special=special, short_seq_prob=0.0)]
-  short = [i["length"] for i in pretraining.epoch_instances(
+  short = [i["length"] for i in inst.epoch_instances(
       documents, "nsp", 128, seed=0, epoch=0, special=special, short_seq_prob=0.5)]
   assert np.mean(short) < np.mean(lengths) - 10
   assert np.median(lengths) == 128  # Without short targets, most pairs are full.
@@ -141,12 +141,12 @@ def test_full_sentences_pack_across_documents(wikitext):
   documents, vocab_size = wikitext
   special = special_for(vocab_size)
   max_seq_length = 128
-  order = pretraining.shard_documents(len(documents), seed=2, epoch=0)
-  instances = list(pretraining.epoch_instances(documents, "full", max_seq_length, seed=2,
+  order = inst.shard_documents(len(documents), seed=2, epoch=0)
+  instances = list(inst.epoch_instances(documents, "full", max_seq_length, seed=2,
                                                epoch=0, special=special))
   crossing = 0
   expected_stream = [(int(d), i) for d in order
-                     for i in range(len(pretraining.split_long_sentences(documents[d], 126)))]
+                     for i in range(len(inst.split_long_sentences(documents[d], 126)))]
   seen_stream = []
   for instance in instances:
     ids = instance["input_ids"]
@@ -167,7 +167,7 @@ def test_full_sentences_pack_across_documents(wikitext):
   # Packing is greedy: an instance plus the next sentence would not have fitted.
   for this, following in zip(instances, instances[1:]):
     next_segment = following["segments"][0]
-    next_len = len(pretraining.split_long_sentences(documents[next_segment.doc],
+    next_len = len(inst.split_long_sentences(documents[next_segment.doc],
                                                     126)[next_segment.start])
     extra = this["segments"][-1].doc != next_segment.doc
     assert this["length"] - 2 + extra + next_len > max_seq_length - 2
@@ -177,7 +177,7 @@ def test_single_segments_cover_each_document_once(wikitext):
   documents, vocab_size = wikitext
   special = special_for(vocab_size)
   per_doc: dict[int, list[Segment]] = {}
-  for instance in pretraining.epoch_instances(documents, "single", 128, seed=3, epoch=0,
+  for instance in inst.epoch_instances(documents, "single", 128, seed=3, epoch=0,
                                               special=special):
     ids = instance["input_ids"]
     assert ids[0] == CLS and ids[-1] == SEP and len(ids) <= 128
@@ -187,7 +187,7 @@ def test_single_segments_cover_each_document_once(wikitext):
     per_doc.setdefault(segment.doc, []).append(segment)
   for doc, segments in per_doc.items():
     segments.sort()
-    num_pieces = len(pretraining.split_long_sentences(documents[doc], 126))
+    num_pieces = len(inst.split_long_sentences(documents[doc], 126))
     assert segments[0].start == 0 and segments[-1].end == num_pieces
     assert all(a.end == b.start for a, b in zip(segments, segments[1:]))
   assert len(per_doc) == sum(1 for d in documents if d)
@@ -199,14 +199,14 @@ def test_long_sentences_are_split_not_fatal():
                [rng.integers(5, 1000, 7).astype(np.int32), rng.integers(5, 1000, 300)],
                [rng.integers(5, 1000, 20).astype(np.int32) for _ in range(5)]]
   special = special_for(1000)
-  for kind in pretraining.KINDS:
-    stats = pretraining.InstanceStats()
-    instances = list(pretraining.epoch_instances(documents, kind, 32, seed=0, epoch=0,
+  for kind in inst.KINDS:
+    stats = inst.InstanceStats()
+    instances = list(inst.epoch_instances(documents, kind, 32, seed=0, epoch=0,
                                                  special=special, stats=stats))
     assert instances and all(i["length"] <= 32 for i in instances)
     # The long line became pieces, so even the one-line document is usable.
     assert stats.usable_documents == 3
-  pieces = pretraining.split_long_sentences(documents[0], 30)
+  pieces = inst.split_long_sentences(documents[0], 30)
   assert [len(p) for p in pieces] == [30] * 33 + [10]
   np.testing.assert_array_equal(np.concatenate(pieces), documents[0][0])
 
@@ -219,7 +219,7 @@ def test_unusable_documents_are_counted():
   documents = good + one_sentence + empty
   special = special_for(1000)
   for kind, usable in [("nsp", 6), ("sop", 6), ("full", 9), ("single", 9)]:
-    stats = pretraining.count_instances(documents, kind, 64, special=special)
+    stats = inst.count_instances(documents, kind, 64, special=special)
     assert stats.documents == 11
     assert stats.usable_documents == usable
     assert stats.skipped_documents == 11 - usable
@@ -233,29 +233,29 @@ def test_unusable_documents_are_counted():
 def test_unusable_corpus_is_a_user_error(kind, message):
   documents = [[np.arange(5, 15, dtype=np.int32)] for _ in range(5)]
   with pytest.raises(UserError, match=message):
-    pretraining.count_instances(documents, kind, 64, special=special_for(100))
+    inst.count_instances(documents, kind, 64, special=special_for(100))
 
 
 def test_other_corpus_errors():
   special = special_for(100)
   with pytest.raises(UserError, match="at least 1 non-empty sentence; 0 of 2"):
-    pretraining.count_instances([[], []], "full", 64, special=special)
+    inst.count_instances([[], []], "full", 64, special=special)
   with pytest.raises(UserError, match="no documents"):
-    pretraining.count_instances([], "single", 64, special=special)
+    inst.count_instances([], "single", 64, special=special)
   with pytest.raises(UserError, match="NSP needs at least 2 documents"):
-    pretraining.count_instances([[np.arange(5, 9), np.arange(5, 9)]], "nsp", 64,
+    inst.count_instances([[np.arange(5, 9), np.arange(5, 9)]], "nsp", 64,
                                 special=special)
   with pytest.raises(UserError, match="shard 3 of 4 has no documents"):
-    pretraining.count_instances([[np.arange(5, 9)]] * 3, "single", 64, shard_index=3,
+    inst.count_instances([[np.arange(5, 9)]] * 3, "single", 64, shard_index=3,
                                 shard_count=4, special=special)
   with pytest.raises(UserError, match="unknown instance kind"):
-    pretraining.count_instances([[np.arange(5, 9)]], "mlm", 64, special=special)
+    inst.count_instances([[np.arange(5, 9)]], "mlm", 64, special=special)
   with pytest.raises(UserError, match="too short"):
-    pretraining.count_instances([[np.arange(5, 9)]], "nsp", 4, special=special)
+    inst.count_instances([[np.arange(5, 9)]], "nsp", 4, special=special)
 
 
 def instances_by_key(documents, kind, seed, epoch, shard_index=0, shard_count=1):
-  return {i["example_key"]: i for i in pretraining.epoch_instances(
+  return {i["example_key"]: i for i in inst.epoch_instances(
       documents, kind, 48, seed=seed, epoch=epoch, shard_index=shard_index,
       shard_count=shard_count, special=special_for(1000))}
 
@@ -283,13 +283,13 @@ def test_instances_are_deterministic_and_independent_of_sharding(kind):
   assert (differ > len(whole) // 4) == (kind != "single")
 
 
-@pytest.mark.parametrize("kind", pretraining.KINDS)
+@pytest.mark.parametrize("kind", inst.KINDS)
 def test_walk_resumes_exactly_from_any_cursor(kind):
   documents = synthetic_corpus(60, np.random.default_rng(8))
   special = special_for(1000)
-  walked = list(pretraining.walk_epoch(documents, kind, 48, 9, 2, special=special))
+  walked = list(inst.walk_epoch(documents, kind, 48, 9, 2, special=special))
   for j in [0, 1, len(walked) // 3, len(walked) - 2]:
-    rest = list(pretraining.walk_epoch(documents, kind, 48, 9, 2, special=special,
+    rest = list(inst.walk_epoch(documents, kind, 48, 9, 2, special=special,
                                        start=walked[j][1]))
     assert len(rest) == len(walked) - j - 1
     for (a, cursor_a), (b, cursor_b) in zip(rest, walked[j + 1:]):
@@ -309,9 +309,9 @@ def test_truncate_seq_pair_matches_berts_loop():
         a -= 1
       else:
         b -= 1
-    (fa, ba), (fb, bb) = pretraining.truncate_seq_pair(int(len_a), int(len_b), max_tokens, rng)
+    (fa, ba), (fb, bb) = inst.truncate_seq_pair(int(len_a), int(len_b), max_tokens, rng)
     assert min(fa, ba, fb, bb) >= 0
     assert (len_a - fa - ba, len_b - fb - bb) == (a, b)
   # Front and back cuts are equally likely.
-  fronts = [pretraining.truncate_seq_pair(300, 10, 110, rng)[0][0] for _ in range(2000)]
+  fronts = [inst.truncate_seq_pair(300, 10, 110, rng)[0][0] for _ in range(2000)]
   assert abs(np.mean(fronts) / 200 - 0.5) < 0.02
