@@ -20,7 +20,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 import jax
 
 from bertjax import config_lib, distributed, multiseed, sweep, train, xla_defaults
-from bertjax.errors import run_cli
+from bertjax.errors import EXIT_PREEMPTED, run_cli
 # pylint: enable=wrong-import-position
 
 
@@ -97,6 +97,8 @@ def main(argv=None):
     summary = train.train_and_evaluate(config, args.workdir)
   print_summary(summary)
   print("summary: " + json.dumps(summary))
+  if str(summary.get("status", "")).startswith("preempted"):
+    sys.exit(EXIT_PREEMPTED)  # a checkpoint was saved: the same command goes on
 
 
 if __name__ == "__main__":

@@ -3,7 +3,15 @@
 Anything a user can cause (a bad config key, a missing file, malformed data, a wrong mesh, a
 corrupt checkpoint) raises `UserError` with a message that names the problem and the fix.
 Command-line entry points wrap their `main` in `run_cli`, which prints that one line to stderr
-and exits with status 2; genuine bugs still surface as tracebacks.
+and exits with the error's status; genuine bugs still surface as tracebacks (status 1).
+
+Exit statuses of every command (README, "Exit statuses"):
+  0   finished
+  1   a bug: a Python traceback (please report it)
+  2   a user error: the one line says what to change (nothing of an earlier run was changed)
+  3   the run diverged (a non-finite loss or gradient): the last finite checkpoint is kept
+  75  preempted (SIGTERM): a checkpoint was saved, run the same command again to go on
+  130 interrupted (Ctrl-C)
 """
 
 from __future__ import annotations
@@ -14,8 +22,21 @@ import sys
 from typing import Callable, NoReturn
 
 
+EXIT_FINISHED = 0
+EXIT_USER_ERROR = 2
+EXIT_DIVERGED = 3
+EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL: a temporary failure, the caller is invited to retry
+EXIT_INTERRUPTED = 130
+
+
 class UserError(Exception):
   """An error caused by the user's input; its message is the whole report."""
+  exit_code = EXIT_USER_ERROR
+
+
+class Diverged(UserError):
+  """The loss or the gradients became non-finite; the message names the step and likely cause."""
+  exit_code = EXIT_DIVERGED
 
 
 def fail(message: str) -> NoReturn:
@@ -48,10 +69,10 @@ def run_cli(main: Callable[[], object]) -> None:
     main()
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(e.exit_code)
   except KeyboardInterrupt:
     print("error: interrupted", file=sys.stderr)
-    sys.exit(130)
+    sys.exit(EXIT_INTERRUPTED)
 
 
 class ArgumentParser(argparse.ArgumentParser):

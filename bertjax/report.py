@@ -38,7 +38,7 @@ from matplotlib.figure import Figure
 
 from bertjax import sweep as sweep_lib
 from bertjax.metrics import glue
-from bertjax.errors import fail
+from bertjax.errors import fail, run_cli
 from bertjax.metric_writers import read_metrics
 
 SEED_KEYS = ("seed",)
@@ -445,5 +445,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  from bertjax.errors import run_cli  # pylint: disable=g-import-not-at-top
   run_cli(main)
