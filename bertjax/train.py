@@ -28,7 +28,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from bertjax import checkpoints, optim, prefetch, sharding
+from bertjax import checkpoints, divergence, optim, prefetch, sharding
 from bertjax.errors import fail
 from bertjax.metric_writers import MetricWriter
 from bertjax.models.config import ModelConfig
@@ -56,7 +56,11 @@ def split_micro_batches(batch, accum: int):
   return jax.tree.map(split, batch)
 
 
-def make_train_step(objective, model, optimizer, accum: int) -> Callable:
+def make_train_step(objective, model, optimizer, accum: int, skip_nonfinite: bool = False
+                    ) -> Callable:
+  """The jitted-to-be step. Every step reports `nonfinite` (1 when its loss or gradient norm is
+  not finite); with `skip_nonfinite` such a step leaves parameters and optimizer state as they
+  were (bertjax.divergence)."""
 
   def train_step(state: TrainState, batch):
     rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
@@ -80,10 +84,16 @@ def make_train_step(objective, model, optimizer, accum: int) -> Callable:
           body, (zeros(l0), zeros(m0), zeros(g0)), (jnp.arange(accum), micro))
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = dict(metrics)
-    metrics["loss"] = (loss, jnp.ones_like(loss))
+    grad_norm = optax.tree.norm(grads)
+    finite = divergence.step_is_finite(loss, grad_norm)
+    metrics = {**metrics, "loss": (loss, jnp.ones_like(loss))}
+    if skip_nonfinite:
+      params, opt_state = divergence.keep_if_finite(finite, (params, opt_state),
+                                                    (state.params, state.opt_state))
+      metrics = divergence.without_nonfinite_step(finite, metrics)
     metrics["learning_rate"] = (optim.current_learning_rate(state.opt_state), jnp.ones(()))
-    metrics["grad_norm"] = (optax.tree.norm(grads), jnp.ones(()))
+    metrics["grad_norm"] = (grad_norm, jnp.ones(()))
+    metrics["nonfinite"] = (1.0 - finite.astype(jnp.float32), jnp.ones(()))
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
 
@@ -309,7 +319,8 @@ def setup(config, objective, model_cfg: ModelConfig, mesh) -> tuple[Setup, Train
       objective, model, optimizer, config, mesh, init_batch, abstract_boxed)
   batch_shard = sharding.batch_sharding(mesh)
   metric_shard = sharding.replicated(mesh)
-  train_step = jax.jit(make_train_step(objective, model, optimizer, accum),
+  skip = divergence.check_policy(config.get("nonfinite_policy", "stop")) == "skip"
+  train_step = jax.jit(make_train_step(objective, model, optimizer, accum, skip),
                        in_shardings=(state_shardings, batch_shard),
                        out_shardings=(state_shardings, metric_shard), donate_argnums=(0,))
   eval_step = jax.jit(make_eval_step(objective, model),
@@ -349,9 +360,11 @@ class _Progress:
   first: dict | None = None
   last: dict | None = None
   last_eval: dict | None = None
+  watch: divergence.Watch | None = None
 
-  def add(self, batch, metrics) -> None:
+  def add(self, batch, metrics, step) -> None:
     self.sums = add_metrics(self.sums, metrics)
+    self.watch.add(metrics, step)
     if self.compiling:
       # Throughput windows start after the first step, so compilation is not counted in them.
       jax.block_until_ready(metrics)
@@ -389,16 +402,19 @@ def _train_loop(config, s: Setup, state: TrainState, data, ckpt, writer: MetricW
       with jax.set_mesh(s.mesh), nn.logical_axis_rules(s.rules):
         state, metrics = s.train_step(state, device_batch)
       step += 1
-      progress.add(batch, metrics)
+      progress.add(batch, metrics, state.step)
       if step % config.log_every == 0 or step == config.total_steps:
         progress.log(writer, step, metrics)
+        progress.watch.check()
       if config.eval_every and step % config.eval_every == 0:
         t_eval = time.time()
         progress.last_eval = run_eval(step, state) or progress.last_eval
         progress.t_log += time.time() - t_eval  # evaluation time is not training time
       if step % config.checkpoint_every == 0 or step == config.total_steps:
+        progress.watch.check_checkpoint(step, state.params)
         ckpt.save(step, state, batches.get_state(), force=True)
       if preemption.requested:
+        progress.watch.check_checkpoint(step, state.params)
         ckpt.save(step, state, batches.get_state(), force=True)
         stop_reason = "preempted (SIGTERM): checkpoint saved"
         break
@@ -446,7 +462,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         best.update(step, metrics, state.params)
       return metrics
 
-    progress = _Progress()
+    progress = _Progress(watch=divergence.Watch(
+        config.get("nonfinite_policy", "stop"), int(jax.device_get(state.step)),
+        config.learning_rate, model_cfg.dtype))
     state, step, stop_reason = _train_loop(config, s, state, data, ckpt, writer, run_eval, progress)
     if config.eval_every and step == config.total_steps and (progress.last_eval is None or
                                                              step % config.eval_every):

@@ -38,6 +38,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.best_mode = "max"              # max | min
   c.checkpoint_every = 1000        # steps between checkpoints (and always at the end)
   c.keep_checkpoints = 3           # checkpoints kept on disk
+  c.nonfinite_policy = "stop"      # a NaN/inf loss or gradient: stop (exit 3) | skip that update
   c.async_checkpointing = True     # write checkpoints in a background thread
   c.tensorboard = True             # also write TensorBoard event files
   c.init_from = ""                 # a converted checkpoint folder or a training workdir to start from
