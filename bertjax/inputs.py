@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import pathlib
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -46,7 +47,8 @@ class DocumentSlice(Sequence):
 
 
 def prepared_corpus_dir(config, workdir: pathlib.Path) -> pathlib.Path:
-  """The prepared corpus to train on, preparing `config.data.corpus` first if needed."""
+  """The prepared corpus to train on, preparing `config.data.corpus` first if needed: again when
+  its files, format or tokenizer changed since, unless checkpoints were trained on the old one."""
   if config.data_dir:
     path = pathlib.Path(config.data_dir)
     if not path.is_dir():
@@ -57,12 +59,22 @@ def prepared_corpus_dir(config, workdir: pathlib.Path) -> pathlib.Path:
     fail("no training data: set --config.data_dir to a prepared corpus or --config.data.corpus to "
          "raw text files")
   out = workdir / "prepared"
-  if (out / "meta.json").exists():
-    return out
-  if jax.process_index() != 0:
-    fail(f"{out} is not prepared; prepare the corpus once before a multi-host run")
   globs = [g for g in config.data.corpus.split(",") if g]
   docs = sources.read_documents(globs, config.data.format)
+  provenance = {**docs.provenance(), "tokenizer": _tokenizer_setting(config)}
+  overwrite = False
+  if (out / "meta.json").exists():
+    changed = prepare.changed_inputs(prepare.PreparedCorpus(out).meta.get("provenance"), provenance)
+    if not changed:
+      return out
+    if _has_checkpoints(workdir):
+      fail(f"data.corpus is not what {out} was prepared from ({changed}) and this workdir's "
+           "checkpoints were trained on the old corpus; use a new --workdir, or restore the old "
+           "inputs to resume")
+    logging.warning("preparing %s again: its inputs changed (%s)", out, changed)
+    overwrite = True
+  if jax.process_index() != 0:
+    fail(f"{out} is not prepared; prepare the corpus once before a multi-host run")
   if config.data.tokenizer:
     tokenizer = tokenizers.load_tokenizer(config.data.tokenizer)
   else:
@@ -70,8 +82,23 @@ def prepared_corpus_dir(config, workdir: pathlib.Path) -> pathlib.Path:
     tokenizer = tokenizers.train_sentencepiece(sources.iter_sentences(docs), None,
                                                vocab_size=config.data.vocab_size)
   logging.info("tokenizing %s into %s", globs, out)
-  prepare.prepare_corpus(docs, tokenizer, out, num_shards=1)
+  prepare.prepare_corpus(docs, tokenizer, out, num_shards=1, overwrite=overwrite,
+                         provenance=provenance)
   return out
+
+
+def _tokenizer_setting(config) -> dict:
+  """Which tokenizer a workdir's corpus is tokenized with: a given folder (by content), or one
+  trained on the corpus at data.vocab_size."""
+  if config.data.tokenizer:
+    return {"path": os.path.realpath(os.path.expanduser(config.data.tokenizer)),
+            "sha256": tokenizers.fingerprint(os.path.expanduser(config.data.tokenizer))}
+  return {"trained_vocab_size": int(config.data.vocab_size)}
+
+
+def _has_checkpoints(workdir: pathlib.Path) -> bool:
+  directory = workdir / "checkpoints"
+  return directory.is_dir() and any(p.name.isdigit() for p in directory.iterdir())
 
 
 class SyntheticBatches:

@@ -130,7 +130,8 @@ def prepare_corpus(source: Iterable[Sequence[str]],
                    *,
                    max_documents: int | None = None,
                    overwrite: bool = False,
-                   progress: bool | None = None) -> dict:
+                   progress: bool | None = None,
+                   provenance: dict | None = None) -> dict:
   """Tokenizes `source` into a prepared corpus in `out_dir` and returns its meta.json contents.
 
   Args:
@@ -144,6 +145,8 @@ def prepare_corpus(source: Iterable[Sequence[str]],
     max_documents: stop after this many source documents (for samples and smoke runs).
     overwrite: replace an existing output (only once the new one is complete).
     progress: show a tqdm bar; None shows it only on a terminal.
+    provenance: what the corpus is made from, recorded in meta.json (default: the source's own
+      `provenance()`, e.g. its files' paths, sizes and sample hashes); see `changed_inputs`.
   """
   if num_shards < 1:
     errors.fail(f"--num_shards must be at least 1, got {num_shards}")
@@ -164,7 +167,7 @@ def prepare_corpus(source: Iterable[Sequence[str]],
   staging.mkdir()
   try:
     meta = _prepare_into(staging, source, tokenizer, num_shards, num_workers, max_documents,
-                         progress)
+                         progress, provenance)
     _check_output(out_dir, overwrite)
     old = None
     if out_dir.exists() and any(out_dir.iterdir()):
@@ -239,7 +242,8 @@ def _write_shards(staging: pathlib.Path, names: list[str], results, bar) -> tupl
 
 def _prepare_into(staging: pathlib.Path, source: Iterable[Sequence[str]],
                   tokenizer: tokenizers.Tokenizer, num_shards: int, num_workers: int,
-                  max_documents: int | None, progress: bool | None) -> dict:
+                  max_documents: int | None, progress: bool | None,
+                  provenance: dict | None = None) -> dict:
   tokenizer_dir = staging / records.TOKENIZER_DIR
   tokenizer.save(tokenizer_dir)
   names = [records.shard_name(i, num_shards) for i in range(num_shards)]
@@ -272,8 +276,12 @@ def _prepare_into(staging: pathlib.Path, source: Iterable[Sequence[str]],
       # Document i is record i // num_shards of shard i % num_shards.
       "document_order": "round_robin",
       "tokenizer": {"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size,
-                    "lowercase": tokenizer.lowercase},
+                    "lowercase": tokenizer.lowercase,
+                    "sha256": tokenizers.fingerprint(tokenizer_dir)},
       "source": getattr(source, "description", type(source).__name__),
+      # What it was made from (files, sizes, sample hashes; tfds name): see `changed_inputs`.
+      "provenance": provenance or (source.provenance() if hasattr(source, "provenance") else None),
+      "max_documents": max_documents,
   }
   # Last file written: its presence is what marks the corpus complete.
   tmp = staging / (records.META_FILE + ".tmp")
@@ -282,6 +290,26 @@ def _prepare_into(staging: pathlib.Path, source: Iterable[Sequence[str]],
   _log.info("prepared %d documents, %d sentences, %d tokens in %d shard(s)",
             counts.documents, counts.sentences, counts.tokens, num_shards)
   return meta
+
+
+def changed_inputs(recorded: dict | None, current: dict) -> str:
+  """What differs between the provenance a corpus was prepared from and `current` ("" when
+  nothing does), in words for a one-line message."""
+  if recorded is None:
+    return ""  # prepared before provenance was recorded: nothing to compare
+  old_files = {f["path"]: f for f in recorded.get("files", [])}
+  new_files = {f["path"]: f for f in current.get("files", [])}
+  parts = []
+  for what, paths in (("added", sorted(set(new_files) - set(old_files))),
+                      ("removed", sorted(set(old_files) - set(new_files))),
+                      ("changed", sorted(p for p in new_files
+                                         if p in old_files and new_files[p] != old_files[p]))):
+    if paths:
+      parts.append(f"{what} {paths[0]}" + (f" and {len(paths) - 1} more" if len(paths) > 1 else ""))
+  for key in sorted((set(recorded) | set(current)) - {"files"}):
+    if recorded.get(key) != current.get(key):
+      parts.append(f"{key} {recorded.get(key)!r} -> {current.get(key)!r}")
+  return "; ".join(parts)
 
 
 _META_KEYS = ("num_documents", "num_sentences", "num_tokens", "num_shards", "shards",

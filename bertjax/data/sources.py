@@ -23,6 +23,7 @@ from __future__ import annotations
 import abc
 import glob
 import gzip
+import hashlib
 import logging
 import os
 import pathlib
@@ -128,6 +129,11 @@ class Source(abc.ABC):
   def _documents(self) -> Iterator[Document]:
     """Yields documents; may yield empty ones (filtered out by `__iter__`)."""
 
+  def provenance(self) -> dict:
+    """What the documents are made from, recorded with a prepared corpus so that a changed
+    input is noticed (compared as a whole)."""
+    return {"source": self.description}
+
   def __iter__(self) -> Iterator[Document]:
     self.skipped_lines = 0
     count = 0
@@ -138,6 +144,23 @@ class Source(abc.ABC):
         yield doc
     if count == 0:
       errors.fail(f"no text found in {self.description}; check the path and --format")
+
+
+_SAMPLE_BYTES = 1 << 20
+
+
+def _sample_sha256(path: pathlib.Path) -> str:
+  digest = hashlib.sha256()
+  try:
+    with open(path, "rb") as f:
+      digest.update(f.read(_SAMPLE_BYTES))
+      size = os.fstat(f.fileno()).st_size
+      if size > _SAMPLE_BYTES:
+        f.seek(max(_SAMPLE_BYTES, size - _SAMPLE_BYTES))
+        digest.update(f.read(_SAMPLE_BYTES))
+  except OSError as e:
+    errors.fail(f"cannot read {path} ({e}); check the file")
+  return digest.hexdigest()
 
 
 def _open_binary(path: pathlib.Path) -> BinaryIO:
@@ -161,6 +184,13 @@ class TextFileSource(Source):
   @property
   def description(self) -> str:
     return f"{', '.join(map(str, self.patterns))} ({self.format} format)"
+
+  def provenance(self) -> dict:
+    """The format and, per file, its resolved path, size and a SHA-256 of its first and last
+    MiB: cheap on a corpus of many GB, and any copy of the same files matches (no mtimes)."""
+    return {"source": "files", "format": self.format,
+            "files": [{"path": os.path.realpath(f), "size": f.stat().st_size,
+                       "sample_sha256": _sample_sha256(f)} for f in self.files]}
 
   def _lines(self, path: pathlib.Path) -> Iterator[str]:
     """The file's lines, stripped; lines that are not UTF-8 are skipped and counted."""
@@ -243,6 +273,11 @@ class TfdsSource(Source):
   def description(self) -> str:
     where = f" in {self.data_dir}" if self.data_dir else ""
     return f"tfds {self.name} split {self.split}{where}"
+
+  def provenance(self) -> dict:
+    return {"source": "tfds", "name": self.name, "split": self.split,
+            "data_dir": os.path.realpath(self.data_dir) if self.data_dir else None,
+            "field": self.field}
 
   def _data_source(self):
     if self._source is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import hashlib
 import json
 import logging
 import os
@@ -130,6 +131,17 @@ class Tokenizer(abc.ABC):
   def __repr__(self) -> str:
     return (f"{type(self).__name__}(kind={self.kind!r}, vocab_size={self.vocab_size}, "
             f"lowercase={self.lowercase})")
+
+
+def fingerprint(directory: str | os.PathLike) -> str:
+  """A SHA-256 of a saved tokenizer's files (names and bytes): equal exactly when two folders
+  hold the same tokenizer files."""
+  directory = pathlib.Path(directory)
+  digest = hashlib.sha256()
+  for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+    digest.update(str(path.relative_to(directory)).encode() + b"\0")
+    digest.update(path.read_bytes())
+  return digest.hexdigest()
 
 
 def _byte_to_char(text: str) -> list[int]:
