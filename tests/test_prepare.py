@@ -95,7 +95,12 @@ def test_round_trip_and_meta(corpus_files, tok_dir, tmp_path):
   assert meta["num_tokens"] == sum(len(s) for d in expected for s in d)
   assert meta["skipped"] == {"empty_sentences": empty_sentences,
                              "empty_documents": empty_documents, "undecodable_lines": 1}
-  assert meta["tokenizer"] == {"kind": "sentencepiece", "vocab_size": 800, "lowercase": False}
+  assert meta["tokenizer"] == {"kind": "sentencepiece", "vocab_size": 800, "lowercase": False,
+                               "sha256": tokenizers.fingerprint(out / records.TOKENIZER_DIR)}
+  assert meta["tokenizer"]["sha256"] == tokenizers.fingerprint(tok_dir)  # the same files
+  assert meta["provenance"] == source.provenance()
+  assert [f["path"] for f in meta["provenance"]["files"]] == [
+      str(p.resolve()) for p in corpus_files]
   assert sorted(p.name for p in out.glob("*.array_record")) == meta["shards"] == [
       records.shard_name(i, 3) for i in range(3)]
   assert sum(meta["shard_documents"]) == len(expected)
