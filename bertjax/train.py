@@ -28,7 +28,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from bertjax import checkpoints, optim, prefetch, sharding
+from bertjax import checkpoints, optim, prefetch, sharding, workdir as workdir_lib
 from bertjax.errors import fail
 from bertjax.metric_writers import MetricWriter
 from bertjax.models.config import ModelConfig
@@ -406,9 +406,15 @@ def _train_loop(config, s: Setup, state: TrainState, data, ckpt, writer: MetricW
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
-  """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns a summary."""
+  """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns a summary.
+  One run at a time holds the workdir (bertjax/workdir.py)."""
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
+  with workdir_lib.locked(workdir):
+    return _train_and_evaluate(config, workdir)
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict:
   objective = get_objective(config)
   mesh = sharding.make_mesh(config.mesh_shape)
   accumulation_steps(config, mesh)  # before any input is prepared (setup checks it again)
