@@ -327,11 +327,18 @@ def with_schedule(config: ml_collections.ConfigDict, schedule: Schedule) -> ml_c
   return config
 
 
+def _resolved(config, model_cfg: ModelConfig | None) -> dict:
+  """What config.json records: the config with the model actually trained (fine-tuning takes
+  init_from's architecture, so this workdir can itself be an init_from or a teacher); without
+  `model_cfg`, no model."""
+  resolved = workdir_lib.as_recorded(config.to_dict())
+  resolved.pop("model")
+  return {**resolved, "model": model_cfg.to_dict()} if model_cfg else resolved
+
+
 def _write_run_files(config, workdir: pathlib.Path, model_cfg: ModelConfig, data) -> None:
-  """config.json with the model actually trained (fine-tuning takes init_from's architecture, so
-  this workdir can itself be an init_from or a teacher), and the tokenizer."""
-  resolved = config.to_dict()
-  resolved["model"] = model_cfg.to_dict()
+  """config.json (`_resolved`) and the tokenizer."""
+  resolved = _resolved(config, model_cfg)
   (workdir / "config.json").write_text(json.dumps(resolved, indent=2, sort_keys=True, default=str))
   if data.tokenizer is not None and jax.process_index() == 0 and not (workdir / "tokenizer").exists():
     data.tokenizer.save(workdir / "tokenizer")
@@ -418,19 +425,28 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
   objective = get_objective(config)
   mesh = sharding.make_mesh(config.mesh_shape)
   accumulation_steps(config, mesh)  # before any input is prepared (setup checks it again)
+  # A resumed run's settings, checked before anything is prepared or written: the schedule (and
+  # init_from's architecture) once they are known.
+  settings = workdir_lib.Settings(workdir, config.get("allow_changed_settings", False))
+  model_now = model_config_from(config) if settings.recorded and not config.init_from else None
+  settings.check(_resolved(config, model_now),
+                 pending=workdir_lib.SCHEDULE + (() if model_now else ("model.",)))
   data = objective.build_inputs(config, workdir)
   config = with_schedule(config, objective.schedule(config, data))
   model_cfg = objective.model_config(config)
+  settings.check(_resolved(config, model_cfg))
   if data.vocab_size > model_cfg.vocab_size:
     fail(f"the tokenizer has {data.vocab_size} tokens but model.vocab_size is "
          f"{model_cfg.vocab_size}; set --config.model.vocab_size={data.vocab_size}")
   s, state = setup(config, objective, model_cfg, mesh)
   logging.info("model: %s parameters", f"{s.num_params:,}")
 
+  best = BestKeeper(workdir, config.get("best_metric", ""), config.get("best_mode", "max"))
   ckpt = checkpoints.Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints,
                                   async_save=config.async_checkpointing)
   try:
     restored = ckpt.restore_latest(_abstract_with_shardings(s.abstract_state, s.state_shardings))
+    step0 = 0
     if restored is not None:
       step0, state, data_state = restored
       data.train.set_state(data_state)
@@ -439,9 +455,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
       state, report = load_init_from(state, config.init_from, s.state_shardings)
       logging.info(report)
       print(report, flush=True)
+    # Every check has passed: only now is the record of the run written.
     _write_run_files(config, workdir, model_cfg, data)
+    settings.record(step0)
     writer = MetricWriter(workdir, config.total_steps, tensorboard=config.tensorboard)
-    best = BestKeeper(workdir, config.get("best_metric", ""), config.get("best_mode", "max"))
 
     def run_eval(step, state):
       context = EvalContext(mesh=mesh, rules=s.rules, workdir=workdir, step=step,

@@ -1,9 +1,16 @@
-"""One workdir, one run: the lock a running process holds.
+"""One workdir, one run: the lock a running process holds, and the settings a resumed run may change.
 
 - WORKDIR/lock (JSON: pid, hostname, started) is created atomically by the run that trains in the
   workdir and removed when it ends. A second run is refused while the holder lives; a lock whose
   process is gone (killed, on this host) is taken over with a warning. On another host nothing can
   be checked: the run is refused, and the message says to delete the file if that run is gone.
+- WORKDIR/config.json is the record of the run. A resumed run compares its resolved config with
+  it key by key: cadence and placement settings (`CADENCE`, `PLACEMENT`) and a longer
+  `total_steps` may change; any other change is refused with the list of changed keys, unless
+  `allow_changed_settings=True`. Every change a resumed run makes is appended to
+  WORKDIR/changes.jsonl ({step, time, changed: {key: [old, new]}, forced: [keys]}).
+
+Nothing here writes before every check has passed: a refused run leaves the workdir as it was.
 """
 
 from __future__ import annotations
@@ -16,13 +23,27 @@ import os
 import pathlib
 import socket
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
 import jax
 
-from bertjax.errors import fail
+from bertjax.errors import fail, read_text
 
 LOCK = "lock"
+CHANGES = "changes.jsonl"
+OVERRIDE = "allow_changed_settings"  # an instruction to one invocation: never compared or recorded
+# How often a run logs, evaluates and checkpoints: never what it trains.
+CADENCE = ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "async_checkpointing",
+           "tensorboard")
+# How a run is placed and computed (devices, micro-batches, padding, recomputation, kernels):
+# the same training up to floating-point rounding. A resumed run may need new ones (other devices).
+PLACEMENT = ("distributed", "mesh_shape", "logical_rules", "grad_accum_steps", "prefetch_batches",
+             "eval_batch_size", "pad_to_multiple_of", "model.remat", "model.remat_policy",
+             "model.kernels", "model.gather_last_layer")
+# Decided with the data (fine-tuning tasks derive them): compared once the schedule is known.
+SCHEDULE = ("total_steps", "eval_every")
+_ABSENT = "(absent)"
+_SHOWN = 6  # changed keys shown with their values in a refusal
 
 _held: set[str] = set()  # the locks this process holds (a pid of ours in a lock may be a past run's)
 
@@ -142,3 +163,106 @@ def _take_over(path: pathlib.Path, text: str) -> None:
   holder = json.loads(text)
   logging.warning("took over the stale lock %s: pid %s on %s (since %s) is gone", path,
                   holder.get("pid"), holder.get("hostname"), holder.get("started"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings of a resumed run.
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+  """{"a": {"b": 1}} -> {"a.b": 1}."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(flatten(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def as_recorded(resolved: dict) -> dict:
+  """`resolved` as config.json holds it (JSON types; without the override)."""
+  record = json.loads(json.dumps(resolved, sort_keys=True, default=str))
+  record.pop(OVERRIDE, None)
+  return record
+
+
+def allowed(key: str, old: Any, new: Any) -> str | None:
+  """None when a resumed run may change `key` from `old` to `new`, else why not."""
+  if key == "eval_every" and bool(old) != bool(new):
+    return "evaluation cannot be switched on or off: it decides the held-out documents"
+  if key in CADENCE or key in PLACEMENT:
+    return None
+  if key == "num_epochs":
+    return "it sets total_steps and the learning-rate schedule; to train longer, raise total_steps"
+  if key == "total_steps":
+    if isinstance(old, int) and isinstance(new, int) and new > old:
+      return None
+    return "total_steps may only grow"
+  return ""
+
+
+class Settings:
+  """The comparison of a run's resolved config with the record of the workdir it resumes."""
+
+  def __init__(self, workdir: pathlib.Path, allow_changes: bool):
+    self.workdir, self.allow_changes = pathlib.Path(workdir), bool(allow_changes)
+    path = self.workdir / "config.json"
+    self.recorded = None
+    if path.exists():
+      try:
+        self.recorded = flatten(as_recorded(json.loads(read_text(path, "run record"))))
+      except ValueError as e:
+        fail(f"{path} is not valid JSON ({e}); restore it, or use another --workdir")
+    self.changed: dict[str, tuple[Any, Any]] = {}
+    self.forced: list[str] = []
+
+  def check(self, resolved: dict, pending: tuple[str, ...] = ()) -> None:
+    """Refuses (one line, nothing written) when `resolved` changes what may not change. Keys in
+    `pending`, or under a `pending` prefix ending in ".", are left to a later call."""
+    if self.recorded is None:
+      return
+    new = flatten(as_recorded(resolved))
+    skip = lambda k: k in pending or any(p.endswith(".") and k.startswith(p) for p in pending)
+    changed = {k: (self.recorded.get(k, _ABSENT), new.get(k, _ABSENT))
+               for k in sorted(set(self.recorded) | set(new)) if not skip(k)}
+    changed = {k: v for k, v in changed.items() if v[0] != v[1]}
+    refused = {k: allowed(k, *v) for k, v in changed.items()}
+    refused = {k: why for k, why in refused.items() if why is not None}
+    if refused and not self.allow_changes:
+      fail(self._refusal(changed, refused))
+    self.changed, self.forced = changed, sorted(refused)
+
+  def _refusal(self, changed: dict, refused: dict) -> str:
+    keys = sorted(refused)
+    shown = [f"{k} {_short(changed[k][0])} -> {_short(changed[k][1])}"
+             + (f" ({refused[k]})" if refused[k] else "") for k in keys[:_SHOWN]]
+    if len(keys) > _SHOWN:
+      rest = keys[_SHOWN:]
+      shown.append(f"and {len(rest)} more: {', '.join(rest[:10])}{', ...' if len(rest) > 10 else ''}")
+    return (f"{self.workdir} holds a run trained with other settings: {'; '.join(shown)}; resume "
+            f"with the settings in {self.workdir / 'config.json'}, use another --workdir, or add "
+            f"--config.{OVERRIDE}=True to change them anyway (recorded in "
+            f"{self.workdir / CHANGES})")
+
+  def record(self, step: int) -> None:
+    """Appends this run's changes to WORKDIR/changes.jsonl and says what they mean."""
+    if not self.changed or jax.process_index() != 0:
+      return
+    logging.warning("resuming at step %d with changed settings: %s%s", step,
+                    ", ".join(f"{k} {_short(a)} -> {_short(b)}" for k, (a, b) in self.changed.items()),
+                    f" (allowed by {OVERRIDE}: {', '.join(self.forced)})" if self.forced else "")
+    if "total_steps" in self.changed:
+      old, new = self.changed["total_steps"]
+      logging.warning("total_steps %s -> %s: the learning-rate schedule now runs to step %s (the "
+                      "steps trained so far followed the one to step %s)", old, new, new, old)
+    entry = {"step": int(step), "time": datetime.datetime.now().astimezone().isoformat(
+                 timespec="seconds"),
+             "changed": {k: [a, b] for k, (a, b) in self.changed.items()}, "forced": self.forced}
+    with open(self.workdir / CHANGES, "a", encoding="utf-8") as f:
+      f.write(json.dumps(entry) + "\n")
+
+
+def _short(value: Any, limit: int = 40) -> str:
+  text = json.dumps(value) if value != _ABSENT else _ABSENT
+  return text if len(text) <= limit else text[:limit - 3] + "..."
