@@ -12,10 +12,13 @@ from __future__ import annotations
 import json
 import logging
 import pathlib
+import shutil
 import time
 from typing import Any
 
+import flax
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from bertjax.errors import UserError, fail
@@ -166,3 +169,69 @@ def tokenizer_dir(path: str | pathlib.Path) -> pathlib.Path:
   if not folder.is_dir():
     fail(f"{path} has no tokenizer/ folder; converted checkpoints and training workdirs carry one")
   return folder
+
+
+def load_init_from(state, path: str, shardings) -> tuple[Any, str]:
+  """Copies every matching sub-tree of a checkpoint's params into `state`; reports the rest."""
+  source = restore_params(path)
+  target = flax.traverse_util.flatten_dict(jax.device_get(state.params), sep="/")
+  flat_src = flax.traverse_util.flatten_dict(source, sep="/")
+  restored, fresh = [], []
+  new = {}
+  for key, value in target.items():
+    src = flat_src.get(key)
+    if src is not None and tuple(np.shape(src)) == tuple(value.shape):
+      new[key] = np.asarray(src, value.dtype)
+      restored.append(key)
+    else:
+      if src is not None:
+        logging.warning("init_from: %s has shape %s in the checkpoint, %s here; initialized fresh",
+                        key, np.shape(src), value.shape)
+      new[key] = value
+      fresh.append(key)
+  if not restored:
+    fail(f"init_from={path} shares no parameter with this model; check the architecture and sizes")
+  params = flax.traverse_util.unflatten_dict(new, sep="/")
+  params = jax.device_put(params, shardings.params)
+  top = lambda keys: sorted({k.split("/")[0] for k in keys})
+  report = (f"init_from {path}: restored {len(restored)} tensors ({', '.join(top(restored))}); "
+            f"initialized fresh {len(fresh)} ({', '.join(top(fresh)) or 'none'})")
+  return state.replace(params=params), report
+
+
+class BestKeeper:
+  """Keeps the parameters of the best evaluation so far in WORKDIR/best (when a metric is named)."""
+
+  def __init__(self, workdir: pathlib.Path, metric: str, mode: str):
+    self.dir = workdir / "best"
+    self.metric, self.mode = metric, mode
+    if mode not in ("max", "min"):
+      fail(f"best_mode={mode!r} must be max or min")
+    info = self.dir / "best.json"
+    self.value = json.loads(info.read_text())["value"] if info.exists() else None
+
+  def update(self, step: int, metrics: dict, params) -> None:
+    if not self.metric or jax.process_index() != 0:
+      return
+    if self.metric not in metrics:
+      fail(f"best_metric={self.metric!r} is not an eval metric; choose one of "
+           f"{', '.join(sorted(metrics))}")
+    value = metrics[self.metric]
+    better = self.value is None or (value > self.value if self.mode == "max" else value < self.value)
+    if not better:
+      return
+    # Write beside, then swap: the previous best survives until the new one is complete.
+    tmp = self.dir.with_name("best.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save((tmp / "params").absolute(), jax.device_get(params))
+    checkpointer.wait_until_finished()
+    (tmp / "best.json").write_text(json.dumps({"step": step, "metric": self.metric, "value": value,
+                                               "metrics": metrics}))
+    old = self.dir.with_name("best.old")
+    if self.dir.exists():
+      self.dir.rename(old)
+    tmp.rename(self.dir)
+    shutil.rmtree(old, ignore_errors=True)
+    self.value = value

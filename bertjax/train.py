@@ -14,7 +14,6 @@ import dataclasses
 import json
 import logging
 import pathlib
-import shutil
 import signal
 import time
 from typing import Any, Callable
@@ -26,9 +25,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 
-from bertjax import checkpoints, divergence, optim, prefetch, sharding
+from bertjax import checkpoints, divergence, optim, prefetch, sharding, workdir as workdir_lib
 from bertjax.errors import fail
 from bertjax.metric_writers import MetricWriter
 from bertjax.models.config import ModelConfig
@@ -165,44 +163,6 @@ class EvalContext:
     return summarize(sums) if sums is not None else None
 
 
-class BestKeeper:
-  """Keeps the parameters of the best evaluation so far in WORKDIR/best (when a metric is named)."""
-
-  def __init__(self, workdir: pathlib.Path, metric: str, mode: str):
-    self.dir = workdir / "best"
-    self.metric, self.mode = metric, mode
-    if mode not in ("max", "min"):
-      fail(f"best_mode={mode!r} must be max or min")
-    info = self.dir / "best.json"
-    self.value = json.loads(info.read_text())["value"] if info.exists() else None
-
-  def update(self, step: int, metrics: dict, params) -> None:
-    if not self.metric or jax.process_index() != 0:
-      return
-    if self.metric not in metrics:
-      fail(f"best_metric={self.metric!r} is not an eval metric; choose one of "
-           f"{', '.join(sorted(metrics))}")
-    value = metrics[self.metric]
-    better = self.value is None or (value > self.value if self.mode == "max" else value < self.value)
-    if not better:
-      return
-    # Write beside, then swap: the previous best survives until the new one is complete.
-    tmp = self.dir.with_name("best.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save((tmp / "params").absolute(), jax.device_get(params))
-    checkpointer.wait_until_finished()
-    (tmp / "best.json").write_text(json.dumps({"step": step, "metric": self.metric, "value": value,
-                                               "metrics": metrics}))
-    old = self.dir.with_name("best.old")
-    if self.dir.exists():
-      self.dir.rename(old)
-    tmp.rename(self.dir)
-    shutil.rmtree(old, ignore_errors=True)
-    self.value = value
-
-
 def abstract_params_of(objective, model, init_batch):
   """The boxed parameter tree (shapes, dtypes, logical axes), traced without allocating."""
   return jax.eval_shape(lambda r: objective.init_params(model, r, init_batch), jax.random.key(0))
@@ -250,34 +210,6 @@ def create_train_state(objective, model, optimizer, config, mesh, init_batch, ab
 def _abstract_with_shardings(abstract, shardings):
   return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract,
                       shardings)
-
-
-def load_init_from(state: TrainState, path: str, shardings: TrainState) -> tuple[TrainState, str]:
-  """Copies every matching sub-tree of a checkpoint's params into `state`; reports the rest."""
-  source = checkpoints.restore_params(path)
-  target = flax.traverse_util.flatten_dict(jax.device_get(state.params), sep="/")
-  flat_src = flax.traverse_util.flatten_dict(source, sep="/")
-  restored, fresh = [], []
-  new = {}
-  for key, value in target.items():
-    src = flat_src.get(key)
-    if src is not None and tuple(np.shape(src)) == tuple(value.shape):
-      new[key] = np.asarray(src, value.dtype)
-      restored.append(key)
-    else:
-      if src is not None:
-        logging.warning("init_from: %s has shape %s in the checkpoint, %s here; initialized fresh",
-                        key, np.shape(src), value.shape)
-      new[key] = value
-      fresh.append(key)
-  if not restored:
-    fail(f"init_from={path} shares no parameter with this model; check the architecture and sizes")
-  params = flax.traverse_util.unflatten_dict(new, sep="/")
-  params = jax.device_put(params, shardings.params)
-  top = lambda keys: sorted({k.split("/")[0] for k in keys})
-  report = (f"init_from {path}: restored {len(restored)} tensors ({', '.join(top(restored))}); "
-            f"initialized fresh {len(fresh)} ({', '.join(top(fresh)) or 'none'})")
-  return state.replace(params=params), report
 
 
 @dataclasses.dataclass
@@ -338,11 +270,18 @@ def with_schedule(config: ml_collections.ConfigDict, schedule: Schedule) -> ml_c
   return config
 
 
+def _resolved(config, model_cfg: ModelConfig | None) -> dict:
+  """What config.json records: the config with the model actually trained (fine-tuning takes
+  init_from's architecture, so this workdir can itself be an init_from or a teacher); without
+  `model_cfg`, no model."""
+  resolved = workdir_lib.as_recorded(config.to_dict())
+  resolved.pop("model")
+  return {**resolved, "model": model_cfg.to_dict()} if model_cfg else resolved
+
+
 def _write_run_files(config, workdir: pathlib.Path, model_cfg: ModelConfig, data) -> None:
-  """config.json with the model actually trained (fine-tuning takes init_from's architecture, so
-  this workdir can itself be an init_from or a teacher), and the tokenizer."""
-  resolved = config.to_dict()
-  resolved["model"] = model_cfg.to_dict()
+  """config.json (`_resolved`) and the tokenizer."""
+  resolved = _resolved(config, model_cfg)
   (workdir / "config.json").write_text(json.dumps(resolved, indent=2, sort_keys=True, default=str))
   if data.tokenizer is not None and jax.process_index() == 0 and not (workdir / "tokenizer").exists():
     data.tokenizer.save(workdir / "tokenizer")
@@ -422,36 +361,52 @@ def _train_loop(config, s: Setup, state: TrainState, data, ckpt, writer: MetricW
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
-  """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns a summary."""
+  """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns a summary.
+  One run at a time holds the workdir (bertjax/workdir.py)."""
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
+  with workdir_lib.locked(workdir):
+    return _train_and_evaluate(config, workdir)
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict:
   objective = get_objective(config)
   mesh = sharding.make_mesh(config.mesh_shape)
   accumulation_steps(config, mesh)  # before any input is prepared (setup checks it again)
+  # A resumed run's settings, checked before anything is prepared or written: the schedule (and
+  # init_from's architecture) once they are known.
+  settings = workdir_lib.Settings(workdir, config.get("allow_changed_settings", False))
+  model_now = model_config_from(config) if settings.recorded and not config.init_from else None
+  settings.check(_resolved(config, model_now),
+                 pending=workdir_lib.SCHEDULE + (() if model_now else ("model.",)))
   data = objective.build_inputs(config, workdir)
   config = with_schedule(config, objective.schedule(config, data))
   model_cfg = objective.model_config(config)
+  settings.check(_resolved(config, model_cfg))
   if data.vocab_size > model_cfg.vocab_size:
     fail(f"the tokenizer has {data.vocab_size} tokens but model.vocab_size is "
          f"{model_cfg.vocab_size}; set --config.model.vocab_size={data.vocab_size}")
   s, state = setup(config, objective, model_cfg, mesh)
   logging.info("model: %s parameters", f"{s.num_params:,}")
 
+  best = checkpoints.BestKeeper(workdir, config.get("best_metric", ""), config.get("best_mode", "max"))
   ckpt = checkpoints.Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints,
                                   async_save=config.async_checkpointing)
   try:
     restored = ckpt.restore_latest(_abstract_with_shardings(s.abstract_state, s.state_shardings))
+    step0 = 0
     if restored is not None:
       step0, state, data_state = restored
       data.train.set_state(data_state)
       logging.info("resumed from the checkpoint at step %d in %s", step0, ckpt.directory)
     elif config.init_from:
-      state, report = load_init_from(state, config.init_from, s.state_shardings)
+      state, report = checkpoints.load_init_from(state, config.init_from, s.state_shardings)
       logging.info(report)
       print(report, flush=True)
+    # Every check has passed: only now is the record of the run written.
     _write_run_files(config, workdir, model_cfg, data)
+    settings.record(step0)
     writer = MetricWriter(workdir, config.total_steps, tensorboard=config.tensorboard)
-    best = BestKeeper(workdir, config.get("best_metric", ""), config.get("best_mode", "max"))
 
     def run_eval(step, state):
       context = EvalContext(mesh=mesh, rules=s.rules, workdir=workdir, step=step,

@@ -42,6 +42,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.async_checkpointing = True     # write checkpoints in a background thread
   c.tensorboard = True             # also write TensorBoard event files
   c.init_from = ""                 # a converted checkpoint folder or a training workdir to start from
+  # Resume a workdir although settings that alter the run changed (anything but a longer
+  # total_steps and cadence/placement keys: bertjax/workdir.py); the change is recorded in
+  # WORKDIR/changes.jsonl. Not itself recorded in config.json.
+  c.allow_changed_settings = False
   c.data_dir = ""                  # a prepared corpus (python -m bertjax.data.prepare) to train on
   c.max_seq_length = 128
   c.max_predictions_per_seq = 20   # masked positions gathered per row; the MLM head runs on these only

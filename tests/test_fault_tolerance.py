@@ -4,6 +4,7 @@ import json
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -69,20 +70,39 @@ def _train_rows(workdir):
 
 @pytest.mark.slow
 def test_sigkill_then_restart_is_exact(tmp_path, corpus):
+  """One run holds a workdir: a second one started beside it is refused. After kill -9, the
+  next run takes the dead run's lock over and ends bit for bit where an uninterrupted run ends."""
   reference = _start(tmp_path / "reference", corpus)
   out, err = reference.communicate(timeout=600)
   assert reference.returncode == 0, err[-2000:]
+  assert not (tmp_path / "reference/lock").exists()  # released at the end
 
   run = _start(tmp_path / "killed", corpus)
+  lock = tmp_path / "killed/lock"
+  _wait_for(lock, run)
+  run.send_signal(signal.SIGSTOP)  # held still (and its lock held) while a second run tries
+  try:
+    second = _start(tmp_path / "killed", corpus)
+    _, err = second.communicate(timeout=600)
+  finally:
+    run.send_signal(signal.SIGCONT)
+  assert second.returncode == 2 and "Traceback" not in err, err[-2000:]
+  since = json.loads(lock.read_text())["started"]
+  assert [l for l in err.splitlines() if l.startswith("error:")] == [
+      f"error: {tmp_path / 'killed'} is in use by pid {run.pid} on {socket.gethostname()} since "
+      f"{since} ({lock}); wait for it or use another --workdir"]
   _wait_for(tmp_path / "killed/checkpoints/10", run)
   run.send_signal(signal.SIGKILL)
   run.wait()
+  assert json.loads(lock.read_text())["pid"] == run.pid  # the dead run's lock is left behind
   steps = sorted(int(p.name) for p in (tmp_path / "killed/checkpoints").iterdir() if p.name.isdigit())
   assert 20 not in steps and 10 in steps
   restarted = _start(tmp_path / "killed", corpus)
   out, err = restarted.communicate(timeout=600)
   assert restarted.returncode == 0, err[-2000:]
+  assert f"took over the stale lock {lock}: pid {run.pid}" in err
   assert "resumed from the checkpoint at step 10" in err
+  assert not lock.exists()
   for a, b in zip(_params(tmp_path / "reference"), _params(tmp_path / "killed")):
     np.testing.assert_array_equal(a, b)
   ref_rows, rows = _train_rows(tmp_path / "reference"), _train_rows(tmp_path / "killed")

@@ -141,12 +141,20 @@ def test_gradient_accumulation_matches_big_batch():
 def test_workdir_of_another_model_is_refused(tmp_path):
   train.train_and_evaluate(tiny_config(total_steps=2, eval_every=0), tmp_path)
   before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-  r = run_launch("--config", "configs/quickstart.py:runlocal", "--workdir", str(tmp_path),
-                 "--config.data.synthetic=True", "--config.model.hidden_size=64",
-                 "--config.model.vocab_size=200", "--config.total_steps=4")
+  recorded = (tmp_path / "config.json").read_bytes()
+  args = ["--config", "configs/quickstart.py:runlocal", "--workdir", str(tmp_path),
+          "--config.data.synthetic=True", "--config.model.hidden_size=64",
+          "--config.model.vocab_size=200", "--config.total_steps=4"]
+  r = run_launch(*args)  # other settings: refused before anything is built
+  assert r.returncode == 2 and "Traceback" not in r.stderr
+  assert "holds a run trained with other settings" in r.stderr and "model.hidden_size 32 -> 64" in r.stderr
+  # Asked to go on anyway, the checkpoint itself still refuses another model.
+  r = run_launch(*args, "--config.allow_changed_settings=True")
   assert r.returncode == 2 and "Traceback" not in r.stderr
   assert "different model" in r.stderr
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
+  assert (tmp_path / "config.json").read_bytes() == recorded
+  assert not (tmp_path / "changes.jsonl").exists()
 
 
 def test_setup_traces_the_model_init_twice_and_matches_its_abstract_state():

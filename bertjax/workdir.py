@@ -1,0 +1,268 @@
+"""One workdir, one run: the lock a running process holds, and the settings a resumed run may change.
+
+- WORKDIR/lock (JSON: pid, hostname, started) is created atomically by the run that trains in the
+  workdir and removed when it ends. A second run is refused while the holder lives; a lock whose
+  process is gone (killed, on this host) is taken over with a warning. On another host nothing can
+  be checked: the run is refused, and the message says to delete the file if that run is gone.
+- WORKDIR/config.json is the record of the run. A resumed run compares its resolved config with
+  it key by key: cadence and placement settings (`CADENCE`, `PLACEMENT`) and a longer
+  `total_steps` may change; any other change is refused with the list of changed keys, unless
+  `allow_changed_settings=True`. Every change a resumed run makes is appended to
+  WORKDIR/changes.jsonl ({step, time, changed: {key: [old, new]}, forced: [keys]}).
+
+Nothing here writes before every check has passed: a refused run leaves the workdir as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+import os
+import pathlib
+import socket
+import time
+from typing import Any, Iterator
+
+import jax
+
+from bertjax.errors import fail, read_text
+
+LOCK = "lock"
+CHANGES = "changes.jsonl"
+OVERRIDE = "allow_changed_settings"  # an instruction to one invocation: never compared or recorded
+# How often a run logs, evaluates and checkpoints: never what it trains.
+CADENCE = ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "async_checkpointing",
+           "tensorboard")
+# How a run is placed and computed (devices, micro-batches, padding, recomputation, kernels):
+# the same training up to floating-point rounding. A resumed run may need new ones (other devices).
+PLACEMENT = ("distributed", "mesh_shape", "logical_rules", "grad_accum_steps", "prefetch_batches",
+             "eval_batch_size", "pad_to_multiple_of", "model.remat", "model.remat_policy",
+             "model.kernels", "model.gather_last_layer")
+# Decided with the data (fine-tuning tasks derive them): compared once the schedule is known.
+SCHEDULE = ("total_steps", "eval_every")
+_ABSENT = "(absent)"
+_SHOWN = 6  # changed keys shown with their values in a refusal
+
+_held: set[str] = set()  # the locks this process holds (a pid of ours in a lock may be a past run's)
+
+
+# ---------------------------------------------------------------------------------------------
+# The lock.
+
+
+@contextlib.contextmanager
+def locked(workdir: pathlib.Path) -> Iterator[None]:
+  """Holds WORKDIR/lock for the duration (process 0 of a multi-host run only)."""
+  if jax.process_index() != 0:
+    yield
+    return
+  path = pathlib.Path(workdir) / LOCK
+  mine = _acquire(path)
+  try:
+    yield
+  finally:
+    _release(path, mine)
+
+
+def _acquire(path: pathlib.Path) -> str:
+  mine = json.dumps({"pid": os.getpid(), "hostname": socket.gethostname(),
+                     "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")})
+  for _ in range(10):
+    try:
+      fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+      text = _read_lock(path)
+      if text is not None and _refuse_unless_stale(path, text):
+        _take_over(path, text)
+      continue
+    with os.fdopen(fd, "w") as f:
+      f.write(mine)
+    _held.add(str(path.absolute()))
+    return mine
+  fail(f"could not take {path}: other runs keep taking it; start one run per --workdir")
+
+
+def _release(path: pathlib.Path, mine: str) -> None:
+  _held.discard(str(path.absolute()))
+  with contextlib.suppress(FileNotFoundError):
+    if path.read_text() == mine:  # never another run's lock
+      path.unlink()
+
+
+def _read_lock(path: pathlib.Path) -> str | None:
+  """The lock's text (None: it is gone). A lock just created may not be written yet: wait."""
+  for _ in range(20):
+    try:
+      text = path.read_text()
+    except FileNotFoundError:
+      return None
+    with contextlib.suppress(ValueError):
+      holder = json.loads(text)
+      if isinstance(holder, dict) and isinstance(holder.get("pid"), int):
+        return text
+    time.sleep(0.05)
+  fail(f"{path} is not a lock this program wrote; delete it if no run uses {path.parent}")
+
+
+def _refuse_unless_stale(path: pathlib.Path, text: str) -> bool:
+  """True when the lock's process is gone (this host); else a one-line refusal."""
+  holder = json.loads(text)
+  pid, host, since = holder.get("pid"), holder.get("hostname"), holder.get("started")
+  in_use = f"{path.parent} is in use by pid {pid} on {host} since {since} ({path})"
+  if host != socket.gethostname():
+    fail(f"{in_use}; it cannot be checked from {socket.gethostname()}: wait for it, use another "
+         f"--workdir, or delete {path} if that run is gone")
+  if _alive(int(pid), since, str(path.absolute())):
+    fail(f"{in_use}; wait for it or use another --workdir")
+  return True
+
+
+def _alive(pid: int, since: str, path: str) -> bool:
+  if pid == os.getpid():  # a run of this process, or a past process that had our pid (containers)
+    return path in _held
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # another user's process: alive
+    pass
+  return not _gone_or_reused(pid, since)
+
+
+def _gone_or_reused(pid: int, since: str) -> bool:
+  """Linux: the process is a zombie (dead, not yet reaped), or started after the lock was taken
+  (its pid was reused). False where /proc cannot tell."""
+  try:
+    stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()
+    boot = next(float(l.split()[1]) for l in pathlib.Path("/proc/stat").read_text().splitlines()
+                if l.startswith("btime "))
+    started = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    locked_at = datetime.datetime.fromisoformat(since).timestamp()
+  except (OSError, ValueError, IndexError, StopIteration, TypeError):
+    return False
+  # The lock is taken after its process starts; 3 s covers btime's whole seconds and rounding.
+  return fields[0] == "Z" or started > locked_at + 3
+
+
+def _take_over(path: pathlib.Path, text: str) -> None:
+  """Moves a stale lock aside (one atomic rename, so of two runs taking over, one wins)."""
+  aside = path.with_name(f"{LOCK}.stale.{os.getpid()}")
+  try:
+    os.rename(path, aside)
+  except FileNotFoundError:
+    return  # another run moved it first
+  if aside.read_text() != text:  # a live lock, taken since we read the stale one: put it back
+    with contextlib.suppress(FileExistsError):
+      os.link(aside, path)
+    aside.unlink()
+    return
+  aside.unlink()
+  holder = json.loads(text)
+  logging.warning("took over the stale lock %s: pid %s on %s (since %s) is gone", path,
+                  holder.get("pid"), holder.get("hostname"), holder.get("started"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings of a resumed run.
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+  """{"a": {"b": 1}} -> {"a.b": 1}."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(flatten(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def as_recorded(resolved: dict) -> dict:
+  """`resolved` as config.json holds it (JSON types; without the override)."""
+  record = json.loads(json.dumps(resolved, sort_keys=True, default=str))
+  record.pop(OVERRIDE, None)
+  return record
+
+
+def allowed(key: str, old: Any, new: Any) -> str | None:
+  """None when a resumed run may change `key` from `old` to `new`, else why not."""
+  if key == "eval_every" and bool(old) != bool(new):
+    return "evaluation cannot be switched on or off: it decides the held-out documents"
+  if key in CADENCE or key in PLACEMENT:
+    return None
+  if key == "num_epochs":
+    return "it sets total_steps and the learning-rate schedule; to train longer, raise total_steps"
+  if key == "total_steps":
+    if isinstance(old, int) and isinstance(new, int) and new > old:
+      return None
+    return "total_steps may only grow"
+  return ""
+
+
+class Settings:
+  """The comparison of a run's resolved config with the record of the workdir it resumes."""
+
+  def __init__(self, workdir: pathlib.Path, allow_changes: bool):
+    self.workdir, self.allow_changes = pathlib.Path(workdir), bool(allow_changes)
+    path = self.workdir / "config.json"
+    self.recorded = None
+    if path.exists():
+      try:
+        self.recorded = flatten(as_recorded(json.loads(read_text(path, "run record"))))
+      except ValueError as e:
+        fail(f"{path} is not valid JSON ({e}); restore it, or use another --workdir")
+    self.changed: dict[str, tuple[Any, Any]] = {}
+    self.forced: list[str] = []
+
+  def check(self, resolved: dict, pending: tuple[str, ...] = ()) -> None:
+    """Refuses (one line, nothing written) when `resolved` changes what may not change. Keys in
+    `pending`, or under a `pending` prefix ending in ".", are left to a later call."""
+    if self.recorded is None:
+      return
+    new = flatten(as_recorded(resolved))
+    skip = lambda k: k in pending or any(p.endswith(".") and k.startswith(p) for p in pending)
+    changed = {k: (self.recorded.get(k, _ABSENT), new.get(k, _ABSENT))
+               for k in sorted(set(self.recorded) | set(new)) if not skip(k)}
+    changed = {k: v for k, v in changed.items() if v[0] != v[1]}
+    refused = {k: allowed(k, *v) for k, v in changed.items()}
+    refused = {k: why for k, why in refused.items() if why is not None}
+    if refused and not self.allow_changes:
+      fail(self._refusal(changed, refused))
+    self.changed, self.forced = changed, sorted(refused)
+
+  def _refusal(self, changed: dict, refused: dict) -> str:
+    keys = sorted(refused)
+    shown = [f"{k} {_short(changed[k][0])} -> {_short(changed[k][1])}"
+             + (f" ({refused[k]})" if refused[k] else "") for k in keys[:_SHOWN]]
+    if len(keys) > _SHOWN:
+      rest = keys[_SHOWN:]
+      shown.append(f"and {len(rest)} more: {', '.join(rest[:10])}{', ...' if len(rest) > 10 else ''}")
+    return (f"{self.workdir} holds a run trained with other settings: {'; '.join(shown)}; resume "
+            f"with the settings in {self.workdir / 'config.json'}, use another --workdir, or add "
+            f"--config.{OVERRIDE}=True to change them anyway (recorded in "
+            f"{self.workdir / CHANGES})")
+
+  def record(self, step: int) -> None:
+    """Appends this run's changes to WORKDIR/changes.jsonl and says what they mean."""
+    if not self.changed or jax.process_index() != 0:
+      return
+    logging.warning("resuming at step %d with changed settings: %s%s", step,
+                    ", ".join(f"{k} {_short(a)} -> {_short(b)}" for k, (a, b) in self.changed.items()),
+                    f" (allowed by {OVERRIDE}: {', '.join(self.forced)})" if self.forced else "")
+    if "total_steps" in self.changed:
+      old, new = self.changed["total_steps"]
+      logging.warning("total_steps %s -> %s: the learning-rate schedule now runs to step %s (the "
+                      "steps trained so far followed the one to step %s)", old, new, new, old)
+    entry = {"step": int(step), "time": datetime.datetime.now().astimezone().isoformat(
+                 timespec="seconds"),
+             "changed": {k: [a, b] for k, (a, b) in self.changed.items()}, "forced": self.forced}
+    with open(self.workdir / CHANGES, "a", encoding="utf-8") as f:
+      f.write(json.dumps(entry) + "\n")
+
+
+def _short(value: Any, limit: int = 40) -> str:
+  text = json.dumps(value) if value != _ABSENT else _ABSENT
+  return text if len(text) <= limit else text[:limit - 3] + "..."
