@@ -112,7 +112,8 @@ class Watch:
     else:
       cause = (f"the learning rate ({self.learning_rate:g} at its peak) is likely too high"
                + (f" for {self.dtype}" if self.dtype != "float32" else "")
-               + "; lower --config.learning_rate or raise --config.optimizer.warmup_steps, or "
-               "set --config.nonfinite_policy=skip")
+               + "; lower --config.learning_rate or raise --config.optimizer.warmup_steps (a "
+               "resumed run changes them with --config.allow_changed_settings=True), or set "
+               "--config.nonfinite_policy=skip")
     return (f"the run diverged{at}: {what}, and no non-finite state was checkpointed (running "
             f"again resumes from the last checkpoint); likely cause: {cause}")

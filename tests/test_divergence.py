@@ -133,18 +133,20 @@ def test_a_run_that_diverges_midway_keeps_its_last_finite_checkpoint(tmp_path):
   rows = _rows(workdir)
   good = jax.device_get(checkpoints.restore_params(workdir))
 
-  diverged = run_launch(*common, "--config.total_steps=8", "--config.learning_rate=1e30")
+  diverged = run_launch(*common, "--config.total_steps=8", "--config.learning_rate=1e30",
+                        "--config.allow_changed_settings=True")
   assert diverged.returncode == 3, diverged.stderr[-2000:]
   assert "Traceback" not in diverged.stderr
   errors = [l for l in diverged.stderr.splitlines() if l.startswith("error:")]
   assert len(errors) == 1 and "the run diverged at step" in errors[0], diverged.stderr[-2000:]
-  assert "learning rate (1e+30" in errors[0]
+  assert "learning rate (1e+30" in errors[0] and "allow_changed_settings" in errors[0]
   assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()) == [4]
   for a, b in zip(jax.tree.leaves(good), jax.tree.leaves(checkpoints.restore_params(workdir))):
     np.testing.assert_array_equal(a, b)
   assert _rows(workdir)[:len(rows)] == rows
 
-  resumed = run_launch(*common, "--config.total_steps=8")
+  resumed = run_launch(*common, "--config.total_steps=8", "--config.learning_rate=1e-3",
+                       "--config.allow_changed_settings=True")
   assert resumed.returncode == 0, resumed.stderr[-2000:]
   after = [r for r in _rows(workdir)[len(rows):] if r["step"] > 4 and r["split"] == "train"]
   assert [r["step"] for r in after][-4:] == [5, 6, 7, 8]
