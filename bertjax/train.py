@@ -28,7 +28,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from bertjax import checkpoints, optim, prefetch, sharding
+from bertjax import checkpoints, config_checks, optim, prefetch, sharding
 from bertjax.errors import fail
 from bertjax.metric_writers import MetricWriter
 from bertjax.models.config import ModelConfig
@@ -202,8 +202,9 @@ def param_shardings_for(objective, model, config, mesh, init_batch, abstract_box
   """(abstract boxed params, NamedSharding per param) without allocating anything."""
   if abstract_boxed is None:
     abstract_boxed = abstract_params_of(objective, model, init_batch)
-  return abstract_boxed, sharding.logical_shardings(abstract_boxed, mesh,
-                                                    sharding.rules_from_config(config))
+  shardings = sharding.logical_shardings(abstract_boxed, mesh, sharding.rules_from_config(config))
+  config_checks.check_param_shardings(nn.meta.unbox(abstract_boxed), shardings)
+  return abstract_boxed, shardings
 
 
 def create_train_state(objective, model, optimizer, config, mesh, init_batch, abstract_boxed=None):
@@ -282,23 +283,10 @@ class Setup:
   num_params: int
 
 
-def accumulation_steps(config, mesh) -> int:
-  """`grad_accum_steps`, checked against the batch, the data-parallel size and the processes."""
-  dp = sharding.data_parallel_size(mesh)
-  accum = int(config.grad_accum_steps)
-  if accum < 1 or config.batch_size % (dp * accum):
-    fail(f"batch_size={config.batch_size} must be divisible by data-parallel size {dp} x "
-         f"grad_accum_steps {accum}; change --config.batch_size or --config.grad_accum_steps")
-  if config.batch_size % jax.process_count():
-    fail(f"batch_size={config.batch_size} must be divisible by the process count "
-         f"{jax.process_count()}")
-  return accum
-
-
 def setup(config, objective, model_cfg: ModelConfig, mesh) -> tuple[Setup, TrainState]:
   """The jitted steps of `objective` under `config` (model, optimizer, shardings) and its freshly
   initialized, sharded train state."""
-  accum = accumulation_steps(config, mesh)
+  accum = config_checks.accumulation_steps(config, mesh)
   model = objective.make_model(model_cfg)
   init_batch = objective.init_batch(1, config.max_seq_length, config.max_predictions_per_seq)
   # The optimizer sees the parameter tree (shapes only) for per-layer learning-rate scales.
@@ -408,16 +396,16 @@ def _train_loop(config, s: Setup, state: TrainState, data, ckpt, writer: MetricW
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns a summary."""
   workdir = pathlib.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
+  # Settings are checked before anything is created, prepared, trained or written.
+  config_checks.check_settings(config, workdir)
   objective = get_objective(config)
   mesh = sharding.make_mesh(config.mesh_shape)
-  accumulation_steps(config, mesh)  # before any input is prepared (setup checks it again)
+  model_cfg = objective.model_config(config)  # the model trained: fine-tuning takes init_from's
+  config_checks.check_run(config, objective, model_cfg, mesh, workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
   data = objective.build_inputs(config, workdir)
   config = with_schedule(config, objective.schedule(config, data))
-  model_cfg = objective.model_config(config)
-  if data.vocab_size > model_cfg.vocab_size:
-    fail(f"the tokenizer has {data.vocab_size} tokens but model.vocab_size is "
-         f"{model_cfg.vocab_size}; set --config.model.vocab_size={data.vocab_size}")
+  config_checks.check_data(config, objective, model_cfg, data, workdir)
   s, state = setup(config, objective, model_cfg, mesh)
   logging.info("model: %s parameters", f"{s.num_params:,}")
 

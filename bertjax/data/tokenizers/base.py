@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import hashlib
 import json
 import logging
 import os
@@ -118,6 +119,15 @@ class Tokenizer(abc.ABC):
         dtype=bool, count=self.vocab_size)
     mask[list(self.special_ids)] = True
     return mask
+
+  def fingerprint(self) -> str:
+    """A hash of what decides the ids a text gets: kind, casing, settings and every id's token.
+    Equal fingerprints: the same vocabulary, id for id (a model trained on one fits the other)."""
+    h = hashlib.sha256(json.dumps([self.kind, self.lowercase, self._config()], sort_keys=True,
+                                  default=str).encode())
+    for i in range(self.vocab_size):
+      h.update(self.id_to_token(i).encode("utf-8", "surrogatepass") + b"\n")
+    return h.hexdigest()
 
   def save(self, directory: str | os.PathLike) -> None:
     """Writes the tokenizer into `directory` (created if needed), loadable by `load_tokenizer`."""
