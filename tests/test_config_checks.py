@@ -21,6 +21,7 @@ from bertjax import config_checks, config_lib, train
 from bertjax.data import tokenizers
 from bertjax.errors import UserError
 from bertjax.models.config import ModelConfig
+from tests.helpers import run_module
 from tests.test_train import REPO, run_launch, tiny_config
 
 CONFIGS = ["quickstart.py", "quickstart.py:runlocal", "bert.py", "bert.py:runlocal", "albert.py",
@@ -389,3 +390,11 @@ def test_a_mesh_that_does_not_divide_the_heads_is_one_line(tmp_path):
   assert "parameter generator" in r.stderr
   assert not (tmp_path / "a").exists()
 
+
+
+@pytest.mark.slow
+def test_benchmark_preset_typo_is_one_line():
+  r = run_module("-m", "bertjax.benchmark", "--preset", "bert-tinyy", "--steps", "0")
+  one_error_line(r, "unknown model preset 'bert-tinyy'; use one of bert-tiny,")
+  r = run_module("-m", "bertjax.benchmark", "--steps", "many")
+  one_error_line(r, "argument --steps: invalid int value: 'many'")
