@@ -3,6 +3,8 @@ every numeric range, the mesh against the devices, batch and model, max_seq_leng
 position table of the model trained, the data's tokenizer against init_from's. Each refusal is
 one line (exit status 2) and leaves an earlier run's workdir as it was."""
 
+import asyncio
+import gc
 import json
 import os
 import pathlib
@@ -17,10 +19,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bertjax import config_checks, config_lib, train
+from bertjax import checkpoints, config_checks, config_lib, train
 from bertjax.data import tokenizers
 from bertjax.errors import UserError
 from bertjax.models.config import ModelConfig
+from orbax.checkpoint._src import asyncio_utils
 from tests.helpers import run_module
 from tests.test_train import REPO, run_launch, tiny_config
 
@@ -248,6 +251,16 @@ def test_init_from_path_is_checked_before_its_tokenizer(tmp_path):
     config_checks.check_settings(config)
 
 
+def test_truncated_config_json_of_init_from_is_one_line(tmp_path):
+  text = json.dumps({"model": ModelConfig().to_dict(), "total_steps": 4}, indent=2)
+  (tmp_path / "config.json").write_text(text[:100])
+  with pytest.raises(UserError, match=r"config.json is not a bertjax config.json \(JSONDecodeError"):
+    checkpoints.load_model_config(tmp_path)
+  (tmp_path / "config.json").write_text(json.dumps({"total_steps": 4}))
+  with pytest.raises(UserError, match="is not a bertjax config.json .KeyError"):
+    checkpoints.load_model_config(tmp_path)
+
+
 def wordpiece(folder: pathlib.Path, words) -> tokenizers.Tokenizer:
   folder.mkdir(parents=True)
   specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -326,6 +339,39 @@ def test_fine_tuning_checks_max_seq_length_against_init_froms_positions(tmp_path
   assert not (tmp_path / "w").exists()
 
 
+# --------------------------------------------------------------------------- orbax's loops
+
+
+def test_a_failed_restore_finishes_its_reads_before_the_loop_closes(monkeypatch):
+  """orbax's run_sync closed its loop under reads still in flight when one failed: each then
+  printed a traceback ("Event loop is closed", "Exception ignored in: <coroutine ...>")."""
+  unraisable, finished = [], []
+  monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+
+  async def read(i, gate):
+    try:
+      await gate
+    except BaseException as e:  # as orbax's _read_array_index_and_device_put
+      finished.append(i)
+      raise RuntimeError(f"read {i} failed") from e
+
+  async def restore():
+    loop = asyncio.get_running_loop()
+    gates = [loop.create_future() for _ in range(8)]
+
+    async def damaged():
+      raise ValueError("damaged array")
+    await asyncio.gather(damaged(), *(read(i, g) for i, g in enumerate(gates)))
+
+  with pytest.raises(ValueError, match="damaged array"):
+    asyncio_utils.run_sync(restore())
+  gc.collect()
+  assert sorted(finished) == list(range(8)) and not unraisable
+
+
+# --------------------------------------------------------------------------- end to end
+
+
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
   """A tiny pretraining run, finished, with checkpoints at steps 2 and 4."""
@@ -390,6 +436,46 @@ def test_a_mesh_that_does_not_divide_the_heads_is_one_line(tmp_path):
   assert "parameter generator" in r.stderr
   assert not (tmp_path / "a").exists()
 
+
+@pytest.mark.slow
+def test_init_from_with_every_checkpoint_damaged_is_one_line(tmp_path, finished_run):
+  """orbax's in-flight reads used to print hundreds of lines after the error (when the
+  damaged arrays were read in parallel): now the one line is all."""
+  damaged = tmp_path / "damaged"
+  shutil.copytree(finished_run, damaged)
+  for f in damaged.glob("checkpoints/*/state/ocdbt.process_0/d/*"):
+    f.write_bytes(f.read_bytes()[:50])
+  for d in damaged.glob("checkpoints/*/data"):
+    shutil.rmtree(d)
+  r = run_launch("--config", "configs/quickstart.py:runlocal", "--workdir", str(tmp_path / "w"),
+                 *TINY_ARGS, f"--config.init_from={damaged}")
+  one_error_line(r, f"no readable checkpoint in {damaged / 'checkpoints'}")
+  assert len(r.stderr.splitlines()) < 10, r.stderr[-3000:]
+  assert not (tmp_path / "w" / "config.json").exists()
+
+
+@pytest.mark.slow
+def test_init_from_problems_are_one_line(tmp_path, finished_run, data_dir):
+  """A tokenizer other than the checkpoint's used to train silently (its 9 ids fit the model's
+  200); a truncated config.json was a JSONDecodeError traceback."""
+  pretrained = tmp_path / "pretrained"
+  shutil.copytree(finished_run, pretrained)
+  wordpiece(pretrained / "tokenizer", ["the", "cat", "sat", "##s"])
+  wordpiece(tmp_path / "other", ["the", "sat", "cat", "##s"])
+  glue = ["--config", "configs/glue.py:task=sst2,runlocal", f"--config.data_dir={data_dir / 'glue'}",
+          "--config.max_train_examples=32", f"--config.init_from={pretrained}"]
+  r = run_launch(*glue, "--workdir", str(tmp_path / "w1"), f"--config.data.tokenizer={tmp_path / 'other'}")
+  one_error_line(r, f"the data is tokenized differently (data.tokenizer={tmp_path / 'other'}: "
+                    "wordpiece, 9 tokens, other pieces or casing)")
+  assert list((tmp_path / "w1").iterdir()) == []  # refused before anything was written
+  r = run_launch("--config", "configs/quickstart.py:runlocal", "--workdir", str(tmp_path / "w2"),
+                 f"--config.init_from={pretrained}", f"--config.data.tokenizer={tmp_path / 'other'}")
+  one_error_line(r, "the data is tokenized differently")
+  config = pretrained / "config.json"
+  config.write_text(config.read_text()[:100])
+  r = run_launch(*glue, "--workdir", str(tmp_path / "w3"))
+  one_error_line(r, f"{config} is not a bertjax config.json (JSONDecodeError")
+  assert not (tmp_path / "w2").exists() and not (tmp_path / "w3").exists()
 
 
 @pytest.mark.slow
