@@ -22,7 +22,6 @@ accelerators; on a CPU, a large float32 matmul's rate measured in the same run).
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import statistics
@@ -34,8 +33,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax import config_lib, inputs, profiling, sharding, train
-from bertjax.errors import fail, run_cli
+from bertjax import config_checks, config_lib, inputs, profiling, sharding, train
+from bertjax.errors import ArgumentParser, fail, run_cli
 from bertjax.host_memory import host_peak_rss_bytes
 from bertjax.models import encoder
 from bertjax.registry import get_objective, objective_class
@@ -148,6 +147,7 @@ def build_config(args):
   config_lib.apply_overrides(config, overrides + list(args.override or []))
   if config.max_seq_length > config.model.max_position_embeddings:
     config_lib.apply_overrides(config, [f"model.max_position_embeddings={config.max_seq_length}"])
+  config_checks.check_settings(config)
   return config
 
 
@@ -302,7 +302,7 @@ def _alternate(config, args, argv: list[str]) -> dict:
 
 
 def main(argv=None) -> dict:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--preset", default="bert-mini", help="a model preset (bertjax.models.presets)")
   parser.add_argument("--config", help="any experiment config (data is replaced by synthetic batches)")
   parser.add_argument("--batch_size", type=int)

@@ -9,6 +9,7 @@ one is finalized.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import pathlib
@@ -20,8 +21,9 @@ import flax
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from orbax.checkpoint._src import asyncio_utils
 
-from bertjax.errors import UserError, fail
+from bertjax.errors import UserError, fail, read_text
 
 
 class Checkpointer:
@@ -118,6 +120,45 @@ class Checkpointer:
     self.manager.close()
 
 
+def _run_and_drain(coro):
+  """orbax's `run_sync` loop, which also finishes the tasks still running when `coro` fails.
+
+  Restoring a damaged checkpoint, the first unreadable array ends orbax's `asyncio.gather` while
+  the reads of the others are in flight; orbax then closes the loop under them, and each late
+  read prints a traceback ("Event loop is closed", "Exception ignored in: <coroutine ...>"):
+  hundreds of lines after the one-line error. Cancelling and awaiting them first (as
+  `asyncio.run` does) keeps the output to what bertjax says. Tasks are tracked by a task factory
+  rather than `asyncio.all_tasks` (orbax avoids the latter across threads).
+  """
+  loop = asyncio.new_event_loop()
+  tasks = []
+
+  def factory(loop, coro, **kwargs):
+    task = asyncio.Task(coro, loop=loop, **kwargs)
+    tasks.append(task)
+    return task
+
+  loop.set_task_factory(factory)
+  try:
+    asyncio.set_event_loop(loop)
+    return loop.run_until_complete(coro)
+  finally:
+    try:
+      pending = [t for t in tasks if not t.done()]
+      for task in pending:
+        task.cancel()
+      if pending:
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    finally:
+      asyncio.set_event_loop(None)
+      loop.close()
+
+
+# orbax 0.12's private helper: if a later orbax renames it, restores work as before (only noisier).
+if hasattr(asyncio_utils, "_run_sync_via_new_loop"):
+  asyncio_utils._run_sync_via_new_loop = _run_and_drain  # pylint: disable=protected-access
+
+
 def _path(path) -> str:
   return "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
 
@@ -155,10 +196,17 @@ def restore_params(path: str | pathlib.Path) -> dict:
 def load_model_config(path: str | pathlib.Path) -> dict:
   """The `ModelConfig` fields of a converted folder (model.json) or a training workdir (config.json)."""
   path = pathlib.Path(path)
-  if (path / "model.json").is_file():
-    return dict(json.loads((path / "model.json").read_text())["model"])
-  if (path / "config.json").is_file():
-    return dict(json.loads((path / "config.json").read_text())["model"])
+  for name in ("model.json", "config.json"):
+    file = path / name
+    if file.is_file():
+      try:
+        model = json.loads(read_text(file, name))["model"]
+      except (ValueError, KeyError, TypeError) as e:
+        fail(f"{file} is not a bertjax {name} ({type(e).__name__}: {_short(e)}); it may be "
+             f"truncated: copy it again from where the run was made, or use another init_from")
+      if not isinstance(model, dict):
+        fail(f"{file} has no model settings (\"model\" is not an object); copy the file again")
+      return dict(model)
   fail(f"{path} has no model.json or config.json; point init_from at a converted checkpoint "
        f"(python -m bertjax.convert from-hf) or a training workdir")
 

@@ -88,11 +88,11 @@ def prepared_corpus_dir(config, workdir: pathlib.Path) -> pathlib.Path:
 
 
 def _tokenizer_setting(config) -> dict:
-  """Which tokenizer a workdir's corpus is tokenized with: a given folder (by content), or one
+  """Which tokenizer a workdir's corpus is tokenized with: a given folder (by its vocabulary), or one
   trained on the corpus at data.vocab_size."""
   if config.data.tokenizer:
     return {"path": os.path.realpath(os.path.expanduser(config.data.tokenizer)),
-            "sha256": tokenizers.fingerprint(os.path.expanduser(config.data.tokenizer))}
+            "fingerprint": tokenizers.load_tokenizer(config.data.tokenizer).fingerprint()}
   return {"trained_vocab_size": int(config.data.vocab_size)}
 
 

@@ -18,6 +18,7 @@ import optax
 from bertjax.errors import fail
 
 OPTIMIZERS = ("adamw", "lamb", "adam", "sgd")
+DECAYS = ("linear", "polynomial", "constant")
 
 
 def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
@@ -29,7 +30,7 @@ def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
   peak = config.learning_rate
   end = peak * o.end_learning_rate_factor
   power = 1.0 if o.decay == "linear" else o.decay_power
-  if o.decay not in ("linear", "polynomial", "constant"):
+  if o.decay not in DECAYS:
     fail(f"unknown optimizer.decay={o.decay!r}; use linear, polynomial or constant")
   if o.decay == "constant":
     decay = optax.constant_schedule(peak)

@@ -26,8 +26,8 @@ import ml_collections
 import numpy as np
 import optax
 
-from bertjax import checkpoints, divergence, optim, prefetch, sharding, workdir as workdir_lib
-from bertjax.errors import fail
+from bertjax import (checkpoints, config_checks, divergence, optim, prefetch, sharding,
+                     workdir as workdir_lib)
 from bertjax.metric_writers import MetricWriter
 from bertjax.models.config import ModelConfig
 from bertjax.objective import Schedule
@@ -172,8 +172,9 @@ def param_shardings_for(objective, model, config, mesh, init_batch, abstract_box
   """(abstract boxed params, NamedSharding per param) without allocating anything."""
   if abstract_boxed is None:
     abstract_boxed = abstract_params_of(objective, model, init_batch)
-  return abstract_boxed, sharding.logical_shardings(abstract_boxed, mesh,
-                                                    sharding.rules_from_config(config))
+  shardings = sharding.logical_shardings(abstract_boxed, mesh, sharding.rules_from_config(config))
+  config_checks.check_param_shardings(nn.meta.unbox(abstract_boxed), shardings)
+  return abstract_boxed, shardings
 
 
 def create_train_state(objective, model, optimizer, config, mesh, init_batch, abstract_boxed=None):
@@ -224,23 +225,10 @@ class Setup:
   num_params: int
 
 
-def accumulation_steps(config, mesh) -> int:
-  """`grad_accum_steps`, checked against the batch, the data-parallel size and the processes."""
-  dp = sharding.data_parallel_size(mesh)
-  accum = int(config.grad_accum_steps)
-  if accum < 1 or config.batch_size % (dp * accum):
-    fail(f"batch_size={config.batch_size} must be divisible by data-parallel size {dp} x "
-         f"grad_accum_steps {accum}; change --config.batch_size or --config.grad_accum_steps")
-  if config.batch_size % jax.process_count():
-    fail(f"batch_size={config.batch_size} must be divisible by the process count "
-         f"{jax.process_count()}")
-  return accum
-
-
 def setup(config, objective, model_cfg: ModelConfig, mesh) -> tuple[Setup, TrainState]:
   """The jitted steps of `objective` under `config` (model, optimizer, shardings) and its freshly
   initialized, sharded train state."""
-  accum = accumulation_steps(config, mesh)
+  accum = config_checks.accumulation_steps(config, mesh)
   model = objective.make_model(model_cfg)
   init_batch = objective.init_batch(1, config.max_seq_length, config.max_predictions_per_seq)
   # The optimizer sees the parameter tree (shapes only) for per-layer learning-rate scales.
@@ -364,28 +352,27 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns a summary.
   One run at a time holds the workdir (bertjax/workdir.py)."""
   workdir = pathlib.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
-  with workdir_lib.locked(workdir):
-    return _train_and_evaluate(config, workdir)
-
-
-def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict:
+  # Settings are checked before anything is created, prepared, trained or written.
+  config_checks.check_settings(config, workdir)
   objective = get_objective(config)
   mesh = sharding.make_mesh(config.mesh_shape)
-  accumulation_steps(config, mesh)  # before any input is prepared (setup checks it again)
-  # A resumed run's settings, checked before anything is prepared or written: the schedule (and
-  # init_from's architecture) once they are known.
+  model_cfg = objective.model_config(config)  # the model trained: fine-tuning takes init_from's
+  config_checks.check_run(config, objective, model_cfg, mesh, workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  with workdir_lib.locked(workdir):
+    return _train_and_evaluate(config, workdir, objective, mesh, model_cfg)
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path, objective,
+                        mesh, model_cfg: ModelConfig) -> dict:
+  # A resumed run's settings against its config.json, before anything is prepared or written;
+  # the schedule again once the inputs have derived it.
   settings = workdir_lib.Settings(workdir, config.get("allow_changed_settings", False))
-  model_now = model_config_from(config) if settings.recorded and not config.init_from else None
-  settings.check(_resolved(config, model_now),
-                 pending=workdir_lib.SCHEDULE + (() if model_now else ("model.",)))
+  settings.check(_resolved(config, model_cfg), pending=workdir_lib.SCHEDULE)
   data = objective.build_inputs(config, workdir)
   config = with_schedule(config, objective.schedule(config, data))
-  model_cfg = objective.model_config(config)
+  config_checks.check_data(config, objective, model_cfg, data, workdir)
   settings.check(_resolved(config, model_cfg))
-  if data.vocab_size > model_cfg.vocab_size:
-    fail(f"the tokenizer has {data.vocab_size} tokens but model.vocab_size is "
-         f"{model_cfg.vocab_size}; set --config.model.vocab_size={data.vocab_size}")
   s, state = setup(config, objective, model_cfg, mesh)
   logging.info("model: %s parameters", f"{s.num_params:,}")
 

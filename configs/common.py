@@ -15,7 +15,7 @@ LOCAL_VOCAB = 4000  # the sentencepiece vocabulary trained on SAMPLE by runlocal
 
 def model_config(preset: str, **overrides) -> ml_collections.ConfigDict:
   """All `ModelConfig` fields of a preset, so any of them can be overridden from the command line."""
-  fields = ModelConfig.from_dict({**PRESETS[preset], **overrides}).to_dict()
+  fields = ModelConfig.from_dict({**choose(preset, PRESETS, "model preset"), **overrides}).to_dict()
   return ml_collections.ConfigDict(fields)
 
 

@@ -47,7 +47,7 @@ def test_the_prepared_corpus_records_files_format_and_tokenizer(tmp_path, tokeni
   assert entry["path"] == str(corpus.resolve()) and entry["size"] == corpus.stat().st_size
   assert provenance["format"] == "wikitext"
   assert provenance["tokenizer"] == {"path": str(tokenizer_dir.resolve()),
-                                     "sha256": tokenizers.fingerprint(tokenizer_dir)}
+                                     "fingerprint": tokenizers.load_tokenizer(tokenizer_dir).fingerprint()}
 
 
 def test_unchanged_inputs_reuse_it_changed_ones_rebuild_it(tmp_path, tokenizer_dir, caplog):

@@ -96,8 +96,8 @@ def test_round_trip_and_meta(corpus_files, tok_dir, tmp_path):
   assert meta["skipped"] == {"empty_sentences": empty_sentences,
                              "empty_documents": empty_documents, "undecodable_lines": 1}
   assert meta["tokenizer"] == {"kind": "sentencepiece", "vocab_size": 800, "lowercase": False,
-                               "sha256": tokenizers.fingerprint(out / records.TOKENIZER_DIR)}
-  assert meta["tokenizer"]["sha256"] == tokenizers.fingerprint(tok_dir)  # the same files
+                               "fingerprint": tok.fingerprint()}
+  assert corpus.tokenizer.fingerprint() == tok.fingerprint()  # the same vocabulary, id for id
   assert meta["provenance"] == source.provenance()
   assert [f["path"] for f in meta["provenance"]["files"]] == [
       str(p.resolve()) for p in corpus_files]

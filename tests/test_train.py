@@ -61,6 +61,9 @@ def test_launch_writes_workdir(tmp_path):
     (["--config.objective=mlm_nsq"], "unknown objective 'mlm_nsq'"),
     (["--config.mesh_shape=(3, 1, 1)"], "mesh_shape"),
     (["--config.batch_size=7", "--config.grad_accum_steps=2"], "batch_size=7"),
+    (["--config.log_every=0"], "log_every=0 must be >= 1"),
+    (["--config.keep_checkpoints=-1"], "keep_checkpoints=-1 must be >= 1"),
+    (["--config.init_from=/nonexistent/run"], "init_from=/nonexistent/run does not exist"),
 ])
 def test_bad_config_is_one_line(tmp_path, args, needle):
   r = run_launch("--config", "configs/quickstart.py:runlocal", "--workdir", str(tmp_path / "w"),
@@ -69,6 +72,7 @@ def test_bad_config_is_one_line(tmp_path, args, needle):
   assert "Traceback" not in r.stderr
   err = [l for l in r.stderr.splitlines() if l.startswith("error:")]
   assert len(err) == 1 and needle in err[0], r.stderr[-2000:]
+  assert not (tmp_path / "w").exists()  # refused before the workdir is made
 
 
 def test_missing_config_file(tmp_path):

@@ -277,7 +277,7 @@ def _prepare_into(staging: pathlib.Path, source: Iterable[Sequence[str]],
       "document_order": "round_robin",
       "tokenizer": {"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size,
                     "lowercase": tokenizer.lowercase,
-                    "sha256": tokenizers.fingerprint(tokenizer_dir)},
+                    "fingerprint": tokenizer.fingerprint()},
       "source": getattr(source, "description", type(source).__name__),
       # What it was made from (files, sizes, sample hashes; tfds name): see `changed_inputs`.
       "provenance": provenance or (source.provenance() if hasattr(source, "provenance") else None),

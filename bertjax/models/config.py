@@ -74,7 +74,7 @@ class ModelConfig:
       act = getattr(self, name)
       if act is not None and act not in ACTIVATIONS:
         fail(f"unknown activation model.{name}={act!r}; use one of {', '.join(ACTIVATIONS)}")
-    if self.hidden_size % self.num_attention_heads:
+    if self.num_attention_heads < 1 or self.hidden_size % self.num_attention_heads:
       fail(f"model.hidden_size={self.hidden_size} is not divisible by "
            f"model.num_attention_heads={self.num_attention_heads}; pick sizes that divide")
     if self.dtype not in DTYPES:

@@ -32,7 +32,7 @@ from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import checkpoints, inputs, sharding
+from bertjax import checkpoints, config_checks, inputs
 from bertjax.data import tokenizers
 from bertjax.errors import fail
 from bertjax.models.config import ModelConfig
@@ -181,16 +181,6 @@ class EvalSet:
     return num_rows(self.arrays)
 
 
-def eval_batch_size(config, mesh) -> int:
-  """Rows per evaluation batch: `eval_batch_size`, or the training micro-batch."""
-  size = int(config.get("eval_batch_size", 0) or config.batch_size // config.grad_accum_steps)
-  dp = sharding.data_parallel_size(mesh)
-  if size <= 0 or size % dp or size % jax.process_count():
-    fail(f"eval_batch_size={size} must be a positive multiple of the data-parallel size {dp} and "
-         f"the process count {jax.process_count()}; set --config.eval_batch_size")
-  return size
-
-
 def padded_batches(arrays: Mapping[str, np.ndarray], batch_size: int, process_index: int = 0,
                    process_count: int = 1) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
   """Fixed-size batches over all rows; the last one padded with row 0 at weight 0.
@@ -322,10 +312,8 @@ class TaskObjective(Objective):
       cfg = ModelConfig.from_dict(fields)
     else:
       cfg = ModelConfig.from_dict(config.model.to_dict())
-    if config.max_seq_length > cfg.max_position_embeddings - cfg.position_offset:
-      fail(f"max_seq_length={config.max_seq_length} exceeds the model's "
-           f"{cfg.max_position_embeddings - cfg.position_offset} positions; lower "
-           "--config.max_seq_length")
+    config_checks.check_positions(config, cfg,
+                                  f"init_from={config.init_from}" if config.init_from else "")
     return cfg
 
   def make_model(self, model_config: ModelConfig) -> nn.Module:
@@ -417,7 +405,7 @@ class TaskObjective(Objective):
 
   def predict(self, params, context, eval_set: EvalSet) -> dict[str, np.ndarray]:
     """`outputs` of every row of `eval_set`, in row order (padding rows removed)."""
-    size = eval_batch_size(self.config, context.mesh)
+    size = config_checks.eval_batch_size(self.config, context.mesh)
     chunks: list[dict[str, np.ndarray]] = []
     for batch, valid in padded_batches(eval_set.arrays, size, jax.process_index(),
                                        jax.process_count()):

@@ -21,12 +21,12 @@ loading and training), `vocab_tokenizers` (WordPiece and byte-level BPE from voc
 
 from bertjax.data.tokenizers.base import (BERT_SPECIALS, BPE_MERGES, BPE_VOCAB, CONFIG_FILE, KINDS,
                                           ROBERTA_SPECIALS, SPM_FILE, SPM_SPECIALS, WORDPIECE_VOCAB,
-                                          Tokenizer, fingerprint)
+                                          Tokenizer)
 from bertjax.data.tokenizers.loading import load_tokenizer
 from bertjax.data.tokenizers.spm_tokenizer import SentencePieceTokenizer, train_sentencepiece
 from bertjax.data.tokenizers.vocab_tokenizers import ByteLevelBPETokenizer, WordPieceTokenizer
 
 __all__ = ["BERT_SPECIALS", "BPE_MERGES", "BPE_VOCAB", "CONFIG_FILE", "KINDS", "ROBERTA_SPECIALS",
            "SPM_FILE", "SPM_SPECIALS", "WORDPIECE_VOCAB", "ByteLevelBPETokenizer",
-           "SentencePieceTokenizer", "Tokenizer", "WordPieceTokenizer", "fingerprint", "load_tokenizer",
+           "SentencePieceTokenizer", "Tokenizer", "WordPieceTokenizer", "load_tokenizer",
            "train_sentencepiece"]

@@ -1,0 +1,409 @@
+"""Settings checked before a run prepares, trains or writes anything; each failure is one line.
+
+The trainer calls, in order:
+  `check_settings`  the config alone (every numeric setting's range), the workdir and init_from
+                    paths: before the objective, the mesh or the workdir exist;
+  `check_run`       the mesh and the model actually trained (fine-tuning takes init_from's
+                    architecture): the batch against the data-parallel size and accumulation,
+                    mesh axes against heads and hidden sizes, max_seq_length against the position
+                    table; still before any input is prepared;
+  `check_data`      the built inputs: the tokenizer against the model's vocabulary and against
+                    the one init_from was trained with; before anything is initialized or written.
+`check_param_shardings` is the last word on the layout, parameter by parameter. Every message
+names `setting=value`, what it must be and the fix (`errors.fail`: exit status 2, one line).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import pathlib
+from typing import Any
+
+import jax
+
+from bertjax import optim, sharding
+from bertjax.data import tokenizers
+from bertjax.errors import fail
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+  """lo <= value <= hi (a bound is strict when marked open); `also`: sentinel values allowed."""
+  lo: float | None = None
+  hi: float | None = None
+  lo_open: bool = False
+  hi_open: bool = False
+  also: tuple = ()
+
+  def holds(self, value) -> bool:
+    if any(value is a or (value == a and type(value) is type(a)) for a in self.also):
+      return True
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+      return False
+    if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
+      return False
+    return self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
+
+  def __str__(self) -> str:
+    if self.hi is None:
+      text = f"{'>' if self.lo_open else '>='} {self.lo}"
+    else:
+      text = (f"in {'(' if self.lo_open else '['}{self.lo}, {self.hi}"
+              f"{')' if self.hi_open else ']'}")
+    return " or ".join([text, *map(repr, self.also)])
+
+
+AT_LEAST_1, NON_NEGATIVE, POSITIVE = Range(1), Range(0), Range(0, lo_open=True)
+UNIT, OPEN_UNIT = Range(0, 1), Range(0, 1, lo_open=True, hi_open=True)
+PROBABILITY = Range(0, 1, hi_open=True)   # dropout: 1 would drop everything
+SHARE = Range(0, 1, lo_open=True)         # a fraction that must keep something
+
+# Every numeric setting of configs/common.py (and the fine-tuning configs' own), with its range,
+# what it means and an example value for the fix. A key a config lacks is not checked.
+RULES: tuple[tuple[str, Range, str, Any], ...] = (
+    ("total_steps", NON_NEGATIVE, "optimizer steps; 0 in fine-tuning configs: from num_epochs", 1000),
+    ("batch_size", AT_LEAST_1, "rows per optimizer step", 32),
+    ("grad_accum_steps", AT_LEAST_1, "micro-batches per step", 1),
+    ("prefetch_batches", NON_NEGATIVE, "batches sent to the devices ahead; 0: none", 2),
+    # 0 is allowed: the weights stay as restored (tests/test_task_glue.py checks a restore so).
+    ("learning_rate", NON_NEGATIVE, "the peak learning rate", 1e-4),
+    ("seed", Range(0, 2**32, hi_open=True), "the seed of data order, init and dropout", 0),
+    ("log_every", AT_LEAST_1, "steps between train metric lines", 50),
+    ("eval_every", NON_NEGATIVE, "steps between evaluations; 0: at the end only", 0),
+    ("checkpoint_every", AT_LEAST_1, "steps between checkpoints; one is also saved at the end", 1000),
+    ("keep_checkpoints", AT_LEAST_1,
+     "checkpoints kept on disk; fewer than 1 would delete every one, the latest included", 3),
+    ("max_seq_length", Range(3), "tokens per row, [CLS] and [SEP]s included", 128),
+    ("max_predictions_per_seq", AT_LEAST_1, "masked positions per row", 20),
+    ("num_epochs", NON_NEGATIVE, "passes over the training set when total_steps=0", 3.0),
+    ("max_train_examples", NON_NEGATIVE, "training examples used; 0: all", 0),
+    ("eval_batch_size", NON_NEGATIVE, "rows per prediction batch; 0: the training micro-batch", 0),
+    ("pad_to_multiple_of", NON_NEGATIVE, "batch length rounding; 0: pad to max_seq_length", 32),
+    ("doc_stride", AT_LEAST_1, "tokens between passage windows", 128),
+    ("max_query_length", AT_LEAST_1, "question tokens kept", 64),
+    ("max_answer_length", AT_LEAST_1, "answer tokens predicted at most", 30),
+    ("n_best_size", AT_LEAST_1, "answer candidates per question", 20),
+    ("data.vocab_size", AT_LEAST_1, "the sentencepiece vocabulary trained", 30522),
+    ("data.eval_documents", NON_NEGATIVE, "documents held out for evaluation", 50),
+    ("data.eval_batches", NON_NEGATIVE, "batches per evaluation", 4),
+    ("data.short_seq_prob", UNIT, "probability of a shorter target length", 0.1),
+    ("data.pack_bins", AT_LEAST_1, "rows filled at once when packing", 64),
+    ("masking.rate", OPEN_UNIT, "fraction of tokens selected for prediction", 0.15),
+    ("masking.max_ngram", AT_LEAST_1, "longest masked n-gram", 3),
+    ("masking.span_p", SHARE, "the geometric span-length parameter", 0.2),
+    ("masking.span_max", AT_LEAST_1, "longest span, in words", 10),
+    ("electra.generator_hidden_fraction", SHARE, "generator width / discriminator's", 0.5),
+    ("electra.generator_layer_fraction", SHARE, "generator depth / discriminator's", 1.0),
+    ("electra.disc_weight", NON_NEGATIVE, "weight of the discriminator loss", 50.0),
+    ("optimizer.b1", PROBABILITY, "the first-moment decay", 0.9),
+    ("optimizer.b2", PROBABILITY, "the second-moment decay", 0.999),
+    ("optimizer.eps", POSITIVE, "the denominator's epsilon (0 divides by zero)", 1e-6),
+    ("optimizer.weight_decay", NON_NEGATIVE, "decoupled weight decay", 0.01),
+    ("optimizer.grad_clip_norm", NON_NEGATIVE, "global-norm clipping; 0 disables", 1.0),
+    ("optimizer.warmup_steps", Range(-1), "warmup steps; -1: warmup_fraction", -1),
+    ("optimizer.warmup_fraction", UNIT, "warmup as a fraction of total_steps", 0.01),
+    ("optimizer.decay_power", POSITIVE, "the polynomial decay's power", 1.0),
+    ("optimizer.end_learning_rate_factor", UNIT, "the final learning rate / the peak", 0.0),
+    ("optimizer.layerwise_lr_decay", SHARE, "per-layer learning-rate factor; 1 disables", 1.0),
+    ("model.vocab_size", AT_LEAST_1, "the model's vocabulary", 30522),
+    ("model.hidden_size", AT_LEAST_1, "the hidden width", 768),
+    ("model.num_hidden_layers", AT_LEAST_1, "encoder layers", 12),
+    ("model.num_attention_heads", AT_LEAST_1, "attention heads", 12),
+    ("model.intermediate_size", AT_LEAST_1, "the feed-forward width", 3072),
+    ("model.hidden_dropout_prob", PROBABILITY, "dropout probability", 0.1),
+    ("model.attention_probs_dropout_prob", PROBABILITY, "dropout probability", 0.1),
+    ("model.max_position_embeddings", AT_LEAST_1, "rows of the position table", 512),
+    ("model.type_vocab_size", AT_LEAST_1, "token types", 2),
+    ("model.layer_norm_eps", POSITIVE, "LayerNorm's epsilon", 1e-12),
+    ("model.pad_token_id", NON_NEGATIVE, "the padding id", 0),
+    ("model.embedding_size", Range(1, also=(None,)), "the embedding width; None: hidden_size", 128),
+    ("model.num_hidden_groups", Range(1, also=(None,)), "ALBERT's layer groups; None: one per layer",
+     1),
+)
+
+# Settings that name one of a few choices (refused here rather than after data preparation).
+CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("best_mode", ("max", "min")),
+    ("optimizer.name", optim.OPTIMIZERS),
+    ("optimizer.decay", optim.DECAYS),
+)
+
+_MISSING = object()
+
+
+def _get(config, key: str):
+  node = config
+  for part in key.split("."):
+    if not hasattr(node, "keys") or part not in node.keys():
+      return _MISSING
+    node = node[part]
+  return node
+
+
+def check_ranges(config) -> None:
+  """Every numeric setting within its range (RULES), and the ones that depend on each other."""
+  for key, allowed, meaning, example in RULES:
+    value = _get(config, key)
+    if value is not _MISSING and not allowed.holds(value):
+      fail(f"{key}={value!r} must be {allowed} ({meaning}); fix: --config.{key}={example!r}")
+  for key, choices in CHOICES:
+    value = _get(config, key)
+    if value is not _MISSING and value not in choices:
+      fail(f"{key}={value!r} must be one of {', '.join(choices)}; fix: --config.{key}={choices[0]}")
+  model = config.model
+  if model.pad_token_id >= model.vocab_size:
+    fail(f"model.pad_token_id={model.pad_token_id} must be below model.vocab_size="
+         f"{model.vocab_size}; fix: --config.model.pad_token_id=0")
+  epochs = _get(config, "num_epochs")
+  if config.total_steps == 0 and epochs is not _MISSING and epochs <= 0:
+    fail("total_steps=0 derives the steps from num_epochs, which is not positive; fix: "
+         "--config.num_epochs=3 or --config.total_steps=1000")
+
+
+def check_workdir(workdir) -> None:
+  """The workdir is a folder, or can be made one (no file in the way, a writable parent)."""
+  path = pathlib.Path(workdir)
+  if path.exists():
+    if not path.is_dir():
+      fail(f"workdir {path} is a file, not a folder; fix: pass a folder to --workdir (new, or a "
+           "run's workdir to resume it)")
+    if not os.access(path, os.W_OK | os.X_OK):
+      fail(f"workdir {path} is not writable; fix: pass a folder you can write to --workdir")
+    return
+  for parent in path.absolute().parents:
+    if parent.exists():
+      if not parent.is_dir():
+        fail(f"workdir {path} cannot be created: {parent} is a file; fix: pass a --workdir "
+             "under a folder")
+      if not os.access(parent, os.W_OK | os.X_OK):
+        fail(f"workdir {path} cannot be created: {parent} is not writable; fix: pass a "
+             "--workdir you can write to")
+      return
+
+
+def check_init_from(config) -> None:
+  """init_from names a converted checkpoint (params/) or a training workdir (checkpoints/)."""
+  path = config.get("init_from")
+  if not path:
+    return
+  folder = pathlib.Path(path)
+  if not folder.exists():
+    fail(f"init_from={path} does not exist; fix: point --config.init_from at a training workdir "
+         "or a converted checkpoint (python -m bertjax.convert from-hf)")
+  if not folder.is_dir():
+    fail(f"init_from={path} is a file, not a folder; fix: point --config.init_from at a training "
+         "workdir or a converted checkpoint folder")
+  if not ((folder / "params").is_dir() or (folder / "checkpoints").is_dir()):
+    fail(f"init_from={path} holds neither params/ (a converted checkpoint) nor checkpoints/ (a "
+         "training workdir); fix: run `python -m bertjax.convert from-hf` or point at a workdir")
+
+
+def check_settings(config, workdir=None) -> None:
+  """What the config alone decides; first thing of a run, before anything is created."""
+  check_ranges(config)
+  if workdir is not None:
+    check_workdir(workdir)
+  check_init_from(config)
+
+
+# ---------------------------------------------------------------------------------------------
+# The mesh, the batch and the model actually trained.
+
+
+def accumulation_steps(config, mesh) -> int:
+  """`grad_accum_steps`, checked against the batch, the data-parallel size and the processes."""
+  dp = sharding.data_parallel_size(mesh)
+  accum = int(config.grad_accum_steps)
+  if accum < 1 or config.batch_size % (dp * accum):
+    unit = dp * max(accum, 1)
+    fitting = max(unit, config.batch_size // unit * unit)
+    fail(f"batch_size={config.batch_size} must be divisible by data-parallel size {dp} x "
+         f"grad_accum_steps {accum}; fix: --config.batch_size={fitting} or another "
+         "--config.grad_accum_steps")
+  if config.batch_size % jax.process_count():
+    fail(f"batch_size={config.batch_size} must be divisible by the process count "
+         f"{jax.process_count()}; fix: a --config.batch_size divisible by {jax.process_count()}")
+  return accum
+
+
+def eval_batch_size(config, mesh) -> int:
+  """Rows per evaluation batch: `eval_batch_size`, or the training micro-batch."""
+  size = int(config.get("eval_batch_size", 0) or config.batch_size // config.grad_accum_steps)
+  dp = sharding.data_parallel_size(mesh)
+  if size <= 0 or size % dp or size % jax.process_count():
+    fail(f"eval_batch_size={size} must be a positive multiple of the data-parallel size {dp} and "
+         f"the process count {jax.process_count()}; fix: set --config.eval_batch_size")
+  return size
+
+
+def check_positions(config, model_cfg, source: str = "") -> None:
+  """max_seq_length within the position table of the model trained (`source`: where its
+  architecture comes from, when not from config.model)."""
+  n = model_cfg.max_position_embeddings - model_cfg.position_offset
+  if config.max_seq_length <= n:
+    return
+  if source:
+    fail(f"max_seq_length={config.max_seq_length} exceeds the {n} positions of the model of "
+         f"{source}; fix: --config.max_seq_length={n} or less (its position table is fixed)")
+  fail(f"max_seq_length={config.max_seq_length} exceeds the model's {n} positions "
+       f"(model.max_position_embeddings={model_cfg.max_position_embeddings}); fix: "
+       f"--config.max_seq_length={n} or raise --config.model.max_position_embeddings")
+
+
+def _model_dims(cfg) -> list[tuple[str, str, int]]:
+  """(logical axis, setting, size) of the model's parameter dimensions (bertjax/models)."""
+  dims = [("heads", "num_attention_heads", cfg.num_attention_heads),
+          ("mlp", "intermediate_size", cfg.intermediate_size),
+          ("embed", "hidden_size", cfg.hidden_size), ("embed_out", "hidden_size", cfg.hidden_size),
+          ("vocab", "vocab_size", cfg.vocab_size), ("kv", "head size", cfg.head_dim)]
+  if cfg.embedding_size:
+    dims += [("embed", "embedding_size", cfg.embedding_size),
+             ("embed_in", "embedding_size", cfg.embedding_size)]
+  if cfg.scan_layers:
+    dims.append(("layers", "num_hidden_layers", cfg.num_hidden_layers))
+  return dims
+
+
+def _mesh_axes(rules, name: str) -> tuple[str, ...]:
+  axes = next((a for n, a in rules if n == name), None)
+  return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def check_mesh(config, model_cfg, mesh, from_checkpoint: bool = False) -> None:
+  """Each model dimension divisible by the mesh axes its logical axis is sharded over."""
+  rules = sharding.rules_from_config(config)
+  shape = dict(mesh.shape)
+  for name, setting, value in _model_dims(model_cfg):
+    axes = _mesh_axes(rules, name)
+    size = math.prod(shape.get(a, 1) for a in axes)
+    if value % size == 0:
+      continue
+    fix = ""
+    if len(axes) == 1:
+      fitting = {**shape, axes[0]: math.gcd(value, size)}
+      if axes[0] != "data":
+        fitting["data"] = -1
+      fix = f"--config.mesh_shape='{tuple(fitting[a] for a in sharding.MESH_AXES)}'"
+    if setting == "vocab_size" and not from_checkpoint:
+      padded = -(-value // size) * size
+      fix = " or ".join(filter(None, [fix, f"--config.model.vocab_size={padded} (padded)"]))
+    fail(f"model.{setting}={value} is not divisible by {size}, the size of mesh axis "
+         f"{'x'.join(axes)} that its logical axis {name!r} is sharded over (mesh_shape="
+         f"{tuple(shape.values())}); fix: {fix or 'a --config.mesh_shape whose sizes divide it'}")
+
+
+def check_run(config, objective, model_cfg, mesh, workdir=None) -> int:
+  """The checks that need the mesh and the model trained (and, pretraining from init_from on raw
+  text, its tokenizer); returns grad_accum_steps."""
+  accum = accumulation_steps(config, mesh)
+  if "eval_batch_size" in config:
+    eval_batch_size(config, mesh)
+  if objective.data_kind != "task" and config.max_predictions_per_seq >= config.max_seq_length:
+    fail(f"max_predictions_per_seq={config.max_predictions_per_seq} must be below max_seq_length="
+         f"{config.max_seq_length}; fix: --config.max_predictions_per_seq="
+         f"{max(1, round(config.max_seq_length * 0.15))}")
+  check_positions(config, model_cfg)
+  check_mesh(config, model_cfg, mesh, from_checkpoint=model_from_checkpoint(config, objective))
+  check_corpus_tokenizer(config, objective, workdir)
+  return accum
+
+
+def model_from_checkpoint(config, objective) -> bool:
+  """Whether the architecture trained is init_from's: fine-tuning tasks take it from there
+  (tasks/base.py); pretraining builds config.model and copies what fits."""
+  return bool(config.get("init_from")) and objective.data_kind == "task"
+
+
+def check_param_shardings(abstract_params, shardings) -> None:
+  """Every parameter dimension divisible by the mesh axes it is sharded over (what jit would
+  refuse with a traceback), naming the parameter."""
+  flat = jax.tree_util.tree_flatten_with_path(abstract_params)[0]
+  for (path, leaf), named in zip(flat, jax.tree.leaves(shardings)):
+    shape = getattr(leaf, "value", leaf).shape
+    for dim, axes in zip(shape, named.spec):
+      axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+      size = math.prod(named.mesh.shape[a] for a in axes)
+      if dim % size:
+        name = "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+        fail(f"parameter {name} has a dimension of {dim}, not divisible by {size}, the size of "
+             f"mesh axis {'x'.join(axes)} (mesh_shape={tuple(named.mesh.shape.values())}); fix: a "
+             "--config.mesh_shape whose sizes divide the model's, or --config.logical_rules")
+
+
+# ---------------------------------------------------------------------------------------------
+# The data against the model.
+
+
+def _init_from_tokenizer(config) -> pathlib.Path | None:
+  path = config.get("init_from")
+  folder = pathlib.Path(path) / "tokenizer" if path else None
+  return folder if folder is not None and folder.is_dir() else None
+
+
+def check_tokenizer(config, tokenizer, source: str, fix: str) -> None:
+  """`tokenizer` (the data's, from `source`) is the one init_from was trained with (its
+  tokenizer/ folder): the same vocabulary, id for id, and casing. `fix`: what to do otherwise."""
+  folder = _init_from_tokenizer(config)
+  if tokenizer is None or folder is None:
+    return
+  theirs = tokenizers.load_tokenizer(folder)
+  if theirs.vocab_size == tokenizer.vocab_size and theirs.fingerprint() == tokenizer.fingerprint():
+    return
+  ours_text = f"{tokenizer.kind}, {tokenizer.vocab_size} tokens"
+  theirs_text = f"{theirs.kind}, {theirs.vocab_size} tokens"
+  if ours_text == theirs_text:
+    ours_text += ", other pieces or casing"
+  fail(f"the data is tokenized differently ({source}: {ours_text}) from what init_from="
+       f"{config.init_from} was trained on ({theirs_text}); fix: {fix}")
+
+
+def check_corpus_tokenizer(config, objective, workdir) -> None:
+  """Pretraining from init_from on raw text: the corpus will be tokenized with init_from's
+  tokenizer (checked before it is prepared into WORKDIR/prepared, not after)."""
+  folder = _init_from_tokenizer(config)
+  if (folder is None or objective.data_kind == "task" or config.data.synthetic
+      or config.get("data_dir") or workdir is None
+      or (pathlib.Path(workdir) / "prepared" / "meta.json").exists()):
+    return
+  if not config.data.tokenizer:
+    fail(f"init_from={config.init_from} was trained with its own tokenizer, but a new one would be "
+         f"trained on data.corpus; fix: --config.data.tokenizer={folder}")
+  check_tokenizer(config, tokenizers.load_tokenizer(config.data.tokenizer),
+                  f"data.tokenizer={config.data.tokenizer}", f"--config.data.tokenizer={folder}")
+
+
+def _data_source(config, objective, workdir) -> tuple[str, str]:
+  """Where the data's tokenizer came from, and the fix that gives init_from's instead."""
+  folder = _init_from_tokenizer(config)
+  if objective.data_kind == "task":
+    source = (f"data.tokenizer={config.data.tokenizer}" if config.data.tokenizer
+              else "the data's tokenizer")
+    return source, "leave --config.data.tokenizer empty (init_from's tokenizer is then used)"
+  if config.get("data_dir"):
+    return (f"the corpus prepared in data_dir={config.data_dir}",
+            f"prepare the corpus with it (python -m bertjax.data.prepare --tokenizer {folder}) "
+            "and point --config.data_dir there")
+  prepared = pathlib.Path(workdir or ".") / "prepared"
+  return (f"the corpus prepared in {prepared}",
+          f"--config.data.tokenizer={folder} and a new --workdir ({prepared} holds the corpus "
+          "tokenized the other way)")
+
+
+def check_vocab(config, model_cfg, vocab_size: int, from_checkpoint: bool) -> None:
+  """The data's ids fit the model's vocabulary."""
+  if vocab_size <= model_cfg.vocab_size:
+    return
+  if from_checkpoint:
+    fail(f"the data's tokenizer has {vocab_size} tokens but the model of init_from="
+         f"{config.init_from} has {model_cfg.vocab_size}; fix: use init_from's own tokenizer "
+         "(leave --config.data.tokenizer empty)")
+  fail(f"the tokenizer has {vocab_size} tokens but model.vocab_size is {model_cfg.vocab_size}; "
+       f"fix: --config.model.vocab_size={vocab_size}")
+
+
+def check_data(config, objective, model_cfg, data, workdir=None) -> None:
+  """The built inputs against init_from's tokenizer and the model's vocabulary."""
+  check_tokenizer(config, data.tokenizer, *_data_source(config, objective, workdir))
+  check_vocab(config, model_cfg, data.vocab_size, model_from_checkpoint(config, objective))
