@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
 import sys
 import time
@@ -29,6 +30,27 @@ class MetricWriter:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
       self._tb = SummaryWriter(str(pathlib.Path(workdir) / "tensorboard"))
     self._tty = sys.stderr.isatty()
+
+  def resume_at(self, step: int) -> list[dict]:
+    """The rows of the run so far, up to `step`, where a resumed run goes on. Rows past it were
+    logged before an interruption and are about to be logged again: they leave the file (and a
+    line torn by a kill mid-write with them), so metrics.jsonl never holds a step twice."""
+    if not self.path.exists():
+      return []
+    kept_lines, rows = [], []
+    for line in self.path.read_text(encoding="utf-8").splitlines():
+      try:
+        row = json.loads(line)
+      except ValueError:
+        continue
+      if isinstance(row, dict) and int(row.get("step", 0)) <= step:
+        kept_lines.append(line)
+        rows.append(row)
+    if self.enabled:
+      tmp = self.path.with_name(self.path.name + ".tmp")
+      tmp.write_text("".join(l + "\n" for l in kept_lines), encoding="utf-8")
+      os.replace(tmp, self.path)
+    return rows
 
   def write(self, step: int, split: str, metrics: dict[str, float]) -> None:
     if not self.enabled:

@@ -287,7 +287,20 @@ class _Progress:
   first: dict | None = None
   last: dict | None = None
   last_eval: dict | None = None
+  last_eval_step: int | None = None
   watch: divergence.Watch | None = None
+
+  @classmethod
+  def resumed(cls, history: list[dict], watch: divergence.Watch) -> "_Progress":
+    """The record of the run so far (metrics.jsonl up to the resumed step): its first and last
+    train rows and its last evaluation carry over, so the summary spans every resume."""
+    values = lambda row: {k: v for k, v in row.items() if k not in ("step", "split")}
+    train_rows = [r for r in history if r.get("split") == "train"]
+    eval_rows = [r for r in history if r.get("split") == "eval"]
+    return cls(first=values(train_rows[0]) if train_rows else None,
+               last=values(train_rows[-1]) if train_rows else None,
+               last_eval=values(eval_rows[-1]) if eval_rows else None,
+               last_eval_step=eval_rows[-1]["step"] if eval_rows else None, watch=watch)
 
   def add(self, batch, metrics, step) -> None:
     self.sums = add_metrics(self.sums, metrics)
@@ -402,14 +415,14 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
       if metrics:
         writer.write(step, "eval", metrics)
         best.update(step, metrics, state.params)
+        progress.last_eval_step = step
       return metrics
 
-    progress = _Progress(watch=divergence.Watch(
+    progress = _Progress.resumed(writer.resume_at(step0), divergence.Watch(
         config.get("nonfinite_policy", "stop"), int(jax.device_get(state.step)),
         config.learning_rate, model_cfg.dtype))
     state, step, stop_reason = _train_loop(config, s, state, data, ckpt, writer, run_eval, progress)
-    if config.eval_every and step == config.total_steps and (progress.last_eval is None or
-                                                             step % config.eval_every):
+    if config.eval_every and step == config.total_steps and progress.last_eval_step != step:
       progress.last_eval = run_eval(step, state) or progress.last_eval
   finally:
     # Also on errors: orbax's background threads must finish before the process exits.

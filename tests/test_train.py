@@ -106,11 +106,11 @@ def test_resume_is_exact(tmp_path):
   for a, b in zip(jax.tree.leaves(full), jax.tree.leaves(resumed)):
     np.testing.assert_array_equal(a, b)
   rows2 = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-  first = {r["step"]: r["loss"] for r in rows}
-  again = {r["step"]: r["loss"] for r in rows2[len(rows):]}
-  assert sorted(again) == [4, 5, 6]
-  for step, loss in again.items():
-    assert loss == first[step]
+  # Rows 4-6 of the first run gave way to the resumed run's (one row per step), step for step
+  # the same losses.
+  assert [r["step"] for r in rows2] == [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+  for a, b in zip(rows, rows2):
+    assert a["loss"] == b["loss"]
 
 
 @pytest.mark.slow
@@ -179,3 +179,29 @@ def test_setup_traces_the_model_init_twice_and_matches_its_abstract_state():
   assert len(calls) == 2
   shapes = lambda t: jax.tree.map(lambda x: (x.shape, x.dtype), t)
   assert shapes(s.abstract_state) == shapes(state)
+
+
+@pytest.mark.slow
+def test_resumed_runs_keep_one_row_per_step_and_the_whole_runs_record(tmp_path):
+  """Resumed from step 3 (rows 4-6 were logged before the 'interruption'), then run again once
+  finished: metrics.jsonl holds each step once, and summary.json reports the first and last
+  metrics of the whole run, not of the last process."""
+  import shutil
+  kw = {"checkpoint_every": 3, "eval_every": 3, "log_every": 1, "total_steps": 6}
+  train.train_and_evaluate(tiny_config(**kw), tmp_path)
+  rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  shutil.rmtree(tmp_path / "checkpoints" / "6")
+  (tmp_path / "metrics.jsonl").write_text((tmp_path / "metrics.jsonl").read_text() + '{"step": 7, "spl')
+  for _ in range(2):  # resumed at step 3, then at the finished step 6
+    summary = train.train_and_evaluate(tiny_config(**kw), tmp_path)
+    again = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    keys = [(r["step"], r["split"]) for r in again]
+    assert len(keys) == len(set(keys)) and keys == [(r["step"], r["split"]) for r in rows]
+    for a, b in zip(again, rows):  # exact resume: the same losses step for step
+      assert a["loss"] == b["loss"], (a, b)
+    values = lambda r: {k: v for k, v in r.items() if k not in ("step", "split", "tokens_per_s",
+                                                                "steps_per_s")}
+    first = [r for r in again if r["split"] == "train"][0]
+    assert first["step"] == 1 and values(summary["first_train"]) == values(first)
+    assert values(summary["last_train"]) == values([r for r in again if r["split"] == "train"][-1])
+    assert summary["last_eval"]["loss"] == [r for r in again if r["split"] == "eval"][-1]["loss"]
