@@ -3,8 +3,8 @@
 import os
 import pathlib
 import shutil
+import site
 import subprocess
-import sys
 import venv
 
 import pytest
@@ -14,11 +14,15 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 
 @pytest.mark.slow
 def test_pip_install_then_import_from_another_folder(tmp_path):
-  # A venv seeing this interpreter's packages (the pinned dependencies are installed already, and
-  # nothing may be downloaded here): only bertjax itself is built and installed into it.
+  # A fresh venv that also sees the packages of the environment running the tests (the pinned
+  # dependencies, pip and setuptools are installed there, and nothing may be downloaded here):
+  # only bertjax itself is built and installed into it.
   env_dir = tmp_path / "venv"
-  venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+  venv.EnvBuilder(with_pip=False).create(env_dir)
   python = env_dir / "bin" / "python"
+  inner = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+  pathlib.Path(inner, "outer.pth").write_text("\n".join(site.getsitepackages()) + "\n")
   # Built from a copy: setuptools leaves build/ and *.egg-info beside the sources it builds.
   source = tmp_path / "src"
   shutil.copytree(REPO / "bertjax", source / "bertjax", ignore=shutil.ignore_patterns("__pycache__"))
