@@ -157,6 +157,9 @@ def bench_jax(config, steps: int, profile_dir: str | None = None) -> dict:
   objective = get_objective(config)
   cfg = objective.model_config(config)
   mesh = sharding.make_mesh(config.mesh_shape)
+  # The trainer's checks of the settings, the mesh and the model, each a one-line error.
+  config_checks.check_ranges(config)
+  config_checks.check_run(config, objective, cfg, mesh)
   run, state = train.setup(config, objective, cfg, mesh)
   n_params = run.num_params
   data = objective.build_inputs(config, None) if not config.data.synthetic else None

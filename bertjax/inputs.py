@@ -61,7 +61,8 @@ def prepared_corpus_dir(config, workdir: pathlib.Path) -> pathlib.Path:
   out = workdir / "prepared"
   globs = [g for g in config.data.corpus.split(",") if g]
   docs = sources.read_documents(globs, config.data.format)
-  provenance = {**docs.provenance(), "tokenizer": _tokenizer_setting(config)}
+  given = tokenizers.load_tokenizer(config.data.tokenizer) if config.data.tokenizer else None
+  provenance = {**docs.provenance(), "tokenizer": _tokenizer_setting(config, given)}
   overwrite = False
   if (out / "meta.json").exists():
     changed = prepare.changed_inputs(prepare.PreparedCorpus(out).meta.get("provenance"), provenance)
@@ -75,8 +76,8 @@ def prepared_corpus_dir(config, workdir: pathlib.Path) -> pathlib.Path:
     overwrite = True
   if jax.process_index() != 0:
     fail(f"{out} is not prepared; prepare the corpus once before a multi-host run")
-  if config.data.tokenizer:
-    tokenizer = tokenizers.load_tokenizer(config.data.tokenizer)
+  if given is not None:
+    tokenizer = given
   else:
     logging.info("training a sentencepiece tokenizer (vocab %d) on %s", config.data.vocab_size, globs)
     tokenizer = tokenizers.train_sentencepiece(sources.iter_sentences(docs), None,
@@ -87,12 +88,12 @@ def prepared_corpus_dir(config, workdir: pathlib.Path) -> pathlib.Path:
   return out
 
 
-def _tokenizer_setting(config) -> dict:
+def _tokenizer_setting(config, given: tokenizers.Tokenizer | None) -> dict:
   """Which tokenizer a workdir's corpus is tokenized with: a given folder (by its vocabulary), or one
   trained on the corpus at data.vocab_size."""
-  if config.data.tokenizer:
+  if given is not None:
     return {"path": os.path.realpath(os.path.expanduser(config.data.tokenizer)),
-            "fingerprint": tokenizers.load_tokenizer(config.data.tokenizer).fingerprint()}
+            "fingerprint": given.fingerprint()}
   return {"trained_vocab_size": int(config.data.vocab_size)}
 
 
@@ -124,9 +125,6 @@ class SyntheticBatches:
     rng = np.random.default_rng([self.seed, self.index])
     self.index += 1
     seq, p = c.max_seq_length, c.max_predictions_per_seq
-    if p >= seq:
-      fail(f"max_predictions_per_seq={p} must be below max_seq_length={seq}; lower "
-           "--config.max_predictions_per_seq")
     lengths = rng.integers(max(seq // 2, p + 1), seq + 1, size=rows)  # room for p masked tokens
     mask = (np.arange(seq)[None, :] < lengths[:, None]).astype(np.int32)
     ids = rng.integers(5, self.vocab_size, size=(rows, seq)).astype(np.int32) * mask

@@ -38,7 +38,8 @@ class MetricWriter:
     if not self.path.exists():
       return []
     kept_lines, rows = [], []
-    for line in self.path.read_text(encoding="utf-8").splitlines():
+    lines = self.path.read_text(encoding="utf-8").splitlines()
+    for line in lines:
       try:
         row = json.loads(line)
       except ValueError:
@@ -46,7 +47,7 @@ class MetricWriter:
       if isinstance(row, dict) and int(row.get("step", 0)) <= step:
         kept_lines.append(line)
         rows.append(row)
-    if self.enabled:
+    if self.enabled and len(kept_lines) < len(lines):  # rewritten only when a row goes
       tmp = self.path.with_name(self.path.name + ".tmp")
       tmp.write_text("".join(l + "\n" for l in kept_lines), encoding="utf-8")
       os.replace(tmp, self.path)

@@ -25,6 +25,7 @@ import socket
 import time
 from typing import Any, Iterator
 
+from flax import traverse_util
 import jax
 
 from bertjax.errors import fail, read_text
@@ -169,15 +170,9 @@ def _take_over(path: pathlib.Path, text: str) -> None:
 # Settings of a resumed run.
 
 
-def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+def flatten(tree: dict) -> dict[str, Any]:
   """{"a": {"b": 1}} -> {"a.b": 1}."""
-  out = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      out.update(flatten(value, f"{prefix}{key}."))
-    else:
-      out[f"{prefix}{key}"] = value
-  return out
+  return traverse_util.flatten_dict(tree, sep=".")
 
 
 def as_recorded(resolved: dict) -> dict:
