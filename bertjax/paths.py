@@ -22,12 +22,18 @@ from typing import Iterator
 
 from etils import epath
 
+from bertjax.errors import fail
+
 Path = epath.Path
 CACHE_ENV = "BERTJAX_REMOTE_CACHE"  # where `reading` keeps local copies (default: the temp dir)
 
 
 def as_path(path: str | os.PathLike) -> epath.Path:
-  return epath.Path(path)
+  try:
+    return epath.Path(path)
+  except KeyError:  # a URL scheme epath has no class for
+    fail(f"{path}: etils.epath reads no {os.fspath(path).split('://')[0]}:// paths; fix: use a "
+         "local path or gs://, s3://, az://")
 
 
 def is_remote(path: str | os.PathLike) -> bool:
@@ -79,14 +85,17 @@ def upload(local: pathlib.Path, remote: epath.Path, last: tuple[str, ...] = ()) 
 
 
 @contextlib.contextmanager
-def writing(folder: epath.Path, last: tuple[str, ...] = ()) -> Iterator[pathlib.Path]:
+def writing(folder: epath.Path, last: tuple[str, ...] = (), replace: bool = False
+            ) -> Iterator[pathlib.Path]:
   """A local folder to write `folder`'s files in: `folder` itself when local, else a temporary
-  one uploaded to it on success."""
+  one uploaded to it on success (with `replace`, what `folder` held is removed first)."""
   if not is_remote(folder):
     yield pathlib.Path(folder)
     return
   with tempfile.TemporaryDirectory(prefix="bertjax-upload-") as tmp:
     yield pathlib.Path(tmp)
+    if replace:
+      rmtree(folder)
     upload(pathlib.Path(tmp), folder, last)
 
 
