@@ -105,7 +105,7 @@ def _dead_pid() -> int:
 
 @pytest.mark.slow
 def test_gs_workdir_trains_resumes_and_matches_a_local_run(tmp_path, fake_gcs, tokenizer_dir,
-                                                           monkeypatch):
+                                                           monkeypatch, caplog):
   """Trained in gs://bucket/...: checkpoints, metrics, TensorBoard, config, changes, summary,
   prepared corpus, tokenizer and best/ all land in the bucket; killed after its step-3 checkpoint
   (the step-6 one removed, a torn metrics line and a dead run's lock left behind) and run again,
@@ -129,11 +129,18 @@ def test_gs_workdir_trains_resumes_and_matches_a_local_run(tmp_path, fake_gcs, t
   (run / "metrics.jsonl").write_text((run / "metrics.jsonl").read_text() + '{"step": 7, "spl')
   (run / "lock").write_text(json.dumps({"pid": _dead_pid(), "hostname": socket.gethostname(),
                                         "started": "2026-01-01T00:00:00+00:00"}))
-  summary = train.train_and_evaluate(_config(tokenizer_dir, keep_checkpoints=2), RUN)
+  caplog.clear()
+  with caplog.at_level("INFO"):
+    summary = train.train_and_evaluate(_config(tokenizer_dir, keep_checkpoints=2), RUN)
+  assert f"took over the stale lock {RUN}/lock" in caplog.text
+  assert f"resumed from the checkpoint at step 3 in {RUN}/checkpoints" in caplog.text
 
   assert summary["step"] == 6 and summary["workdir"] == RUN
   assert summary["checkpoint"] == f"{RUN}/checkpoints/6"
   assert not (tmp_path / "gs:").exists() and not (REPO / "gs:").exists()
+  # The prepared corpus was read from a local copy of the bucket's.
+  copies = list((tmp_path / "cache/bertjax-remote").glob("*/meta.json"))
+  assert [c.read_bytes() for c in copies] == [(bucket / "prepared/meta.json").read_bytes()]
   assert not (bucket / "lock").exists()
   changes = [json.loads(l) for l in (bucket / "changes.jsonl").read_text().splitlines()]
   assert [(c["step"], c["changed"]) for c in changes] == [(3, {"keep_checkpoints": [3, 2]})]
