@@ -16,6 +16,7 @@ names `setting=value`, what it must be and the fix (`errors.fail`: exit status 2
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import os
 import pathlib
@@ -187,13 +188,27 @@ def check_workdir(workdir) -> None:
       return
 
 
+# orbax asks it about a gs:// bucket's layout when it lists checkpoints.
+GCS_CLIENT = "google.cloud.storage"
+
+
+def _has_module(name: str) -> bool:
+  try:
+    return importlib.util.find_spec(name) is not None
+  except ModuleNotFoundError:  # a parent package is missing
+    return False
+
+
 def _check_remote_workdir(workdir) -> None:
   path = paths.as_path(workdir)
+  if os.fspath(workdir).startswith("gs://") and not _has_module(GCS_CLIENT):
+    fail(f"workdir {workdir}: orbax needs google-cloud-storage for gs:// checkpoints; fix: pip "
+         "install google-cloud-storage gcsfs (experiments/README.md), or pass a local --workdir")
   try:
     is_file = path.exists() and not path.is_dir()
   except ImportError as e:  # fsspec names the package its scheme needs (gcsfs for gs://)
-    fail(f"workdir {workdir} cannot be reached: {e}; fix: install it (pip install gcsfs for gs://) "
-         "or pass a local --workdir")
+    fail(f"workdir {workdir} cannot be reached ({e}); fix: install that package, or pass a local "
+         "--workdir")
   except NotImplementedError as e:  # a scheme epath does not know
     fail(f"workdir {workdir}: {e}; fix: use gs://, s3://, az:// or a local --workdir")
   except OSError as e:

@@ -29,7 +29,7 @@ from orbax.checkpoint._src.serialization import tensorstore_utils
 
 import pytest
 
-from bertjax import checkpoints, config_lib, paths, train, workdir as workdir_lib
+from bertjax import checkpoints, config_checks, config_lib, paths, train, workdir as workdir_lib
 from bertjax.data import sources, tokenizers
 from bertjax.errors import UserError
 
@@ -63,6 +63,8 @@ def fake_gcs(tmp_path, monkeypatch):
   monkeypatch.setattr(tensorstore_utils, "_normalize_path", lambda p: normalize(
       f"{root}/{p[len('gs://'):]}" if p.startswith("gs://") else p))
   monkeypatch.setattr(gcs_utils, "is_hierarchical_namespace_enabled", lambda p: False)
+  # That query is orbax's only use of google-cloud-storage, which the run otherwise requires.
+  monkeypatch.setattr(config_checks, "GCS_CLIENT", "json")
   monkeypatch.setenv(paths.CACHE_ENV, str(tmp_path / "cache"))
   yield root
   epath_backend.fsspec_backend._get_filesystem.cache_clear()  # pylint: disable=protected-access
@@ -183,6 +185,24 @@ def test_gs_lock_is_refused_while_its_run_lives_and_taken_from_a_dead_one(fake_g
     held = json.loads((fake_gcs / "bucket/runs/remote/lock").read_text())
     assert held["pid"] == os.getpid()
   assert not lock.exists()
+
+
+def test_gs_workdir_without_its_libraries_is_one_line(tmp_path, monkeypatch):
+  """Without the fake: gcsfs (fsspec's gs://) or google-cloud-storage (orbax's) missing."""
+  config = _config("unused")
+  monkeypatch.setattr(config_checks, "GCS_CLIENT", "no_such_module.storage")
+  with pytest.raises(UserError, match="orbax needs google-cloud-storage for gs:// checkpoints"):
+    train.train_and_evaluate(config, "gs://bucket/run")
+  monkeypatch.setattr(config_checks, "GCS_CLIENT", "json")
+  registry = sys.modules["fsspec.registry"]
+  monkeypatch.delitem(registry._registry, "gcs", raising=False)  # pylint: disable=protected-access
+  monkeypatch.setitem(registry.known_implementations, "gcs",
+                      {"class": "no_such_module.GCSFileSystem", "err": "Please install gcsfs"})
+  epath_backend.fsspec_backend._get_filesystem.cache_clear()  # pylint: disable=protected-access
+  with pytest.raises(UserError, match=r"workdir gs://bucket/run cannot be reached \(Please install "
+                                      r"gcsfs\); fix: install that package"):
+    train.train_and_evaluate(config, "gs://bucket/run")
+  epath_backend.fsspec_backend._get_filesystem.cache_clear()  # pylint: disable=protected-access
 
 
 def test_bad_remote_workdirs_are_one_line(fake_gcs):
