@@ -18,7 +18,6 @@ import socket
 import subprocess
 import sys
 
-import fsspec
 from fsspec.implementations.dirfs import DirFileSystem
 from fsspec.implementations.local import LocalFileSystem
 import jax
