@@ -119,7 +119,12 @@ def reading(folder: epath.Path) -> pathlib.Path:
   partial.mkdir(parents=True, exist_ok=True)
   (partial / _LISTING).write_text(json.dumps(listing))
   shutil.rmtree(local, ignore_errors=True)
-  os.replace(partial, local)
+  try:
+    os.replace(partial, local)
+  except OSError:  # another process of this host placed its copy first
+    shutil.rmtree(partial, ignore_errors=True)
+    if not (record.is_file() and json.loads(record.read_text()) == listing):
+      raise
   return local
 
 

@@ -212,3 +212,28 @@ def test_bad_remote_workdirs_are_one_line(fake_gcs):
     train.train_and_evaluate(config, "gs://bucket/file")
   with pytest.raises(UserError, match="etils.epath reads no memory:// paths"):
     train.train_and_evaluate(config, "memory://run")
+
+
+def test_paths_on_gs_append_upload_and_cached_local_copies(tmp_path, fake_gcs):
+  """append_text on an object store; `writing` uploads a local folder; `reading` keeps its local
+  copy while the bucket's files are unchanged and copies them again when one changes."""
+  log = paths.as_path("gs://bucket/x/log.txt")
+  log.parent.mkdir(parents=True)
+  paths.append_text(log, "a\n")
+  paths.append_text(log, "b\n")
+  assert (fake_gcs / "bucket/x/log.txt").read_text() == "a\nb\n"
+  with paths.writing(paths.as_path("gs://bucket/x/folder"), last=("meta.json",)) as local:
+    (local / "sub").mkdir()
+    (local / "sub/data.bin").write_bytes(b"123")
+    (local / "meta.json").write_text("{}")
+    assert not (fake_gcs / "bucket/x/folder").exists()  # uploaded only once complete
+  assert (fake_gcs / "bucket/x/folder/sub/data.bin").read_bytes() == b"123"
+  copy = paths.reading(paths.as_path("gs://bucket/x/folder"))
+  assert copy.is_relative_to(tmp_path / "cache") and (copy / "sub/data.bin").read_bytes() == b"123"
+  (copy / "marker").write_text("kept while unchanged")
+  assert paths.reading(paths.as_path("gs://bucket/x/folder")) == copy and (copy / "marker").exists()
+  (fake_gcs / "bucket/x/folder/sub/data.bin").write_bytes(b"12345")
+  assert paths.reading(paths.as_path("gs://bucket/x/folder")) == copy
+  assert (copy / "sub/data.bin").read_bytes() == b"12345" and not (copy / "marker").exists()
+  local_dir = tmp_path / "plain"
+  assert paths.reading(local_dir) == local_dir  # a local folder is read where it is
