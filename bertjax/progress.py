@@ -102,7 +102,7 @@ def _number(v: Any) -> str:
     return str(v)
   if isinstance(v, float) and not math.isfinite(v):
     return str(v)
-  if abs(v) >= 10000:
+  if abs(v) >= 1000:
     return f"{v:,.0f}"
   return f"{v:.4g}"
 
@@ -134,11 +134,11 @@ def end_table(summary: Mapping[str, Any], summary_path: str | pathlib.Path | Non
   if columns:
     width = max([6, *map(len, keys)])
     widths = [max(len(title), 10) for title, _ in columns]
-    lines.append(" ".join([" " * width, *(t.rjust(w) for (t, _), w in zip(columns, widths))]))
+    lines.append("  ".join([" " * width, *(t.rjust(w) for (t, _), w in zip(columns, widths))]))
     for k in keys:
       cells = [(_number(values[k]) if k in values and values[k] is not None else "-").rjust(w)
                for (_, values), w in zip(columns, widths)]
-      lines.append(" ".join([k.ljust(width), *cells]))
+      lines.append("  ".join([k.ljust(width), *cells]))
   else:
     lines.append("no metrics logged")
   lines.append(f"checkpoint: {summary.get('checkpoint') or 'none'}")

@@ -214,12 +214,12 @@ def metric_scope(points: Sequence[PointResult], metric: str | None) -> str:
       continue
     cls = _objective_class(p)
     if cls is not None and cls.data_kind == "task":
-      return "whole dev set"
+      return "over the whole dev set"
     data = p.config.get("data") or {}
     batches, rows = data.get("eval_batches"), p.config.get("batch_size")
     if isinstance(batches, int) and isinstance(rows, int) and cls is not None:
-      return (f"{batches} eval batch{'es' if batches != 1 else ''} of {rows} held-out rows "
-              "(data.eval_batches)")
+      return (f"over {batches} batch{'es' if batches != 1 else ''} of {rows} held-out rows: "
+              f"data.eval_batches={batches}")
   return ""
 
 
@@ -337,7 +337,7 @@ def render_markdown(sweep_dir: pathlib.Path, points: Sequence[PointResult], metr
   lines = [f"# Sweep report: {sweep_dir}", ""]
   counts = {s: sum(p.status == s for p in points) for s in sorted({p.status for p in points})}
   lines.append(f"{len(points)} points: " + ", ".join(f"{n} {s}" for s, n in counts.items())
-               + (f". Main dev metric: `{metric}`" + (f" ({scope})" if scope else "") + "."
+               + (f". Main dev metric: `{metric}`" + (f", {scope}" if scope else "") + "."
                   if metric else "."))
   lines += ["", "## Points", "", "Dev metrics: final (best).", ""]
   header = ["point", *keys, "status", "steps", "wall s", "tokens/s",

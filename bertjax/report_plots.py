@@ -132,7 +132,7 @@ def plot_dev_vs_lr(points: Sequence[Any], metric: str | None, path: pathlib.Path
   better = "lower" if lower_is_better else "higher"
   ax.set_ylabel(f"dev {metric} ({better} is better)" if metric else "dev metric")
   if metric:
-    ax.set_title(f"dev {metric} at the last evaluation{f' ({scope})' if scope else ''}\n"
+    ax.set_title(f"dev {metric} at the last evaluation{f', {scope}' if scope else ''}\n"
                  f"{AGGREGATE}; dots: single seeds", fontsize=10)
   else:
     ax.set_title("no dev metrics yet")

@@ -76,7 +76,9 @@ def test_table_spread_best_and_plots(pretraining_sweep):
   result = report.write_report(sweep_dir)
   # Pretraining: the eval loss, and the report says it comes from one batch of 8 rows.
   assert result["metric"] == "loss"
-  assert result["scope"] == "1 eval batch of 8 held-out rows (data.eval_batches)"
+  assert result["scope"] == "over 1 batch of 8 held-out rows: data.eval_batches=1"
+  assert ("Main dev metric: `loss`, over 1 batch of 8 held-out rows: data.eval_batches=1."
+          in (sweep_dir / "report.md").read_text())
   table = (sweep_dir / "report.md").read_text()
   for name in [*data, bad]:
     assert sum(l.startswith(f"| {name} |") for l in table.splitlines()) == 1, name
@@ -132,8 +134,8 @@ def test_table_spread_best_and_plots(pretraining_sweep):
   assert len(series["points"]) == 6
   # What the plot aggregates is written on it.
   assert dev["legend"] == ["all points: median of 3 seeds"]
-  assert dev["title"] == ("dev loss at the last evaluation (1 eval batch of 8 held-out rows "
-                          "(data.eval_batches))\nmedian over seeds; band: min–max over seeds; "
+  assert dev["title"] == ("dev loss at the last evaluation, over 1 batch of 8 held-out rows: "
+                          "data.eval_batches=1\nmedian over seeds; band: min–max over seeds; "
                           "dots: single seeds")
   assert dev["ylabel"] == "dev loss (lower is better)"
   assert dev["xticklabels"] == ["1e-3", "3e-3"]
@@ -227,7 +229,8 @@ def test_glue_average_as_papers_report_it(tmp_path):
       {"task": "rte", "learning_rate": 2e-5, "seed": 3})  # the single best run
   dev = json.loads((tmp_path / "dev_vs_lr.json").read_text())
   assert dev["metric"] == "score" and len(dev["series"]) == len(GLUE_METRICS)
-  assert result["scope"] == "whole dev set" and "(whole dev set)" in dev["title"]
+  assert result["scope"] == "over the whole dev set"
+  assert "at the last evaluation, over the whole dev set\n" in dev["title"]
   assert "median over seeds; band: min–max over seeds" in dev["title"]
   assert dev["xticklabels"] == ["2e-5", "3e-5"]
   assert dev["ylabel"] == "dev score (higher is better)"
@@ -236,7 +239,7 @@ def test_glue_average_as_papers_report_it(tmp_path):
     scores = [r["score"] for r in values[("rte", lr)]]
     assert (rte["median"][i], rte["min"][i], rte["max"][i]) == pytest.approx(
         (np.median(scores), np.min(scores), np.max(scores)))
-  assert "Main dev metric: `score` (whole dev set)." in table
+  assert "Main dev metric: `score`, over the whole dev set." in table
 
 
 @pytest.mark.parametrize("config, metric", [
