@@ -79,8 +79,10 @@ def main(argv=None):
     summary = multiseed.run_seeds(config, args.workdir)
   else:
     summary = train.train_and_evaluate(config, args.workdir)
-  if "first_train" in summary:  # one run (several seeds: seeds_summary.json, logged per seed)
+  if "first_train" in summary:
     print(progress.end_table(summary, os.path.join(args.workdir, "summary.json")), flush=True)
+  else:  # several seeds: their median and spread are logged above
+    print(f"summary: {os.path.join(args.workdir, 'seeds_summary.json')}", flush=True)
   if str(summary.get("status", "")).startswith("preempted"):
     sys.exit(EXIT_PREEMPTED)  # a checkpoint was saved: the same command goes on
 
