@@ -72,6 +72,7 @@ RULES: tuple[tuple[str, Range, str, Any], ...] = (
     ("learning_rate", NON_NEGATIVE, "the peak learning rate", 1e-4),
     ("seed", Range(0, 2**32, hi_open=True), "the seed of data order, init and dropout", 0),
     ("log_every", AT_LEAST_1, "steps between train metric lines", 50),
+    ("progress_every_s", NON_NEGATIVE, "seconds of work between progress lines; 0: every step", 10.0),
     ("eval_every", NON_NEGATIVE, "steps between evaluations; 0: at the end only", 0),
     ("checkpoint_every", AT_LEAST_1, "steps between checkpoints; one is also saved at the end", 1000),
     ("keep_checkpoints", AT_LEAST_1,

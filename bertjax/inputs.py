@@ -30,6 +30,7 @@ class Inputs:
   vocab_size: int
   tokenizer: Any = None
   num_train_rows: int | None = None            # a finite training set's size (fine-tuning)
+  num_eval_batches: int | None = None          # how many batches eval_batches yields, if known
 
 
 class DocumentSlice(Sequence):
@@ -164,7 +165,8 @@ def build(config, workdir: paths.Path, objective) -> Inputs:
     def synthetic_eval():
       it = SyntheticBatches(config, vocab, config.seed + 1, per_process)
       return (next(it) for _ in range(config.data.eval_batches))
-    return Inputs(train=train, eval_batches=synthetic_eval, vocab_size=vocab)
+    return Inputs(train=train, eval_batches=synthetic_eval, vocab_size=vocab,
+                  num_eval_batches=config.data.eval_batches)
 
 
   if config.data.pack:  # refuse before a tokenizer is trained or a corpus prepared
@@ -194,4 +196,4 @@ def build(config, workdir: paths.Path, objective) -> Inputs:
       yield next(it)
 
   return Inputs(train=train, eval_batches=eval_batches, vocab_size=tokenizer.vocab_size,
-                tokenizer=tokenizer)
+                tokenizer=tokenizer, num_eval_batches=config.data.eval_batches if n_eval else 0)

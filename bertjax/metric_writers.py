@@ -1,4 +1,4 @@
-"""Where metrics go: metrics.jsonl, TensorBoard event files, and a live console progress line.
+"""Where metrics go: metrics.jsonl, TensorBoard event files, and a console line per logged row.
 
 Only process 0 writes. Each logging event is one JSON object with at least `step` and `split`.
 The workdir may be remote (gs://...; bertjax/paths.py): metrics.jsonl is then rewritten whole at
@@ -14,11 +14,14 @@ import math
 import pathlib
 import sys
 import tempfile
-import time
 
 import jax
 
 from bertjax import paths
+
+# The metrics a logged row's console line shows next to the loss, when present.
+SHOWN = ("mlm_accuracy", "nsp_accuracy", "sop_accuracy", "rtd_accuracy", "accuracy", "score", "f1",
+         "exact_match")
 
 
 class MetricWriter:
@@ -30,8 +33,6 @@ class MetricWriter:
     self.path = paths.as_path(workdir) / "metrics.jsonl"
     self._tb = None
     self._tb_remote, self._tb_local = None, None
-    self._start = time.time()
-    self._start_step: int | None = None
     if self.enabled and tensorboard:
       # Imported only when used: 1.3 s and 190 MB a run without TensorBoard does not pay.
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
@@ -40,7 +41,6 @@ class MetricWriter:
         self._tb_remote, self._tb_local = logdir, tempfile.TemporaryDirectory(prefix="bertjax-tb-")
         logdir = self._tb_local.name
       self._tb = SummaryWriter(str(logdir))
-    self._tty = sys.stderr.isatty()
 
   def resume_at(self, step: int) -> list[dict]:
     """The rows of the run so far, up to `step`, where a resumed run goes on. Rows past it were
@@ -77,31 +77,20 @@ class MetricWriter:
     self.progress(step, split, metrics)
 
   def progress(self, step: int, split: str, metrics: dict[str, float]) -> None:
-    """One console line: step, loss, tokens/s, ETA (rewritten in place on a terminal)."""
-    if self._start_step is None:
-      self._start_step, self._start = step, time.time()
-    elapsed = time.time() - self._start
-    done = step - self._start_step
-    eta = elapsed / done * (self.total_steps - step) if done > 0 else float("nan")
-    parts = [f"[{split}] step {step}/{self.total_steps}"]
+    """One plain line per logged row, e.g. `train step 50/1000: loss 3.2100 mlm_accuracy 0.412 |
+    12,345 tok/s` (the ETA is on the progress lines, bertjax/progress.py)."""
+    parts = [f"{split} step {step}/{self.total_steps}:"]
     if "loss" in metrics:
       parts.append(f"loss {metrics['loss']:.4f}")
-    for k in ("mlm_accuracy", "nsp_accuracy", "sop_accuracy", "rtd_accuracy", "accuracy"):
-      if k in metrics:
-        parts.append(f"{k} {metrics[k]:.3f}")
+    for k in SHOWN:
+      if isinstance(metrics.get(k), (int, float)):
+        parts.append(f"{k} {metrics[k]:.4f}")
+    line = " ".join(parts)
     if "tokens_per_s" in metrics:
-      parts.append(f"{metrics['tokens_per_s']:.0f} tok/s")
-    if split == "train" and math.isfinite(eta):
-      parts.append(f"ETA {_fmt_time(eta)}")
-    line = "  ".join(parts)
-    if self._tty:
-      print("\r" + line.ljust(100), end="" if split == "train" else "\n", file=sys.stderr, flush=True)
-    else:
-      print(line, file=sys.stderr, flush=True)
+      line += f" | {metrics['tokens_per_s']:,.0f} tok/s"
+    print(line, file=sys.stderr, flush=True)
 
   def close(self) -> None:
-    if self._tty and self.enabled:
-      print(file=sys.stderr)
     if self._tb is not None:
       self._tb.close()
       self._copy_tensorboard()
@@ -119,13 +108,6 @@ def _clean(v):
   if isinstance(v, float) and not math.isfinite(v):
     return None
   return v
-
-
-def _fmt_time(seconds: float) -> str:
-  seconds = int(seconds)
-  h, rem = divmod(seconds, 3600)
-  m, s = divmod(rem, 60)
-  return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
 def read_metrics(workdir: str | pathlib.Path) -> list[dict]:

@@ -31,6 +31,7 @@ from bertjax import (checkpoints, config_checks, divergence, optim, paths, prefe
 from bertjax.metric_writers import MetricWriter
 from bertjax.models.config import ModelConfig
 from bertjax.objective import Schedule
+from bertjax.progress import EVERY_S, Progress
 from bertjax.registry import get_objective
 
 
@@ -150,16 +151,30 @@ class EvalContext:
   total_steps: int
   eval_step: Callable      # (params, sharded batch) -> (numerator, denominator) metric sums
   batches: Callable        # () -> iterable of host (numpy) batches
+  num_batches: int | None = None   # how many `batches` yields, when known
+  progress_every_s: float = EVERY_S
+  clock: Callable[[], float] = time.monotonic
 
   def shard(self, batch):
     return sharding.shard_batch(batch, self.mesh)
 
+  def progress(self, what: str, total: int | None, unit: str = "batch") -> Progress:
+    """Progress lines of an evaluation pass (bertjax/progress.py); process 0 prints them."""
+    return Progress(what, total, unit=unit, every_s=self.progress_every_s, clock=self.clock,
+                    enabled=jax.process_index() == 0)
+
   def metric_sums(self, params) -> dict[str, float] | None:
     """The default evaluation: metric sums over the eval batches, divided at the end."""
     sums = None
-    for batch in self.batches():
+    lines = self.progress(f"eval at step {self.step}:", self.num_batches)
+
+    def finished_so_far():  # a progress line times the batches done, not those dispatched
+      jax.block_until_ready(sums)
+
+    for i, batch in enumerate(self.batches()):
       with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
         sums = add_metrics(sums, self.eval_step(params, self.shard(batch)))
+      lines.update(i + 1, finished_so_far)
     return summarize(sums) if sums is not None else None
 
 
@@ -287,6 +302,8 @@ class _Progress:
   compiling: bool = True
   first: dict | None = None
   last: dict | None = None
+  first_step: int | None = None
+  last_step: int | None = None
   last_eval: dict | None = None
   last_eval_step: int | None = None
   watch: divergence.Watch | None = None
@@ -300,6 +317,8 @@ class _Progress:
     eval_rows = [r for r in history if r.get("split") == "eval"]
     return cls(first=values(train_rows[0]) if train_rows else None,
                last=values(train_rows[-1]) if train_rows else None,
+               first_step=train_rows[0]["step"] if train_rows else None,
+               last_step=train_rows[-1]["step"] if train_rows else None,
                last_eval=values(eval_rows[-1]) if eval_rows else None,
                last_eval_step=eval_rows[-1]["step"] if eval_rows else None, watch=watch)
 
@@ -314,6 +333,10 @@ class _Progress:
       self.tokens += int(np.sum(batch["attention_mask"])) * jax.process_count()
       self.timed_steps += 1
 
+  def window_loss(self, metrics) -> float:
+    """The mean training loss of the steps since the last logged row (waits for them)."""
+    return summarize({"loss": (self.sums or metrics)["loss"]})["loss"]
+
   def log(self, writer: MetricWriter, step: int, metrics) -> None:
     logged = summarize(self.sums)
     # learning_rate and grad_norm were summed over the window: report the last step's values.
@@ -324,19 +347,24 @@ class _Progress:
       logged["tokens_per_s"] = self.tokens / elapsed
       logged["steps_per_s"] = self.timed_steps / elapsed
     writer.write(step, "train", logged)
-    self.first = self.first or logged
-    self.last = logged
+    if self.first is None:
+      self.first, self.first_step = logged, step
+    self.last, self.last_step = logged, step
     self.sums, self.tokens, self.timed_steps, self.t_log = None, 0, 0, time.time()
 
 
 def _train_loop(config, s: Setup, state: TrainState, data, ckpt, writer: MetricWriter,
-                run_eval: Callable, progress: _Progress) -> tuple[TrainState, int, str]:
-  """Steps until total_steps or SIGTERM: logging, evaluation and checkpoints on their cadence.
-  Returns the state, the step reached and why the loop ended."""
+                run_eval: Callable, progress: _Progress, clock: Callable[[], float]
+                ) -> tuple[TrainState, int, str]:
+  """Steps until total_steps or SIGTERM: logging, evaluation and checkpoints on their cadence,
+  a progress line every `progress_every_s` seconds. Returns the state, the step reached and why
+  the loop ended."""
   step = int(jax.device_get(state.step))
   stop_reason = "finished"
   batches = prefetch.DevicePrefetch(data.train, lambda b: sharding.shard_batch(b, s.mesh),
                                     config.get("prefetch_batches", 2))
+  lines = Progress("train", config.total_steps, every_s=config.get("progress_every_s", EVERY_S),
+                   clock=clock, enabled=jax.process_index() == 0)
   with _Preemption() as preemption:
     while step < config.total_steps:
       batch, device_batch = next(batches)
@@ -344,6 +372,7 @@ def _train_loop(config, s: Setup, state: TrainState, data, ckpt, writer: MetricW
         state, metrics = s.train_step(state, device_batch)
       step += 1
       progress.add(batch, metrics, state.step)
+      lines.update(step, lambda: {"loss": progress.window_loss(metrics)})
       if step % config.log_every == 0 or step == config.total_steps:
         progress.log(writer, step, metrics)
         progress.watch.check()
@@ -362,9 +391,11 @@ def _train_loop(config, s: Setup, state: TrainState, data, ckpt, writer: MetricW
   return state, step, stop_reason
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
+                       clock: Callable[[], float] = time.monotonic) -> dict:
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns a summary.
-  One run at a time holds the workdir (bertjax/workdir.py)."""
+  One run at a time holds the workdir (bertjax/workdir.py). `clock` times the progress lines
+  (bertjax/progress.py)."""
   workdir = paths.as_path(workdir)
   # Settings are checked before anything is created, prepared, trained or written.
   config_checks.check_settings(config, workdir)
@@ -374,11 +405,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   config_checks.check_run(config, objective, model_cfg, mesh, workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   with workdir_lib.locked(workdir):
-    return _train_and_evaluate(config, workdir, objective, mesh, model_cfg)
+    return _train_and_evaluate(config, workdir, objective, mesh, model_cfg, clock)
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.Path, objective,
-                        mesh, model_cfg: ModelConfig) -> dict:
+                        mesh, model_cfg: ModelConfig, clock: Callable[[], float]) -> dict:
   # A resumed run's settings against its config.json, before anything is prepared or written;
   # the schedule again once the inputs have derived it.
   settings = workdir_lib.Settings(workdir, config.get("allow_changed_settings", False))
@@ -411,7 +442,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.Path, 
 
     def run_eval(step, state):
       context = EvalContext(mesh=mesh, rules=s.rules, workdir=workdir, step=step,
-                            total_steps=config.total_steps, eval_step=s.eval_step, batches=data.eval_batches)
+                            total_steps=config.total_steps, eval_step=s.eval_step,
+                            batches=data.eval_batches, num_batches=data.num_eval_batches,
+                            progress_every_s=config.get("progress_every_s", EVERY_S), clock=clock)
       metrics = objective.evaluate(state.params, context)
       if metrics:
         writer.write(step, "eval", metrics)
@@ -422,7 +455,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.Path, 
     progress = _Progress.resumed(writer.resume_at(step0), divergence.Watch(
         config.get("nonfinite_policy", "stop"), int(jax.device_get(state.step)),
         config.learning_rate, model_cfg.dtype))
-    state, step, stop_reason = _train_loop(config, s, state, data, ckpt, writer, run_eval, progress)
+    state, step, stop_reason = _train_loop(config, s, state, data, ckpt, writer, run_eval, progress,
+                                           clock)
     if config.eval_every and step == config.total_steps and progress.last_eval_step != step:
       progress.last_eval = run_eval(step, state) or progress.last_eval
   finally:
@@ -432,6 +466,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.Path, 
   summary = {"workdir": str(workdir), "step": step, "status": stop_reason,
              "checkpoint": str(ckpt.directory / str(ckpt.latest_step())) if ckpt.latest_step() else None,
              "first_train": progress.first, "last_train": progress.last,
-             "last_eval": progress.last_eval, "num_params": int(s.num_params)}
+             "last_eval": progress.last_eval, "first_train_step": progress.first_step,
+             "last_train_step": progress.last_step, "last_eval_step": progress.last_eval_step,
+             "num_params": int(s.num_params)}
   (workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
   return summary

@@ -40,7 +40,7 @@ CHANGES = "changes.jsonl"
 OVERRIDE = "allow_changed_settings"  # an instruction to one invocation: never compared or recorded
 # How often a run logs, evaluates and checkpoints: never what it trains.
 CADENCE = ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "async_checkpointing",
-           "tensorboard")
+           "tensorboard", "progress_every_s")
 # How a run is placed and computed (devices, micro-batches, padding, recomputation, kernels):
 # the same training up to floating-point rounding. A resumed run may need new ones (other devices).
 PLACEMENT = ("distributed", "mesh_shape", "logical_rules", "grad_accum_steps", "prefetch_batches",

@@ -33,6 +33,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh_shape = (-1, 1, 1)        # (data, fsdp, tensor); -1 takes the remaining devices
   c.logical_rules = ()             # () = bertjax.sharding.DEFAULT_RULES
   c.log_every = 50                 # steps between train metric lines
+  c.progress_every_s = 10.0        # seconds of work between progress lines (with ETA; 0: every step)
   c.eval_every = 0                 # steps between evaluations (0 = only at the end... never for 0 steps)
   c.best_metric = ""               # eval metric whose best value keeps its params in WORKDIR/best
   c.best_mode = "max"              # max | min

@@ -351,18 +351,19 @@ class TaskObjective(Objective):
     train = FeatureIterator(train_arrays, config.batch_size, config.seed, jax.process_index(),
                             jax.process_count(), int(config.get("pad_to_multiple_of", 0)))
     micro_batch = config.batch_size // config.grad_accum_steps
+    size = int(config.get("eval_batch_size", 0) or micro_batch)
 
     def eval_batches() -> Iterator[dict[str, np.ndarray]]:
       # The generic view of the eval rows (the trainer's default evaluation reads these);
       # this task's own `evaluate` decodes EvalSets directly.
-      size = int(config.get("eval_batch_size", 0) or micro_batch)
       for s in self.eval_sets:
         for batch, _ in padded_batches(s.arrays, size, jax.process_index(), jax.process_count()):
           yield batch
 
     return inputs.Inputs(train=train, eval_batches=eval_batches,
                          vocab_size=self.tokenizer.vocab_size, tokenizer=self.tokenizer,
-                         num_train_rows=n)
+                         num_train_rows=n,
+                         num_eval_batches=sum(-(-s.num_rows // size) for s in self.eval_sets))
 
   def schedule(self, config, data: inputs.Inputs) -> Schedule:
     return derive_schedule(config, data.num_train_rows, self.name)
@@ -407,10 +408,13 @@ class TaskObjective(Objective):
     """`outputs` of every row of `eval_set`, in row order (padding rows removed)."""
     size = config_checks.eval_batch_size(self.config, context.mesh)
     chunks: list[dict[str, np.ndarray]] = []
+    lines = context.progress(f"eval {eval_set.name} at step {context.step}:",
+                             -(-eval_set.num_rows // size))
     for batch, valid in padded_batches(eval_set.arrays, size, jax.process_index(),
                                        jax.process_count()):
-      out = self.forward(params, batch, context)
+      out = self.forward(params, batch, context)  # on the host: the line times finished work
       chunks.append({k: v[valid] for k, v in out.items()})
+      lines.update(len(chunks))
     result = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
     if num_rows(result) != eval_set.num_rows:  # a bug, not a user error: never drop rows
       raise RuntimeError(f"{eval_set.name}: {num_rows(result)} predictions for "

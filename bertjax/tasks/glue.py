@@ -173,6 +173,12 @@ class GlueTask(base.TaskObjective):
   """Sequence classification (regression for stsb) on one GLUE task (`config.task`)."""
   name = "glue"
 
+  @classmethod
+  def main_metric(cls, settings) -> str:
+    """The GLUE score: the mean of the task's metrics over the whole dev set."""
+    del settings
+    return "score"
+
   def __init__(self, config):
     super().__init__(config)
     task = config.get("task", "")
