@@ -2,9 +2,12 @@
 computes no gradient and keeps no optimizer state for them, the top k layers train alone; its
 settings are checked in one line each."""
 
+import shutil
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 
 import pytest
 
@@ -178,3 +181,30 @@ def test_albert_shared_layers_refuse_top_layers():
   mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
   with pytest.raises(UserError, match="share 1 parameter group"):
     config_checks.check_run(config, objective, objective.model_config(config), mesh)
+
+
+@pytest.mark.slow
+def test_frozen_run_end_to_end_resumes_exactly(tmp_path, data_dir):
+  """A GLUE run (SST-2 sample, concat features) with a frozen encoder: its checkpoints hold
+  every parameter, the encoder the same at every step, and a run resumed from the middle ends
+  bit for bit where the uninterrupted one did (the optimizer state is the head's alone)."""
+  workdir = tmp_path / "run"
+  config = load_config("configs/glue.py:task=sst2,runlocal", **{
+      **TINY, "data_dir": str(data_dir / "glue"), "max_train_examples": 64, "batch_size": 16,
+      "total_steps": 6, "checkpoint_every": 3, "keep_checkpoints": 3, "eval_every": 6,
+      "eval_batch_size": 64, "freeze.encoder": True, "head.features": "concat",
+      "head.layers": (-2, -1), "model.hidden_dropout_prob": 0.1})
+  summary = train.train_and_evaluate(config, workdir)
+  assert summary["step"] == 6 and summary["last_eval"]["accuracy"] > 0
+  steps = {s: flat(ocp_params(workdir, s)) for s in (3, 6)}
+  moved = changed(steps[3], steps[6])
+  assert moved == {k for k in steps[3] if k.startswith("classifier/")}, moved
+  shutil.rmtree(workdir / "checkpoints" / "6")
+  train.train_and_evaluate(config, workdir)
+  resumed = flat(ocp_params(workdir, 6))
+  assert not changed(steps[6], resumed)
+
+
+def ocp_params(workdir, step):
+  state = ocp.StandardCheckpointer().restore((workdir / "checkpoints" / str(step) / "state").absolute())
+  return state["params"]
