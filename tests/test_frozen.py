@@ -2,7 +2,11 @@
 computes no gradient and keeps no optimizer state for them, the top k layers train alone; its
 settings are checked in one line each."""
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +19,7 @@ from bertjax import config_checks, sharding, train
 from bertjax.errors import UserError
 from bertjax.registry import get_objective
 
-from helpers import TINY, load_config
+from helpers import REPO, TINY, load_config
 
 SEQ, BATCH, VOCAB = 16, 8, 100
 
@@ -208,3 +212,20 @@ def test_frozen_run_end_to_end_resumes_exactly(tmp_path, data_dir):
 def ocp_params(workdir, step):
   state = ocp.StandardCheckpointer().restore((workdir / "checkpoints" / str(step) / "state").absolute())
   return state["params"]
+
+
+@pytest.mark.slow
+def test_frozen_on_a_mesh_matches_one_device():
+  """On a (data 2, fsdp 2, tensor 2) mesh: the same losses and trained parameters as on one
+  device, and the optimizer state (of the trainable parameters only) sharded like them."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  proc = subprocess.run([sys.executable, str(REPO / "tests/frozen_mesh_run.py")], env=env,
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  mesh, single = result["mesh"], result["single"]
+  np.testing.assert_allclose(mesh["losses"], single["losses"], rtol=1e-5)
+  assert mesh["moved"] == single["moved"] == mesh["mu_keys"]
+  assert all(k.startswith(("classifier/", "encoder/layer_1/", "encoder/pooler/"))
+             for k in mesh["moved"])
+  assert mesh["mu_specs_match"] and mesh["sharded_mu"] > 0
