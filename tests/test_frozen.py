@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -229,3 +230,26 @@ def test_frozen_on_a_mesh_matches_one_device():
   assert all(k.startswith(("classifier/", "encoder/layer_1/", "encoder/pooler/"))
              for k in mesh["moved"])
   assert mesh["mu_specs_match"] and mesh["sharded_mu"] > 0
+
+
+def test_objectives_without_task_heads_refuse_freeze_and_features():
+  """Distillation (and any objective that is not a fine-tuning task) builds its own models."""
+  for overrides, needle in (({"freeze.encoder": True}, "freeze.encoder=True applies to fine-tuning"),
+                            ({"head.features": "last"}, "head.features='last' applies to")):
+    config = task_config(**overrides, objective="distill_glue")
+    model_cfg = get_objective(task_config()).model_config(config)
+    with pytest.raises(UserError, match=needle):
+      config_checks.check_freeze(config, types.SimpleNamespace(), model_cfg)
+
+
+def test_layerwise_decay_over_the_trainable_layers():
+  """Layer-wise learning rates apply to the trainable tree: the top layer at full rate, the head
+  too; nothing else moves."""
+  config = task_config(**{"freeze.encoder": True, "freeze.train_top_layers": 2,
+                          "model.num_hidden_layers": 3, "optimizer.layerwise_lr_decay": 0.5})
+  s, state = build(config)
+  before = flat(state.params)
+  state, _ = run_steps(s, state, glue_batch(), 1)
+  moved = changed(before, flat(state.params))
+  assert {k.split("/")[1] for k in moved if k.startswith("encoder/")} == {"layer_1", "layer_2",
+                                                                          "pooler"}
