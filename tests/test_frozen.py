@@ -16,7 +16,7 @@ import orbax.checkpoint as ocp
 
 import pytest
 
-from bertjax import config_checks, sharding, train
+from bertjax import config_checks, sharding, train, workdir as workdir_lib
 from bertjax.errors import UserError
 from bertjax.registry import get_objective
 
@@ -253,3 +253,15 @@ def test_layerwise_decay_over_the_trainable_layers():
   moved = changed(before, flat(state.params))
   assert {k.split("/")[1] for k in moved if k.startswith("encoder/")} == {"layer_1", "layer_2",
                                                                           "pooler"}
+
+
+def test_runs_recorded_before_freeze_existed_resume():
+  """A workdir whose config.json predates freeze.* and head.* resumes with them at their inert
+  defaults, and only there."""
+  config = task_config()
+  recorded = workdir_lib.flatten(workdir_lib.as_recorded(config.to_dict()))
+  for key in ("freeze.encoder", "freeze.train_top_layers", "freeze.train_embeddings",
+              "head.features", "head.layers", "head.pooling"):
+    assert workdir_lib.allowed(key, workdir_lib._ABSENT, recorded[key]) is None, key
+  assert workdir_lib.allowed("freeze.encoder", workdir_lib._ABSENT, True) is not None
+  assert workdir_lib.allowed("head.features", "standard", "concat") is not None
