@@ -27,6 +27,7 @@ import jax
 from bertjax import optim, paths, sharding
 from bertjax.data import tokenizers
 from bertjax.errors import fail
+from bertjax.models import features
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +110,7 @@ RULES: tuple[tuple[str, Range, str, Any], ...] = (
     ("optimizer.decay_power", POSITIVE, "the polynomial decay's power", 1.0),
     ("optimizer.end_learning_rate_factor", UNIT, "the final learning rate / the peak", 0.0),
     ("optimizer.layerwise_lr_decay", SHARE, "per-layer learning-rate factor; 1 disables", 1.0),
+    ("freeze.train_top_layers", NON_NEGATIVE, "top encoder layers trained under freeze.encoder", 0),
     ("model.vocab_size", AT_LEAST_1, "the model's vocabulary", 30522),
     ("model.hidden_size", AT_LEAST_1, "the hidden width", 768),
     ("model.num_hidden_layers", AT_LEAST_1, "encoder layers", 12),
@@ -130,6 +132,8 @@ CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("best_mode", ("max", "min")),
     ("optimizer.name", optim.OPTIMIZERS),
     ("optimizer.decay", optim.DECAYS),
+    ("head.features", features.FEATURES),
+    ("head.pooling", features.POOLINGS),
 )
 
 _MISSING = object()
@@ -344,7 +348,48 @@ def check_run(config, objective, model_cfg, mesh, workdir=None) -> int:
   check_positions(config, model_cfg)
   check_mesh(config, model_cfg, mesh, from_checkpoint=model_from_checkpoint(config, objective))
   check_corpus_tokenizer(config, objective, workdir)
+  check_freeze(config, objective, model_cfg)
   return accum
+
+
+def check_freeze(config, objective, model_cfg) -> None:
+  """freeze.* and head.* against the objective and the model trained (bertjax/freezing.py)."""
+  freeze, head = _get(config, "freeze"), _get(config, "head")
+  if freeze is not _MISSING:
+    _check_freeze_block(config, objective, model_cfg, freeze)
+  if head is _MISSING:
+    return
+  if head.features != "standard" and not getattr(objective, "feature_heads", False):
+    fail(f"head.features={head.features!r} applies to fine-tuning tasks (glue, squad, ner), not "
+         f"objective {config.objective}; fix: --config.head.features=standard")
+  if head.features in ("concat", "scalar_mix"):
+    problem = features.layers_error(tuple(head.layers), model_cfg.num_hidden_layers)
+    if problem:
+      fail(f"head.layers={tuple(head.layers)} {problem}; fix: --config.head.layers='(-4, -3, -2, -1)'")
+
+
+def _check_freeze_block(config, objective, model_cfg, freeze) -> None:
+  top, layers = freeze.train_top_layers, model_cfg.num_hidden_layers
+  if not freeze.encoder:
+    if top or freeze.train_embeddings:
+      key = "train_top_layers" if top else "train_embeddings"
+      fail(f"freeze.{key}={freeze[key]!r} applies only with freeze.encoder=True; fix: "
+           f"--config.freeze.encoder=True or --config.freeze.{key}={'0' if top else 'False'}")
+    return
+  if not getattr(objective, "feature_heads", False):
+    fail(f"freeze.encoder=True applies to fine-tuning tasks (glue, squad, ner), not objective "
+         f"{config.objective}; fix: --config.freeze.encoder=False")
+  if top > layers:
+    fail(f"freeze.train_top_layers={top} exceeds the model's {layers} layers; fix: "
+         f"--config.freeze.train_top_layers={layers} or less")
+  if top and model_cfg.scan_layers:
+    fail(f"freeze.train_top_layers={top} needs separate layers, but model.scan_layers=True stacks "
+         "them into one array per weight; fix: --config.model.scan_layers=False or "
+         "--config.freeze.train_top_layers=0")
+  if top and model_cfg.num_groups != layers:
+    fail(f"freeze.train_top_layers={top}: the model's {layers} layers share {model_cfg.num_groups} "
+         "parameter group(s) (ALBERT), so no layer trains alone; fix: "
+         "--config.freeze.train_top_layers=0")
 
 
 def model_from_checkpoint(config, objective) -> bool:

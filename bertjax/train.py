@@ -26,8 +26,8 @@ import ml_collections
 import numpy as np
 import optax
 
-from bertjax import (checkpoints, config_checks, divergence, optim, paths, prefetch, sharding,
-                     workdir as workdir_lib)
+from bertjax import (checkpoints, config_checks, divergence, freezing, optim, paths, prefetch,
+                     sharding, workdir as workdir_lib)
 from bertjax.metric_writers import MetricWriter
 from bertjax.models.config import ModelConfig
 from bertjax.objective import Schedule
@@ -55,34 +55,38 @@ def split_micro_batches(batch, accum: int):
   return jax.tree.map(split, batch)
 
 
-def make_train_step(objective, model, optimizer, accum: int, skip_nonfinite: bool = False
-                    ) -> Callable:
+def make_train_step(objective, model, optimizer, accum: int, skip_nonfinite: bool = False,
+                    partition: freezing.Partition | None = None) -> Callable:
   """The jitted-to-be step. Every step reports `nonfinite` (1 when its loss or gradient norm is
   not finite); with `skip_nonfinite` such a step leaves parameters and optimizer state as they
-  were (bertjax.divergence)."""
+  were (bertjax.divergence). `partition` (a frozen encoder, bertjax.freezing): gradients,
+  optimizer state and updates cover its trainable parameters only."""
+  partition = partition or freezing.Partition(frozenset(), frozen_any=False)
 
   def train_step(state: TrainState, batch):
     rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     denominators = objective.denominators(batch)
-    loss_fn = lambda p, mb, r: objective.loss(model, p, mb, r, denominators, deterministic=False)
+    trainable, frozen = partition.split(state.params)
+    loss_fn = lambda p, mb, r: objective.loss(model, partition.merge(p, frozen), mb, r,
+                                              denominators, deterministic=False)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if accum == 1:
-      (loss, metrics), grads = grad_fn(state.params, batch, rng)
+      (loss, metrics), grads = grad_fn(trainable, batch, rng)
     else:
       micro = split_micro_batches(batch, accum)
 
       def body(carry, xs):
         i, mb = xs
-        (l, m), g = grad_fn(state.params, mb, jax.random.fold_in(rng, i))
+        (l, m), g = grad_fn(trainable, mb, jax.random.fold_in(rng, i))
         acc_l, acc_m, acc_g = carry
         return (acc_l + l, jax.tree.map(jnp.add, acc_m, m), jax.tree.map(jnp.add, acc_g, g)), None
 
-      (l0, m0), g0 = jax.eval_shape(grad_fn, state.params, jax.tree.map(lambda x: x[0], micro), rng)
+      (l0, m0), g0 = jax.eval_shape(grad_fn, trainable, jax.tree.map(lambda x: x[0], micro), rng)
       zeros = lambda t: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), t)
       (loss, metrics, grads), _ = jax.lax.scan(
           body, (zeros(l0), zeros(m0), zeros(g0)), (jnp.arange(accum), micro))
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    updates, opt_state = optimizer.update(grads, state.opt_state, trainable)
+    params = partition.merge(optax.apply_updates(trainable, updates), frozen)
     grad_norm = optax.tree.norm(grads)
     finite = divergence.step_is_finite(loss, grad_norm)
     metrics = {**metrics, "loss": (loss, jnp.ones_like(loss))}
@@ -192,21 +196,24 @@ def param_shardings_for(objective, model, config, mesh, init_batch, abstract_box
   return abstract_boxed, shardings
 
 
-def create_train_state(objective, model, optimizer, config, mesh, init_batch, abstract_boxed=None):
+def create_train_state(objective, model, optimizer, config, mesh, init_batch, abstract_boxed=None,
+                       partition: freezing.Partition | None = None):
   """Parameters and optimizer state created already sharded: shapes, specs, one jitted init.
 
   The model's init is traced once for the shapes (or not at all, given `abstract_boxed`) and
-  once more by the jitted init that allocates them.
+  once more by the jitted init that allocates them. With `partition`, the optimizer state
+  covers its trainable parameters only.
   """
+  partition = partition or freezing.Partition(frozenset(), frozen_any=False)
   rules = sharding.rules_from_config(config)
   rng = jax.random.key(config.seed)
   abstract_boxed, param_shardings = param_shardings_for(objective, model, config, mesh, init_batch,
                                                         abstract_boxed)
   abstract_params = nn.meta.unbox(abstract_boxed)
-  abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
+  abstract_opt = jax.eval_shape(optimizer.init, partition.trainable(abstract_params))
   repl = sharding.replicated(mesh)
   opt_shardings = optax.tree_map_params(
-      optimizer, lambda _, s: s, abstract_opt, param_shardings,
+      optimizer, lambda _, s: s, abstract_opt, partition.trainable(param_shardings),
       transform_non_params=lambda _: repl)
   state_shardings = TrainState(step=repl, params=param_shardings, opt_state=opt_shardings, rng=repl)
   abstract_state = TrainState(
@@ -215,7 +222,8 @@ def create_train_state(objective, model, optimizer, config, mesh, init_batch, ab
 
   def init(rng):
     params = nn.meta.unbox(objective.init_params(model, jax.random.fold_in(rng, 1), init_batch))
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=optimizer.init(partition.trainable(params)),
                       rng=jax.random.key_data(jax.random.fold_in(rng, 2)))
 
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
@@ -238,6 +246,7 @@ class Setup:
   train_step: Callable     # jitted (state, sharded batch) -> (state, metrics); donates the state
   eval_step: Callable      # jitted (params, sharded batch) -> metric sums
   num_params: int
+  partition: freezing.Partition | None = None  # a frozen encoder's trainable/frozen split
 
 
 def setup(config, objective, model_cfg: ModelConfig, mesh) -> tuple[Setup, TrainState]:
@@ -248,21 +257,24 @@ def setup(config, objective, model_cfg: ModelConfig, mesh) -> tuple[Setup, Train
   init_batch = objective.init_batch(1, config.max_seq_length, config.max_predictions_per_seq)
   # The optimizer sees the parameter tree (shapes only) for per-layer learning-rate scales.
   abstract_boxed = abstract_params_of(objective, model, init_batch)
-  optimizer = optim.make_optimizer(config, params=nn.meta.unbox(abstract_boxed),
+  partition = freezing.Partition.of(nn.meta.unbox(abstract_boxed),
+                                    freezing.FreezeSpec.from_config(config),
+                                    model_cfg.num_hidden_layers)
+  optimizer = optim.make_optimizer(config, params=partition.trainable(nn.meta.unbox(abstract_boxed)),
                                    num_layers=model_cfg.num_hidden_layers)
   state, state_shardings, abstract_state = create_train_state(
-      objective, model, optimizer, config, mesh, init_batch, abstract_boxed)
+      objective, model, optimizer, config, mesh, init_batch, abstract_boxed, partition)
   batch_shard = sharding.batch_sharding(mesh)
   metric_shard = sharding.replicated(mesh)
   skip = divergence.check_policy(config.get("nonfinite_policy", "stop")) == "skip"
-  train_step = jax.jit(make_train_step(objective, model, optimizer, accum, skip),
+  train_step = jax.jit(make_train_step(objective, model, optimizer, accum, skip, partition),
                        in_shardings=(state_shardings, batch_shard),
                        out_shardings=(state_shardings, metric_shard), donate_argnums=(0,))
   eval_step = jax.jit(make_eval_step(objective, model),
                       in_shardings=(state_shardings.params, batch_shard), out_shardings=metric_shard)
   run = Setup(mesh=mesh, rules=sharding.rules_from_config(config), state_shardings=state_shardings,
               abstract_state=abstract_state, train_step=train_step, eval_step=eval_step,
-              num_params=sum(x.size for x in jax.tree.leaves(state.params)))
+              num_params=sum(x.size for x in jax.tree.leaves(state.params)), partition=partition)
   return run, state
 
 
@@ -420,6 +432,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.Path, 
   settings.check(_resolved(config, model_cfg))
   s, state = setup(config, objective, model_cfg, mesh)
   logging.info("model: %s parameters", f"{s.num_params:,}")
+  if s.partition.frozen_any:
+    logging.info(s.partition.describe(state.params))
 
   best = checkpoints.BestKeeper(workdir, config.get("best_metric", ""), config.get("best_mode", "max"))
   ckpt = checkpoints.Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints,

@@ -49,6 +49,11 @@ PLACEMENT = ("distributed", "mesh_shape", "logical_rules", "grad_accum_steps", "
 # Decided with the data (fine-tuning tasks derive them): compared once the schedule is known.
 SCHEDULE = ("total_steps", "eval_every")
 _ABSENT = "(absent)"
+# Settings added after runs were recorded without them, at the value that trains as before: a
+# run recorded before they existed resumes with them at that value.
+INERT_DEFAULTS = {"freeze.encoder": False, "freeze.train_top_layers": 0,
+                  "freeze.train_embeddings": False, "head.features": "standard",
+                  "head.layers": [-4, -3, -2, -1], "head.pooling": "cls"}
 _SHOWN = 6  # changed keys shown with their values in a refusal
 
 _held: set[str] = set()  # the locks this process holds (a pid of ours in a lock may be a past run's)
@@ -212,6 +217,8 @@ def as_recorded(resolved: dict) -> dict:
 
 def allowed(key: str, old: Any, new: Any) -> str | None:
   """None when a resumed run may change `key` from `old` to `new`, else why not."""
+  if old == _ABSENT and key in INERT_DEFAULTS and new == INERT_DEFAULTS[key]:
+    return None
   if key == "eval_every" and bool(old) != bool(new):
     return "evaluation cannot be switched on or off: it decides the held-out documents"
   if key in CADENCE or key in PLACEMENT:

@@ -137,6 +137,19 @@ def finetune_config() -> ml_collections.ConfigDict:
   c.tfds_data_dir = ""             # where tfds finds built datasets (empty: tfds's default)
   c.keep_checkpoints = 1           # fine-tuning runs are short; the last checkpoint is what counts
   c.optimizer.decay = "linear"     # linear decay to 0 after warmup
+  # A frozen encoder (README, "Frozen encoder and features"): no gradient, optimizer state or
+  # update for frozen parameters; checkpoints still hold them all.
+  c.freeze = ml_collections.ConfigDict()
+  c.freeze.encoder = False         # train only the task head (and what the two keys below add)
+  c.freeze.train_top_layers = 0    # with encoder=True: also train the top k layers (+ final LN, pooler)
+  c.freeze.train_embeddings = False  # with encoder=True: also train the embeddings
+  c.head = ml_collections.ConfigDict()
+  # What the task head reads: standard (GLUE: the pooled [CLS]; tagging, QA: the last layer) |
+  # last (the last layer) | concat (head.layers' hidden states side by side) | scalar_mix
+  # (ELMo's learned softmax-weighted sum of head.layers' hidden states, times a learned scale).
+  c.head.features = "standard"
+  c.head.layers = (-4, -3, -2, -1) # hidden states for concat/scalar_mix: 0 embeddings, 1..L layers, <0 from the top
+  c.head.pooling = "cls"           # sequence tasks with features != standard: cls ([CLS] row) | mean (real tokens)
   return c
 
 

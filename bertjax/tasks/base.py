@@ -272,6 +272,7 @@ class TaskObjective(Objective):
   (per-row loss and predictions, used both by `loss` and by evaluation) and `evaluate`.
   """
   data_kind = "task"
+  feature_heads = True  # config.head and config.freeze apply (models/features.py, freezing.py)
 
   def __init__(self, config):
     super().__init__(config)
@@ -315,6 +316,13 @@ class TaskObjective(Objective):
     config_checks.check_positions(config, cfg,
                                   f"init_from={config.init_from}" if config.init_from else "")
     return cfg
+
+  def head_options(self) -> dict[str, Any]:
+    """`config.head` as the classifiers' fields: what the head reads and how it pools."""
+    head = self.config.get("head") if self.config is not None else None
+    if head is None:
+      return {}
+    return {"features": head.features, "layers": tuple(head.layers), "pooling": head.pooling}
 
   def make_model(self, model_config: ModelConfig) -> nn.Module:
     self.model = self.build_model(model_config)

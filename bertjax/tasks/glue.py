@@ -226,7 +226,8 @@ class GlueTask(base.TaskObjective):
   # -- model and loss ------------------------------------------------------------------------------
 
   def build_model(self, model_config):
-    return classifiers.SequenceClassifier(model_config, num_labels=self.task.num_labels)
+    return classifiers.SequenceClassifier(model_config, num_labels=self.task.num_labels,
+                                          **self.head_options())
 
   def feature_spec(self, seq_len):
     return {"label": ((), jnp.float32 if self.regression else jnp.int32)}

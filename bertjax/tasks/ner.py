@@ -190,7 +190,8 @@ class TaggingTask(base.TaskObjective):
                               "source": source})
 
   def build_model(self, model_config):
-    return classifiers.TokenClassifier(model_config, num_labels=len(self.labels))
+    return classifiers.TokenClassifier(model_config, num_labels=len(self.labels),
+                                       **self.head_options())
 
   def feature_spec(self, seq_len):
     return {"labels": ((seq_len,), jnp.int32), "label_weights": ((seq_len,), jnp.float32)}

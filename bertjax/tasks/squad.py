@@ -394,7 +394,8 @@ class SquadTask(base.TaskObjective):
     return train, [dev]
 
   def build_model(self, model_config):
-    return classifiers.TokenClassifier(model_config, num_labels=2, head_name="qa_outputs")
+    return classifiers.TokenClassifier(model_config, num_labels=2, head_name="qa_outputs",
+                                       **self.head_options())
 
   def feature_spec(self, seq_len):
     return {"start_position": ((), jnp.int32), "end_position": ((), jnp.int32)}
