@@ -37,6 +37,10 @@ def build_model(model_cfg, seed: int = 0, cls: type | None = None, **config_kwar
   architecture and shape, in training mode; `config_kwargs` (num_labels, ...) go to its config."""
   torch.manual_seed(seed)
   fields = convert.model_config_to_hf_config(model_cfg)
+  if fields["model_type"] == "albert":
+    # AlbertSOPHead drops out with classifier_dropout_prob (0.1 by default); our pair head
+    # with hidden_dropout_prob, as BERT's heads in transformers do.
+    config_kwargs.setdefault("classifier_dropout_prob", model_cfg.hidden_dropout_prob)
   hf_config = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields,
                                                 **config_kwargs)
   model = (cls or transformers.BertForPreTraining)(hf_config)

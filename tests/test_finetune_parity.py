@@ -117,7 +117,7 @@ def compare(case, objective, config, cfg, params, hf, batches, loss_fn):
   ours = np.array(hf_reference.bertjax_losses(objective, config, cfg, params, batches))
   theirs = np.array([r["loss"] for r in hf_reference.train(hf, batches, config, loss_fn)])
   MEASURED[case] = float(np.max(np.abs(ours - theirs) / np.abs(theirs)))
-  print(case, np.round(ours, 3))
+  print(case, np.round(ours, 3), np.array2string(np.abs(ours - theirs) / np.abs(theirs), precision=1))
   np.testing.assert_allclose(ours, theirs, rtol=RTOL, atol=0, err_msg=case)
   # Not a flat curve that trivially agrees: the model learned over these steps.
   assert ours[-4:].mean() < ours[:2].mean() - 0.05, (case, ours)
