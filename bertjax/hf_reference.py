@@ -38,9 +38,9 @@ def build_model(model_cfg, seed: int = 0, cls: type | None = None, **config_kwar
   torch.manual_seed(seed)
   fields = convert.model_config_to_hf_config(model_cfg)
   if fields["model_type"] == "albert":
-    # AlbertSOPHead drops out with classifier_dropout_prob (0.1 by default); our pair head
-    # with hidden_dropout_prob, as BERT's heads in transformers do.
-    config_kwargs.setdefault("classifier_dropout_prob", model_cfg.hidden_dropout_prob)
+    # AlbertSOPHead drops out its input (classifier_dropout_prob, 0.1 by default); ALBERT's own
+    # code, transformers' BertForPreTraining and our pair head do not.
+    config_kwargs.setdefault("classifier_dropout_prob", 0.0)
   hf_config = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields,
                                                 **config_kwargs)
   model = (cls or transformers.BertForPreTraining)(hf_config)
