@@ -88,7 +88,7 @@ def make_optimizer(model: torch.nn.Module, config):
 
 
 def tensors(batch: dict, dtype=torch.long) -> dict[str, torch.Tensor]:
-  return {k: torch.from_numpy(np.asarray(v)).to(dtype) for k, v in batch.items()}
+  return {k: torch.tensor(np.asarray(v), dtype=dtype) for k, v in batch.items()}
 
 
 def pretraining_loss(model, batch: dict) -> tuple[torch.Tensor, dict]:

@@ -77,7 +77,7 @@ TINY = {"model.hidden_size": 32, "model.intermediate_size": 64, "model.num_atten
 # STS-B's settings: a learning rate and weight decay at which clipping and the decay mask act
 # strongly enough within STEPS steps that a mistake in either shows (see the tolerance above).
 STRONG = {"learning_rate": 1e-2, "optimizer.weight_decay": 0.1}
-MEASURED: dict[str, float] = {}  # case -> max relative loss difference, printed at the end
+MEASURED: dict[str, tuple[float, float]] = {}  # case -> max absolute, relative loss difference
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +96,8 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module", autouse=True)
 def report():
   yield
-  for case, diff in sorted(MEASURED.items()):
-    print(f"\n{case}: max relative step loss difference {diff:.2e}")
+  for case, (absolute, relative) in sorted(MEASURED.items()):
+    print(f"\n{case}: max step loss difference {absolute:.2e} (relative {relative:.2e})")
 
 
 def merged(base, converted):
@@ -114,8 +114,11 @@ def starting_params(objective, config, cfg, hf, heads=(), head_names=None):
   """transformers' weights as our tree: encoder (+ pretraining heads) by bertjax.convert; the
   fine-tuning head {ours: theirs} (a Linear) by hand."""
   state = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
-  converted, _, _ = convert.hf_to_params(state, cfg, heads)
-  for ours, theirs in (head_names or {}).items():
+  converted, _, ignored = convert.hf_to_params(state, cfg, heads)
+  head_names = head_names or {}
+  # Every tensor of theirs is one of ours: the converter's, or the head mapped here.
+  assert set(ignored) == {f"{t}.{w}" for t in head_names.values() for w in ("weight", "bias")}
+  for ours, theirs in head_names.items():
     converted[ours] = {"classifier": {"kernel": state[f"{theirs}.weight"].T,
                                       "bias": state[f"{theirs}.bias"]}}
   model = objective.make_model(cfg)
@@ -127,7 +130,8 @@ def starting_params(objective, config, cfg, hf, heads=(), head_names=None):
 def compare(case, objective, config, cfg, params, hf, batches, loss_fn):
   ours = np.array(hf_reference.bertjax_losses(objective, config, cfg, params, batches))
   theirs = np.array([r["loss"] for r in hf_reference.train(hf, batches, config, loss_fn)])
-  MEASURED[case] = float(np.max(np.abs(ours - theirs) / np.abs(theirs)))
+  MEASURED[case] = (float(np.max(np.abs(ours - theirs))),
+                    float(np.max(np.abs(ours - theirs) / np.abs(theirs))))
   np.testing.assert_allclose(ours, theirs, rtol=RTOL, atol=0, err_msg=case)
   # Not a flat curve that trivially agrees: the model learned over these steps.
   assert ours[-4:].mean() < ours[:2].mean() - 0.05, (case, ours)
@@ -155,7 +159,7 @@ def builtin_loss(labels_of):
 
 
 def as_torch(x, dtype=torch.long) -> torch.Tensor:
-  return torch.from_numpy(np.asarray(x)).to(dtype)
+  return torch.tensor(np.asarray(x), dtype=dtype)
 
 
 def glue_case(task, corpus, data_dir, tmp_path):
