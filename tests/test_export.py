@@ -1,0 +1,262 @@
+"""Export (`python -m bertjax.convert to-hf`) and `bertjax.load` of trained workdirs.
+
+Tiny runs train on the shipped sample and the real data in ../shared/data for a few steps; each
+export is loaded with transformers (model and AutoTokenizer) and must compute what bertjax
+computes: MLM logits of a pretraining run, and the logits of the fine-tuning runs' own
+prediction pass (GLUE classification and STS-B regression, SQuAD, CoNLL NER).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+import torch
+import transformers as T
+
+import bertjax
+from bertjax import convert, sharding, train
+from bertjax.data import tokenizers
+from bertjax.errors import UserError
+from bertjax.models.pretraining import PretrainingModel
+from bertjax.registry import get_objective
+
+from helpers import TINY, load_config, run_module
+
+TOL = 1e-4
+SMALL = dict(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+             intermediate_size=37, max_position_embeddings=40)
+QUIET = dict(log=lambda *_: None)
+
+
+def to_hf(*args) -> tuple[int, list[str], list[str]]:
+  proc = run_module("-m", "bertjax.convert", "to-hf", *map(str, args))
+  return proc.returncode, proc.stdout.splitlines(), proc.stderr.strip().splitlines()
+
+
+def hf_logits(model, ids, mask, types, field="logits"):
+  with torch.no_grad():
+    out = model(input_ids=torch.tensor(np.asarray(ids, np.int64)),
+                attention_mask=torch.tensor(np.asarray(mask, np.int64)),
+                token_type_ids=torch.tensor(np.asarray(types, np.int64)))
+  return getattr(out, field).numpy()
+
+
+def max_diff(a, b) -> float:
+  return float(np.max(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32))))
+
+
+# ----------------------------------------------------------------------------- pretraining
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory) -> pathlib.Path:
+  """configs/quickstart.py:runlocal with a tiny model: 4 steps, checkpoints at 2 and 4."""
+  workdir = tmp_path_factory.mktemp("qs") / "run"
+  config = load_config("configs/quickstart.py:runlocal", **{**TINY, "total_steps": 4,
+                                                           "checkpoint_every": 2, "eval_every": 0})
+  train.train_and_evaluate(config, workdir)
+  return workdir
+
+
+def _sample_ids(workdir: pathlib.Path):
+  tok = tokenizers.load_tokenizer(workdir / "tokenizer")
+  texts = [("The game began in 1998 .", "It was released in Japan ."), ("A second, longer line of "
+           "text about the history of the river valley .", "Short one .")]
+  rows = [[tok.cls_id, *tok.encode(a), tok.sep_id, *tok.encode(b), tok.sep_id] for a, b in texts]
+  seq = max(map(len, rows))
+  ids = np.full((len(rows), seq), tok.pad_id, np.int32)
+  mask, types = np.zeros_like(ids), np.zeros_like(ids)
+  for i, (r, (a, _)) in enumerate(zip(rows, texts)):
+    ids[i, :len(r)], mask[i, :len(r)] = r, 1
+    types[i, len(tok.encode(a)) + 2:len(r)] = 1
+  return tok, texts, ids, mask, types
+
+
+@pytest.mark.slow
+def test_quickstart_export_matches_bertjax(quickstart, tmp_path):
+  out = tmp_path / "hf"
+  code, stdout, stderr = to_hf("--workdir", quickstart, "--output", out)
+  assert code == 0, stderr
+  assert f"exported the pretraining folder at step 4 {quickstart}" in stdout[0]
+  assert any(l.startswith("wrote BertForPreTraining to") and "heads: mlm, pair" in l
+             for l in stdout), stdout
+  assert "tokenizer files: spiece.model, tokenizer_config.json, special_tokens_map.json" in stdout
+  hf = T.BertForPreTraining.from_pretrained(out).eval()
+  tok, texts, ids, mask, types = _sample_ids(quickstart)
+  m = bertjax.load(quickstart)
+  assert isinstance(m.head_model, PretrainingModel) and m.heads == ("mlm", "pair")
+  assert m.untrained == () and m.task is None and m.source.step == 4
+  positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
+  ours = m.head_model.apply({"params": m.head_params}, ids, mask, types, positions,
+                            deterministic=True)
+  with torch.no_grad():
+    theirs = hf(input_ids=torch.tensor(ids, dtype=torch.long),
+                attention_mask=torch.tensor(mask, dtype=torch.long),
+                token_type_ids=torch.tensor(types, dtype=torch.long))
+  real = mask.astype(bool)
+  assert max_diff(np.asarray(ours["mlm_logits"])[real], theirs.prediction_logits.numpy()[real]) < TOL
+  assert max_diff(ours["pair_logits"], theirs.seq_relationship_logits.numpy()) < TOL
+  # The tokenizer: transformers gives the ids bertjax's pipelines build, specials included.
+  hf_tok = T.AutoTokenizer.from_pretrained(out)
+  for i, (a, b) in enumerate(texts):
+    enc = hf_tok(a, b)
+    n = int(mask[i].sum())
+    assert enc["input_ids"] == ids[i, :n].tolist()
+    assert enc["token_type_ids"] == types[i, :n].tolist()
+  # --step picks an earlier checkpoint: other weights.
+  code, stdout, _ = to_hf("--workdir", quickstart, "--output", tmp_path / "step2", "--step", "2")
+  assert code == 0 and "at step 2" in stdout[0]
+  early = T.BertForPreTraining.from_pretrained(tmp_path / "step2").eval()
+  assert not torch.equal(early.cls.predictions.bias, hf.cls.predictions.bias)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, message", [
+    (["--step", "3"], "--step 3: "),
+    (["--output-is-not-empty"], "is not empty"),
+    (["--unknown-workdir"], "is not a bertjax model folder"),
+    (["--include-untrained-heads", "mlm"], "--include-untrained-heads mlm: "),
+])
+def test_failed_export_is_one_line_and_writes_nothing(quickstart, tmp_path, args, message):
+  out = tmp_path / "out"
+  workdir = quickstart
+  if args == ["--output-is-not-empty"]:
+    out.mkdir()
+    (out / "keep.txt").write_text("precious")
+    args = []
+  elif args == ["--unknown-workdir"]:
+    workdir, args = tmp_path / "elsewhere", []
+    workdir.mkdir()
+  code, stdout, stderr = to_hf("--workdir", workdir, "--output", out, *args)
+  assert code == 2 and len(stderr) == 1 and stderr[0].startswith("error: "), stderr
+  assert message in stderr[0], stderr
+  assert not stdout
+  if out.exists():
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+  assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+      p.name for p in (out, workdir) if p.exists())  # no staging folder left
+
+
+# ----------------------------------------------------------------------------- untrained heads
+
+
+def test_bare_encoder_exports_no_random_head(tmp_path):
+  torch.manual_seed(0)
+  src = tmp_path / "bare"
+  T.BertModel(T.BertConfig(**SMALL)).save_pretrained(src)
+  convert.convert_from_hf(src, tmp_path / "work", **QUIET)
+  lines = []
+  convert.convert_to_hf(tmp_path / "work", tmp_path / "plain", log=lines.append)
+  written = json.loads((tmp_path / "plain" / "config.json").read_text())
+  assert written["architectures"] == ["BertModel"]
+  assert any(l.startswith("wrote BertModel") and "heads: none" in l for l in lines), lines
+  for head in ("mlm", "pair"):
+    assert any(l.startswith(f"left out {head}: never trained") and
+               f"--include-untrained-heads {head}" in l for l in lines), lines
+  back = T.AutoModel.from_pretrained(tmp_path / "plain")
+  original = T.BertModel.from_pretrained(src)
+  for k, v in original.state_dict().items():
+    assert torch.equal(v, back.state_dict()[k]), k
+
+  lines = []
+  convert.convert_to_hf(tmp_path / "work", tmp_path / "flagged", include=["mlm", "pair"],
+                        log=lines.append)
+  written = json.loads((tmp_path / "flagged" / "config.json").read_text())
+  assert written["architectures"] == ["BertForPreTraining"]
+  assert any("heads: mlm, pair" in l for l in lines) and not any("left out" in l for l in lines)
+  fresh = convert.load_workdir(tmp_path / "work").params["mlm"]["bias"]
+  hf = T.BertForPreTraining.from_pretrained(tmp_path / "flagged")
+  np.testing.assert_array_equal(hf.cls.predictions.bias.detach().numpy(), fresh)
+  lines = []
+  convert.convert_to_hf(tmp_path / "work", tmp_path / "mlm_only", include=["mlm"],
+                        log=lines.append)
+  assert json.loads((tmp_path / "mlm_only" / "config.json").read_text())["architectures"] == [
+      "BertForMaskedLM"]
+  assert any(l.startswith("left out pair: never trained") for l in lines)
+  with pytest.raises(UserError, match="no untrained part of that name"):
+    convert.convert_to_hf(tmp_path / "work", tmp_path / "bad", include=["rtd"], **QUIET)
+  assert not (tmp_path / "bad").exists()
+
+
+# ----------------------------------------------------------------------------- fine-tuning
+
+
+def own_prediction(config, workdir: pathlib.Path, params):
+  """The run's own prediction pass (TaskObjective.predict) over its first dev set."""
+  objective = get_objective(config)
+  objective.build_inputs(config, workdir)
+  objective.make_model(objective.model_config(config))
+  mesh = sharding.make_mesh(config.mesh_shape)
+  context = train.EvalContext(mesh=mesh, rules=sharding.rules_from_config(config),
+                              workdir=workdir, step=0, total_steps=1, eval_step=None,
+                              batches=None)
+  eval_set = objective.eval_sets[0]
+  return eval_set, objective.predict(params, context, eval_set)
+
+
+def glue_run(tmp_path_factory, data_dir, task: str, **settings):
+  folder = {"rte": "RTE", "stsb": "STS-B"}[task]
+  root = tmp_path_factory.mktemp(task) / "glue"
+  (root / folder).mkdir(parents=True)
+  for name in ("train.tsv", "dev.tsv"):
+    (root / folder / name).symlink_to(data_dir / "glue" / folder / name)
+  config = load_config(f"configs/glue.py:task={task},runlocal",
+                       **{**TINY, "data_dir": str(root), "max_train_examples": 64,
+                          "total_steps": 4, "batch_size": 16, "eval_batch_size": 32,
+                          "max_seq_length": 64, "eval_every": 4, **settings})
+  workdir = root.parent / "run"
+  train.train_and_evaluate(config, workdir)
+  return config, workdir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["rte", "stsb"])
+def test_glue_export_matches_prediction_pass(tmp_path_factory, data_dir, task):
+  config, workdir = glue_run(tmp_path_factory, data_dir, task)
+  out = workdir.parent / "hf"
+  code, stdout, stderr = to_hf("--workdir", workdir, "--output", out)
+  assert code == 0, stderr
+  written = json.loads((out / "config.json").read_text())
+  assert written["architectures"] == ["BertForSequenceClassification"]
+  if task == "rte":
+    assert written["id2label"] == {"0": "entailment", "1": "not_entailment"}
+    assert written["problem_type"] == "single_label_classification"
+  else:
+    assert written["problem_type"] == "regression" and len(written["id2label"]) == 1
+  assert any("heads: classifier" in l for l in stdout), stdout
+  m = bertjax.load(workdir)
+  eval_set, ours = own_prediction(config, workdir, m.head_params)
+  a = eval_set.arrays
+  hf = T.AutoModelForSequenceClassification.from_pretrained(out).eval()
+  assert type(hf).__name__ == "BertForSequenceClassification" and hf.num_labels == (
+      1 if task == "stsb" else 2)
+  theirs = hf_logits(hf, a["input_ids"], a["attention_mask"], a["token_type_ids"])
+  assert max_diff(theirs, ours["logits"]) < TOL
+  # bertjax.load's head gives the run's predictions too, as does the best/ folder it kept.
+  assert max_diff(m.logits(a["input_ids"], a["attention_mask"], a["token_type_ids"]),
+                  ours["logits"]) < TOL
+  assert m.task.kind == "sequence" and m.task.regression == (task == "stsb")
+  best = bertjax.load(workdir / "best")
+  assert best.source.kind == "best" and best.source.step == 4
+  assert max_diff(best.logits(a["input_ids"][:8], a["attention_mask"][:8],
+                              a["token_type_ids"][:8]), ours["logits"][:8]) < TOL
+  leaderboard = {"rte": "RTE.tsv", "stsb": "STS-B.tsv"}[task]
+  lines = (workdir / "predictions" / "step_4" / "dev" / leaderboard).read_text().splitlines()[1:]
+  written_preds = [l.split("\t")[1] for l in lines]
+  if task == "rte":
+    assert written_preds == [m.task.labels[i] for i in ours["logits"].argmax(-1)]
+  else:
+    np.testing.assert_allclose([float(p) for p in written_preds], ours["logits"][:, 0],
+                               atol=1e-3)
+  # The sentencepiece tokenizer loads in transformers and encodes the pairs as the run did.
+  tok = T.AutoTokenizer.from_pretrained(out)
+  rows = [l.split("\t") for l in (workdir.parent / "glue" / {"rte": "RTE", "stsb": "STS-B"}[task]
+                                  / "dev.tsv").read_text().splitlines()[1:21]]
+  cols = (1, 2) if task == "rte" else (7, 8)
+  for i, r in enumerate(rows):
+    n = int(a["attention_mask"][i].sum())
+    if n < config.max_seq_length:  # not truncated
+      assert tok(r[cols[0]], r[cols[1]])["input_ids"] == a["input_ids"][i, :n].tolist()
