@@ -137,7 +137,7 @@ def test_failed_export_is_one_line_and_writes_nothing(quickstart, tmp_path, args
   if out.exists():
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
   assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-      p.name for p in (out, workdir) if p.exists())  # no staging folder left
+      p.name for p in (out, workdir) if p.exists() and p.parent == tmp_path)  # no staging left
 
 
 # ----------------------------------------------------------------------------- untrained heads
