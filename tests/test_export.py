@@ -9,6 +9,7 @@ prediction pass (GLUE classification and STS-B regression, SQuAD, CoNLL NER).
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 
 import numpy as np
@@ -23,7 +24,7 @@ from bertjax.errors import UserError
 from bertjax.models.pretraining import PretrainingModel
 from bertjax.registry import get_objective
 
-from helpers import TINY, load_config, run_module
+from helpers import REPO, TINY, load_config, run_module
 
 TOL = 1e-4
 SMALL = dict(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -260,3 +261,72 @@ def test_glue_export_matches_prediction_pass(tmp_path_factory, data_dir, task):
     n = int(a["attention_mask"][i].sum())
     if n < config.max_seq_length:  # not truncated
       assert tok(r[cols[0]], r[cols[1]])["input_ids"] == a["input_ids"][i, :n].tolist()
+
+
+@pytest.fixture(scope="module")
+def squad_run(tmp_path_factory):
+  data = pathlib.Path(os.environ.get("BERTJAX_DATA", REPO.parent / "shared" / "data"))
+  if not data.is_dir():  # as the data_dir fixture, which a module-scoped fixture cannot use
+    pytest.skip(f"shared data not found at {data}; set BERTJAX_DATA to its folder")
+  src = json.loads((data / "squad" / "v1.1_dev_subset.json").read_text(encoding="utf-8"))
+  root = tmp_path_factory.mktemp("squad")
+  for name, titles in (("train.json", {"Super_Bowl_50"}), ("dev.json", {"Normans"})):
+    part = dict(src, data=[a for a in src["data"] if a["title"] in titles])
+    (root / name).write_text(json.dumps(part), encoding="utf-8")
+  config = load_config("configs/squad.py:runlocal", **{
+      **TINY, "data_dir": str(root), "train_file": "train.json", "dev_file": "dev.json",
+      "max_seq_length": 96, "doc_stride": 48, "max_query_length": 24, "total_steps": 3,
+      "eval_every": 3, "batch_size": 16, "eval_batch_size": 32, "data.vocab_size": 1500,
+      "model.vocab_size": 1500})
+  train.train_and_evaluate(config, root / "run")
+  return config, root / "run"
+
+
+@pytest.mark.slow
+def test_squad_export_matches_prediction_pass(squad_run, data_dir, tmp_path):
+  config, workdir = squad_run
+  code, stdout, stderr = to_hf("--workdir", workdir, "--output", tmp_path / "hf")
+  assert code == 0, stderr
+  assert any(l.startswith("wrote BertForQuestionAnswering") for l in stdout), stdout
+  m = bertjax.load(workdir)
+  assert m.task.kind == "qa" and m.task.name == "qa_outputs"
+  eval_set, ours = own_prediction(config, workdir, m.head_params)
+  a = {k: v[:64] for k, v in eval_set.arrays.items()}
+  hf = T.AutoModelForQuestionAnswering.from_pretrained(tmp_path / "hf").eval()
+  start = hf_logits(hf, a["input_ids"], a["attention_mask"], a["token_type_ids"], "start_logits")
+  end = hf_logits(hf, a["input_ids"], a["attention_mask"], a["token_type_ids"], "end_logits")
+  real = a["attention_mask"].astype(bool)  # ours are masked to -inf-like values at padding
+  assert max_diff(start[real], ours["start_logits"][:64][real]) < TOL
+  assert max_diff(end[real], ours["end_logits"][:64][real]) < TOL
+  logits = np.asarray(m.logits(a["input_ids"], a["attention_mask"], a["token_type_ids"]))
+  assert max_diff(logits[..., 0][real], ours["start_logits"][:64][real]) < TOL
+
+
+@pytest.mark.slow
+def test_conll_export_matches_prediction_pass(tmp_path, data_dir):
+  conll = data_dir / "conll2003"
+  lines = (conll / "valid.txt").read_text().split("\n\n")
+  (tmp_path / "dev.txt").write_text("\n\n".join(lines[:60]) + "\n")
+  config = load_config("configs/ner.py:runlocal", **{
+      **TINY, "data_dir": str(tmp_path), "train_file": str(conll / "test.txt"),
+      "dev_file": "dev.txt", "test_file": "", "max_train_examples": 128, "total_steps": 3,
+      "eval_every": 3, "batch_size": 16, "eval_batch_size": 16, "max_seq_length": 48})
+  workdir = tmp_path / "run"
+  train.train_and_evaluate(config, workdir)
+  code, stdout, stderr = to_hf("--workdir", workdir, "--output", tmp_path / "hf")
+  assert code == 0, stderr
+  written = json.loads((tmp_path / "hf" / "config.json").read_text())
+  assert written["architectures"] == ["BertForTokenClassification"]
+  assert list(written["id2label"].values()) == ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC",
+                                                "I-LOC", "B-MISC", "I-MISC"]
+  m = bertjax.load(workdir)
+  eval_set, ours = own_prediction(config, workdir, m.head_params)
+  a = eval_set.arrays
+  hf = T.AutoModelForTokenClassification.from_pretrained(tmp_path / "hf").eval()
+  theirs = hf_logits(hf, a["input_ids"], a["attention_mask"], a["token_type_ids"])
+  logits = np.asarray(m.logits(a["input_ids"], a["attention_mask"], a["token_type_ids"]))
+  assert max_diff(theirs, logits) < TOL
+  real = a["attention_mask"].astype(bool)
+  # The run's own prediction pass picks the tags both give.
+  np.testing.assert_array_equal(theirs.argmax(-1)[real], ours["predicted"][real])
+  np.testing.assert_array_equal(logits.argmax(-1)[real], ours["predicted"][real])
