@@ -330,3 +330,103 @@ def test_conll_export_matches_prediction_pass(tmp_path, data_dir):
   # The run's own prediction pass picks the tags both give.
   np.testing.assert_array_equal(theirs.argmax(-1)[real], ours["predicted"][real])
   np.testing.assert_array_equal(logits.argmax(-1)[real], ours["predicted"][real])
+
+
+# ----------------------------------------------------------------------------- other architectures
+
+ARCHS = {  # config, the class its export is, a model with its heads' outputs to compare
+    "roberta": ("configs/roberta.py:runlocal", "RobertaForMaskedLM"),
+    "albert": ("configs/albert.py:runlocal", "AlbertForPreTraining"),
+    "electra": ("configs/electra.py:size=small,runlocal", "ElectraForPreTraining"),
+}
+
+
+@pytest.fixture(scope="module")
+def arch_runs(tmp_path_factory):
+  """A 2-step pretraining workdir of each architecture (its runlocal config, tiny sizes)."""
+  runs = {}
+
+  def get(arch: str) -> pathlib.Path:
+    if arch not in runs:
+      extra = {} if arch == "roberta" else {"model.embedding_size": 16}
+      config = load_config(ARCHS[arch][0], **{**TINY, **extra, "total_steps": 2,
+                                              "eval_every": 0, "checkpoint_every": 2,
+                                              "batch_size": 8})
+      runs[arch] = tmp_path_factory.mktemp(arch) / "run"
+      train.train_and_evaluate(config, runs[arch])
+    return runs[arch]
+  return get
+
+
+def _pretraining_outputs(m, ids, mask, types):
+  """bertjax's head outputs at every position: MLM logits (+ pair), or ELECTRA's RTD logits."""
+  if "rtd" in m.heads:
+    return {"logits": m.head_model.apply({"params": m.head_params}, ids, mask, types,
+                                         deterministic=True)["rtd_logits"]}
+  positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
+  out = m.head_model.apply({"params": m.head_params}, ids, mask, types, positions,
+                           deterministic=True)
+  return {"logits": out["mlm_logits"], **({"sop": out["pair_logits"]} if "pair_logits" in out
+                                          else {})}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_architecture_round_trip(arch_runs, tmp_path, arch):
+  """Training workdir -> to-hf -> transformers (same outputs) -> from-hf -> bertjax (same)."""
+  workdir = arch_runs(arch)
+  lines = []
+  convert.convert_to_hf(workdir, tmp_path / "hf", log=lines.append)
+  folder = tmp_path / "hf" / ("discriminator" if arch == "electra" else "")
+  written = json.loads((folder / "config.json").read_text())
+  assert written["architectures"] == [ARCHS[arch][1]] and written["model_type"] == arch
+  hf = getattr(T, ARCHS[arch][1]).from_pretrained(folder).eval()
+  m = bertjax.load(workdir)
+  _, _, ids, mask, types = _sample_ids(workdir)
+  types = types * (m.config.type_vocab_size > 1)
+  ours = _pretraining_outputs(m, ids, mask, types)
+  field = "prediction_logits" if arch == "albert" else "logits"
+  real = mask.astype(bool)
+  assert max_diff(np.asarray(ours["logits"])[real], hf_logits(hf, ids, mask, types, field)[real]) < TOL
+  if arch == "albert":
+    assert max_diff(ours["sop"], hf_logits(hf, ids, mask, types, "sop_logits")) < TOL
+  if arch == "roberta":  # MLM only: the pooler was never trained, and RobertaForMaskedLM has none
+    assert m.untrained == ("pooler",)
+  # ... and back into bertjax: the same outputs again.
+  convert.convert_from_hf(folder, tmp_path / "back", **QUIET)
+  again = _pretraining_outputs(bertjax.load(tmp_path / "back"), ids, mask, types)
+  assert max_diff(np.asarray(again["logits"])[real], np.asarray(ours["logits"])[real]) < TOL
+  if arch == "electra":  # the generator, with a copy of the shared embeddings
+    gen = T.ElectraForMaskedLM.from_pretrained(tmp_path / "hf" / "generator").eval()
+    g = m.source.converted.generator
+    positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
+    out = convert.build_model(g.config, ("mlm",)).apply({"params": g.params}, ids, mask, types,
+                                                         positions, deterministic=True)
+    assert max_diff(np.asarray(out["mlm_logits"])[real], hf_logits(gen, ids, mask, types)[real]) < TOL
+    assert any(l.startswith("wrote ElectraForMaskedLM") for l in lines), lines
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_sequence_classifier_of_each_architecture(arch_runs, tmp_path_factory, data_dir, arch):
+  """GLUE fine-tuned from each architecture: RoBERTa's classifier maps onto
+  RobertaClassificationHead (our pooler is its dense layer), ALBERT's onto its classifier; no
+  transformers class matches ELECTRA's (its head has a GELU layer ours lacks): one line."""
+  config, workdir = glue_run(tmp_path_factory, data_dir, "rte", init_from=str(arch_runs(arch)),
+                             total_steps=2, eval_every=2)
+  out = workdir.parent / "hf"
+  code, stdout, stderr = to_hf("--workdir", workdir, "--output", out)
+  if arch == "electra":
+    assert code == 2 and len(stderr) == 1 and "no transformers class matches" in stderr[0], stderr
+    assert "bertjax.load" in stderr[0] and not out.exists()
+    return
+  assert code == 0, stderr
+  m = bertjax.load(workdir)
+  eval_set, ours = own_prediction(config, workdir, m.head_params)
+  a = {k: v[:32] for k, v in eval_set.arrays.items()}
+  hf = T.AutoModelForSequenceClassification.from_pretrained(out).eval()
+  assert type(hf).__name__ == {"roberta": "RobertaForSequenceClassification",
+                               "albert": "AlbertForSequenceClassification"}[arch]
+  types = a["token_type_ids"] * (m.config.type_vocab_size > 1)
+  theirs = hf_logits(hf, a["input_ids"], a["attention_mask"], types)
+  assert max_diff(theirs, ours["logits"][:32]) < TOL
