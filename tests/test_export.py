@@ -14,6 +14,7 @@ import pathlib
 
 import numpy as np
 import pytest
+import tokenizers as hf_tokenizers
 import torch
 import transformers as T
 
@@ -430,3 +431,50 @@ def test_sequence_classifier_of_each_architecture(arch_runs, tmp_path_factory, d
   types = a["token_type_ids"] * (m.config.type_vocab_size > 1)
   theirs = hf_logits(hf, a["input_ids"], a["attention_mask"], types)
   assert max_diff(theirs, ours["logits"][:32]) < TOL
+
+
+# ----------------------------------------------------------------------------- tokenizers
+
+TEXTS = [("Hello world, the river's valley.", "Über café naïve Ünïcode [MASK] text"),
+         ("tokenizers split words into pieces", "a second segment of text")]
+
+
+def _wordpiece(folder: pathlib.Path) -> tokenizers.Tokenizer:
+  words = sorted({w for a, b in TEXTS for w in (a + " " + b).lower().replace(",", " , ")
+                  .replace(".", " . ").replace("'", " ' ").split()})
+  chars = sorted({c for w in words for c in w})
+  vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *[f"##{c}" for c in chars],
+           *[w for w in words if len(w) > 1][::2]]
+  folder.mkdir()
+  (folder / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n", encoding="utf-8")
+  return tokenizers.WordPieceTokenizer(folder / "vocab.txt", lowercase=True)
+
+
+def _bpe(folder: pathlib.Path) -> tokenizers.Tokenizer:
+  bpe = hf_tokenizers.ByteLevelBPETokenizer()
+  bpe.train_from_iterator([t for pair in TEXTS for t in pair] * 5, vocab_size=300,
+                          special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+  folder.mkdir()
+  bpe.save_model(str(folder))
+  return tokenizers.ByteLevelBPETokenizer(folder / "vocab.json", folder / "merges.txt")
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe"])
+def test_tokenizer_files_load_in_transformers(tmp_path, kind):
+  """A workdir's WordPiece or BPE tokenizer, written for transformers, gives bertjax's ids with
+  the special tokens bertjax's pipelines place ([CLS] A [SEP] B [SEP]; <s> A </s></s> B </s>)."""
+  ours = {"wordpiece": _wordpiece, "bpe": _bpe}[kind](tmp_path / "src")
+  ours.save(tmp_path / "tok")
+  files = convert.hf_tokenizer.write_hf_tokenizer(tmp_path / "tok", tmp_path / "hf", 128)
+  assert "tokenizer.json" in files and "tokenizer_config.json" in files
+  for fast in (True, False):
+    tok = T.AutoTokenizer.from_pretrained(tmp_path / "hf", use_fast=fast)
+    for a, b in TEXTS:
+      ea, eb = ours.encode(a), ours.encode(b)
+      if kind == "wordpiece":
+        want = [ours.cls_id, *ea, ours.sep_id, *eb, ours.sep_id]
+      else:
+        want = [ours.cls_id, *ea, ours.sep_id, ours.sep_id, *eb, ours.sep_id]
+      assert tok(a, b)["input_ids"] == want, (fast, a, b)
+      if kind == "wordpiece":
+        assert tok(a, b)["token_type_ids"] == [0] * (len(ea) + 2) + [1] * (len(eb) + 1)
