@@ -116,6 +116,24 @@ def test_quickstart_export_matches_bertjax(quickstart, tmp_path):
 
 
 @pytest.mark.slow
+def test_readme_export_section_runs(quickstart, tmp_path):
+  """The README's "Export and load a trained model" commands, on a quickstart-like run."""
+  section = (REPO / "README.md").read_text().split("## Export and load a trained model")[1]
+  bash = section.split("```bash\n")[1].split("```")[0].strip().splitlines()
+  assert bash[0].startswith("python launch.py --config configs/quickstart.py --workdir runs/quickstart")
+  command = bash[1].split()
+  assert command[:4] == ["python", "-m", "bertjax.convert", "to-hf"]
+  hf_dir = tmp_path / "quickstart_hf"
+  args = [a.replace("runs/quickstart_hf", str(hf_dir)).replace("runs/quickstart", str(quickstart))
+          for a in command[4:]]
+  code, _, stderr = to_hf(*args)
+  assert code == 0, stderr
+  code = section.split("```python\n")[1].split("```")[0]
+  code = code.replace("runs/quickstart_hf", str(hf_dir)).replace("runs/quickstart", str(quickstart))
+  exec(compile(code, "README.md", "exec"), {})  # pylint: disable=exec-used
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["--step", "3"], "--step 3: "),
     (["--output-is-not-empty"], "is not empty"),
