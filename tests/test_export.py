@@ -496,3 +496,22 @@ def test_tokenizer_files_load_in_transformers(tmp_path, kind):
       assert tok(a, b)["input_ids"] == want, (fast, a, b)
       if kind == "wordpiece":
         assert tok(a, b)["token_type_ids"] == [0] * (len(ea) + 2) + [1] * (len(eb) + 1)
+
+
+@pytest.mark.slow
+def test_spanbert_export_names_the_head_it_leaves_out(tmp_path):
+  config = load_config("configs/spanbert.py:runlocal", **{**TINY, "total_steps": 2,
+                                                          "eval_every": 0, "checkpoint_every": 2,
+                                                          "batch_size": 8})
+  train.train_and_evaluate(config, tmp_path / "run")
+  lines = []
+  convert.convert_to_hf(tmp_path / "run", tmp_path / "hf", log=lines.append)
+  assert json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"] == [
+      "BertForMaskedLM"]
+  assert "left out sbo: no transformers class holds SpanBERT's span boundary head" in lines
+  m = bertjax.load(tmp_path / "run")
+  _, _, ids, mask, types = _sample_ids(tmp_path / "run")
+  hf = T.BertForMaskedLM.from_pretrained(tmp_path / "hf").eval()
+  real = mask.astype(bool)
+  ours = _pretraining_outputs(m, ids, mask, types)["logits"]
+  assert max_diff(np.asarray(ours)[real], hf_logits(hf, ids, mask, types)[real]) < TOL
