@@ -26,6 +26,12 @@ Heads (names in our param tree):
   rtd  ELECTRA discriminator_predictions.*
 A head the architecture has but the checkpoint lacks (a bare BertModel, a sentence-embedding
 model) is initialized fresh with the model's own init and reported; so is a missing pooler.
+model.json records them under "missing", and `to-hf` leaves them out unless named.
+
+Fine-tuning heads (in training workdirs only): GLUE's `classifier` -> *ForSequenceClassification
+(`classifier`; RoBERTa: `classifier.dense` is our pooler, `classifier.out_proj` our classifier),
+CoNLL's `classifier` -> *ForTokenClassification, SQuAD's `qa_outputs` ->
+*ForQuestionAnswering.
 
 ELECTRA ships its two networks as separate folders. `--part` picks which one a folder holds
 (by default: detected from its tensors); `--part both` takes a folder with `discriminator/` and
