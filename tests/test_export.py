@@ -136,6 +136,7 @@ def test_readme_export_section_runs(quickstart, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["--step", "3"], "--step 3: "),
+    (["--step", "last"], "--step 'last' must be a checkpoint step"),
     (["--output-is-not-empty"], "is not empty"),
     (["--unknown-workdir"], "is not a bertjax model folder"),
     (["--include-untrained-heads", "mlm"], "--include-untrained-heads mlm: "),
@@ -198,6 +199,8 @@ def test_bare_encoder_exports_no_random_head(tmp_path):
   assert any(l.startswith("left out pair: never trained") for l in lines)
   with pytest.raises(UserError, match="no untrained part of that name"):
     convert.convert_to_hf(tmp_path / "work", tmp_path / "bad", include=["rtd"], **QUIET)
+  with pytest.raises(UserError, match="--step applies to training workdirs"):
+    convert.convert_to_hf(tmp_path / "work", tmp_path / "bad", step=3, **QUIET)
   assert not (tmp_path / "bad").exists()
 
 
@@ -436,8 +439,10 @@ def test_sequence_classifier_of_each_architecture(arch_runs, tmp_path_factory, d
   out = workdir.parent / "hf"
   code, stdout, stderr = to_hf("--workdir", workdir, "--output", out)
   if arch == "electra":
-    assert code == 2 and len(stderr) == 1 and "no transformers class matches" in stderr[0], stderr
-    assert "bertjax.load" in stderr[0] and not out.exists()
+    assert code == 2 and len(stderr) == 1, stderr
+    assert "no transformers class matches this electra sequence classifier" in stderr[0]
+    assert "dense + GELU + linear" in stderr[0] and "bertjax.load" in stderr[0]
+    assert not out.exists()
     return
   assert code == 0, stderr
   m = bertjax.load(workdir)

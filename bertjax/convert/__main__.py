@@ -7,7 +7,7 @@ import argparse
 from bertjax.convert.hf_configs import ELECTRA_PARTS
 from bertjax.convert.export import convert_to_hf
 from bertjax.convert.workdirs import convert_from_hf
-from bertjax.errors import run_cli
+from bertjax.errors import fail, run_cli
 import bertjax.convert
 
 
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
   p.add_argument("--workdir", required=True,
                  help="a training workdir, its best/ folder, or a folder written by from-hf")
   p.add_argument("--output", required=True, help="new folder to write (must not be non-empty)")
-  p.add_argument("--step", type=int, default=None,
+  p.add_argument("--step", default=None,
                  help="training workdir: the checkpoint step to export (default: the newest)")
   p.add_argument("--include-untrained-heads", default="", metavar="PARTS",
                  help="comma-separated untrained parts to write anyway (mlm, pair, rtd, pooler)")
@@ -37,7 +37,13 @@ def main(argv: list[str] | None = None) -> None:
   if args.command == "from-hf":
     convert_from_hf(args.model_dir, args.workdir, args.part)
   else:
-    convert_to_hf(args.workdir, args.output, args.step, args.include_untrained_heads.split(","))
+    step = args.step
+    if step is not None:
+      if not step.isdigit():
+        fail(f"--step {step!r} must be a checkpoint step (a whole number); leave it out for "
+             "the newest checkpoint")
+      step = int(step)
+    convert_to_hf(args.workdir, args.output, step, args.include_untrained_heads.split(","))
 
 
 if __name__ == "__main__":

@@ -42,10 +42,10 @@ class Plan:
   notes: list[str]
 
 
-def _untrained_reason(source: Source, part: str) -> str:
-  if source.kind == "converted":
+def _untrained_reason(source: Source | None) -> str:
+  if source is None or source.kind == "converted":
     return NEVER_TRAINED
-  return f"never trained (objective {source.kind} has no loss on it)"
+  return f"never trained (no loss of objective {source.objective} reads it)"
 
 
 def _pretraining_plan(c: Converted, source: Source | None, include: set[str]) -> Plan:
@@ -56,7 +56,7 @@ def _pretraining_plan(c: Converted, source: Source | None, include: set[str]) ->
     if h not in c.heads:
       continue
     if h in untrained and h not in include:
-      left_out[h] = _untrained_reason(source, h)
+      left_out[h] = _untrained_reason(source)
     else:
       heads.append(h)
   heads = tuple(heads)
@@ -87,7 +87,7 @@ def _pooler(c: Converted, cls: str, untrained: set[str], include: set[str],
     notes.append(f"this model has no pooler; transformers initializes {cls}'s pooler fresh")
     return []
   if "pooler" in untrained and "pooler" not in include:
-    left_out["pooler"] = (_untrained_reason(source, "pooler")
+    left_out["pooler"] = (_untrained_reason(source)
                           + f"; transformers initializes {cls}'s pooler fresh")
     return []
   return [e for e in encoder_entries(cfg) if e.part == "pooler"]
@@ -98,10 +98,11 @@ def _task_plan(source: Source) -> Plan:
   cfg = c.config
   cls = _TASK_CLASSES.get((cfg.architecture, task.kind))
   if task.kind == "sequence" and (cls is None or not cfg.use_pooler):
-    fail(f"no transformers class matches this {cfg.architecture} classifier (bertjax: "
-         f"{'pooler (dense + tanh) + ' if cfg.use_pooler else ''}linear on [CLS]; transformers "
-         f"{'ElectraClassificationHead: dense + GELU + linear' if cfg.architecture == 'electra' else 'pooler + linear'}"
-         "); load it with bertjax.load instead")
+    ours = "pooler (dense + tanh) + linear" if cfg.use_pooler else "a linear layer on [CLS]"
+    theirs = ("a dense + GELU + linear head" if cfg.architecture == "electra"
+              else "a pooler (dense + tanh) + linear")
+    fail(f"no transformers class matches this {cfg.architecture} sequence classifier (bertjax: "
+         f"{ours}; transformers: {theirs}); run it with bertjax.load(W).logits instead")
   entries = [e for e in encoder_entries(cfg) if e.part != "pooler"]
   if task.kind == "sequence":
     entries += (roberta_classifier_dense(cfg) if cfg.architecture == "roberta"

@@ -70,6 +70,7 @@ class Source:
   tokenizer: pathlib.Path | None = None
   step: int | None = None
   path: pathlib.Path = pathlib.Path(".")
+  objective: str = ""
 
 
 def read_source(path: PathLike, step: int | None = None) -> Source:
@@ -150,7 +151,7 @@ def _from_training(config: dict[str, Any], params: dict[str, Any], kind: str, st
   cfg = ModelConfig.from_dict({**config["model"], "kernels": "auto"})
   tok = run / "tokenizer"
   source = Source(Converted(cfg, params, (), hf_model_type=cfg.architecture), kind, step=step,
-                  path=d, tokenizer=tok if tok.is_dir() else None)
+                  path=d, tokenizer=tok if tok.is_dir() else None, objective=objective)
   if objective in TASKS:
     source.task = _task_head(config, params)
     source.kind = "fine-tuning" if kind == "training" else kind
