@@ -46,6 +46,14 @@ def hf_logits(model, ids, mask, types, field="logits"):
   return getattr(out, field).numpy()
 
 
+def hf_load(cls, path):
+  """transformers' `cls` from `path`, checking that every weight came from the export (none
+  initialized fresh, none ignored)."""
+  model, info = cls.from_pretrained(path, output_loading_info=True)
+  assert info["missing_keys"] == [] and info["unexpected_keys"] == [], info
+  return model.eval()
+
+
 def max_diff(a, b) -> float:
   return float(np.max(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32))))
 
@@ -86,7 +94,7 @@ def test_quickstart_export_matches_bertjax(quickstart, tmp_path):
   assert any(l.startswith("wrote BertForPreTraining to") and "heads: mlm, pair" in l
              for l in stdout), stdout
   assert "tokenizer files: spiece.model, tokenizer_config.json, special_tokens_map.json" in stdout
-  hf = T.BertForPreTraining.from_pretrained(out).eval()
+  hf = hf_load(T.BertForPreTraining, out)
   tok, texts, ids, mask, types = _sample_ids(quickstart)
   m = bertjax.load(quickstart)
   assert isinstance(m.head_model, PretrainingModel) and m.heads == ("mlm", "pair")
@@ -111,7 +119,7 @@ def test_quickstart_export_matches_bertjax(quickstart, tmp_path):
   # --step picks an earlier checkpoint: other weights.
   code, stdout, _ = to_hf("--workdir", quickstart, "--output", tmp_path / "step2", "--step", "2")
   assert code == 0 and "at step 2" in stdout[0]
-  early = T.BertForPreTraining.from_pretrained(tmp_path / "step2").eval()
+  early = hf_load(T.BertForPreTraining, tmp_path / "step2")
   assert not torch.equal(early.cls.predictions.bias, hf.cls.predictions.bias)
 
 
@@ -177,7 +185,7 @@ def test_bare_encoder_exports_no_random_head(tmp_path):
   for head in ("mlm", "pair"):
     assert any(l.startswith(f"left out {head}: never trained") and
                f"--include-untrained-heads {head}" in l for l in lines), lines
-  back = T.AutoModel.from_pretrained(tmp_path / "plain")
+  back = hf_load(T.AutoModel, tmp_path / "plain")
   original = T.BertModel.from_pretrained(src)
   for k, v in original.state_dict().items():
     assert torch.equal(v, back.state_dict()[k]), k
@@ -189,7 +197,7 @@ def test_bare_encoder_exports_no_random_head(tmp_path):
   assert written["architectures"] == ["BertForPreTraining"]
   assert any("heads: mlm, pair" in l for l in lines) and not any("left out" in l for l in lines)
   fresh = convert.load_workdir(tmp_path / "work").params["mlm"]["bias"]
-  hf = T.BertForPreTraining.from_pretrained(tmp_path / "flagged")
+  hf = hf_load(T.BertForPreTraining, tmp_path / "flagged")
   np.testing.assert_array_equal(hf.cls.predictions.bias.detach().numpy(), fresh)
   lines = []
   convert.convert_to_hf(tmp_path / "work", tmp_path / "mlm_only", include=["mlm"],
@@ -253,7 +261,7 @@ def test_glue_export_matches_prediction_pass(tmp_path_factory, data_dir, task):
   m = bertjax.load(workdir)
   eval_set, ours = own_prediction(config, workdir, m.head_params)
   a = eval_set.arrays
-  hf = T.AutoModelForSequenceClassification.from_pretrained(out).eval()
+  hf = hf_load(T.AutoModelForSequenceClassification, out)
   assert type(hf).__name__ == "BertForSequenceClassification" and hf.num_labels == (
       1 if task == "stsb" else 2)
   theirs = hf_logits(hf, a["input_ids"], a["attention_mask"], a["token_type_ids"])
@@ -314,7 +322,7 @@ def test_squad_export_matches_prediction_pass(squad_run, data_dir, tmp_path):
   assert m.task.kind == "qa" and m.task.name == "qa_outputs"
   eval_set, ours = own_prediction(config, workdir, m.head_params)
   a = {k: v[:64] for k, v in eval_set.arrays.items()}
-  hf = T.AutoModelForQuestionAnswering.from_pretrained(tmp_path / "hf").eval()
+  hf = hf_load(T.AutoModelForQuestionAnswering, tmp_path / "hf")
   start = hf_logits(hf, a["input_ids"], a["attention_mask"], a["token_type_ids"], "start_logits")
   end = hf_logits(hf, a["input_ids"], a["attention_mask"], a["token_type_ids"], "end_logits")
   real = a["attention_mask"].astype(bool)  # ours are masked to -inf-like values at padding
@@ -344,7 +352,7 @@ def test_conll_export_matches_prediction_pass(tmp_path, data_dir):
   m = bertjax.load(workdir)
   eval_set, ours = own_prediction(config, workdir, m.head_params)
   a = eval_set.arrays
-  hf = T.AutoModelForTokenClassification.from_pretrained(tmp_path / "hf").eval()
+  hf = hf_load(T.AutoModelForTokenClassification, tmp_path / "hf")
   theirs = hf_logits(hf, a["input_ids"], a["attention_mask"], a["token_type_ids"])
   logits = np.asarray(m.logits(a["input_ids"], a["attention_mask"], a["token_type_ids"]))
   assert max_diff(theirs, logits) < TOL
@@ -402,7 +410,7 @@ def test_architecture_round_trip(arch_runs, tmp_path, arch):
   folder = tmp_path / "hf" / ("discriminator" if arch == "electra" else "")
   written = json.loads((folder / "config.json").read_text())
   assert written["architectures"] == [ARCHS[arch][1]] and written["model_type"] == arch
-  hf = getattr(T, ARCHS[arch][1]).from_pretrained(folder).eval()
+  hf = hf_load(getattr(T, ARCHS[arch][1]), folder)
   m = bertjax.load(workdir)
   _, _, ids, mask, types = _sample_ids(workdir)
   types = types * (m.config.type_vocab_size > 1)
@@ -419,7 +427,7 @@ def test_architecture_round_trip(arch_runs, tmp_path, arch):
   again = _pretraining_outputs(bertjax.load(tmp_path / "back"), ids, mask, types)
   assert max_diff(np.asarray(again["logits"])[real], np.asarray(ours["logits"])[real]) < TOL
   if arch == "electra":  # the generator, with a copy of the shared embeddings
-    gen = T.ElectraForMaskedLM.from_pretrained(tmp_path / "hf" / "generator").eval()
+    gen = hf_load(T.ElectraForMaskedLM, tmp_path / "hf" / "generator")
     g = m.source.converted.generator
     positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
     out = convert.build_model(g.config, ("mlm",)).apply({"params": g.params}, ids, mask, types,
@@ -448,7 +456,7 @@ def test_sequence_classifier_of_each_architecture(arch_runs, tmp_path_factory, d
   m = bertjax.load(workdir)
   eval_set, ours = own_prediction(config, workdir, m.head_params)
   a = {k: v[:32] for k, v in eval_set.arrays.items()}
-  hf = T.AutoModelForSequenceClassification.from_pretrained(out).eval()
+  hf = hf_load(T.AutoModelForSequenceClassification, out)
   assert type(hf).__name__ == {"roberta": "RobertaForSequenceClassification",
                                "albert": "AlbertForSequenceClassification"}[arch]
   types = a["token_type_ids"] * (m.config.type_vocab_size > 1)
@@ -516,7 +524,7 @@ def test_spanbert_export_names_the_head_it_leaves_out(tmp_path):
   assert "left out sbo: no transformers class holds SpanBERT's span boundary head" in lines
   m = bertjax.load(tmp_path / "run")
   _, _, ids, mask, types = _sample_ids(tmp_path / "run")
-  hf = T.BertForMaskedLM.from_pretrained(tmp_path / "hf").eval()
+  hf = hf_load(T.BertForMaskedLM, tmp_path / "hf")
   real = mask.astype(bool)
   ours = _pretraining_outputs(m, ids, mask, types)["logits"]
   assert max_diff(np.asarray(ours)[real], hf_logits(hf, ids, mask, types)[real]) < TOL
