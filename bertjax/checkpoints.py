@@ -190,20 +190,23 @@ def restore_checkpoint_params(workdir: str | pathlib.Path, step: int | None = No
   (orbax lists only complete checkpoints; a damaged one is skipped with a warning)."""
   ckpt_dir = paths.as_path(workdir) / "checkpoints"
   manager = ocp.CheckpointManager(paths.absolute(ckpt_dir), item_names=("state", "data"))
-  steps = sorted(manager.all_steps())
-  if step is not None:
-    if step not in steps:
-      fail(f"--step {step}: {ckpt_dir} has no complete checkpoint at that step; its steps: "
-           f"{', '.join(map(str, steps)) or 'none'}")
-    steps = [step]
-  for s in reversed(steps):
-    try:
-      restored = manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-      return s, jax.tree.map(lambda x: x, dict(restored["state"]["params"]))
-    except Exception as e:  # same fallback as training resume
-      logging.warning("checkpoint at step %d is unreadable (%s); trying an earlier one", s,
-                      _short(e))
-  fail(f"no readable checkpoint in {ckpt_dir}; point at a run that saved one")
+  try:
+    steps = sorted(manager.all_steps())
+    if step is not None:
+      if step not in steps:
+        fail(f"--step {step}: {ckpt_dir} has no complete checkpoint at that step; its steps: "
+             f"{', '.join(map(str, steps)) or 'none'}")
+      steps = [step]
+    for s in reversed(steps):
+      try:
+        restored = manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+        return s, jax.tree.map(lambda x: x, dict(restored["state"]["params"]))
+      except Exception as e:  # same fallback as training resume
+        logging.warning("checkpoint at step %d is unreadable (%s); trying an earlier one", s,
+                        _short(e))
+    fail(f"no readable checkpoint in {ckpt_dir}; point at a run that saved one")
+  finally:
+    manager.close()
 
 
 def load_model_config(path: str | pathlib.Path) -> dict:
