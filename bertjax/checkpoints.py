@@ -178,19 +178,35 @@ def restore_params(path: str | pathlib.Path) -> dict:
   path = paths.as_path(path)
   if (path / "params").is_dir():
     return ocp.StandardCheckpointer().restore(paths.absolute(path / "params"))
-  ckpt_dir = path / "checkpoints"
-  if ckpt_dir.is_dir():
-    manager = ocp.CheckpointManager(paths.absolute(ckpt_dir), item_names=("state", "data"))
-    for step in reversed(sorted(manager.all_steps())):
-      try:
-        restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-        return jax.tree.map(lambda x: x, dict(restored["state"]["params"]))
-      except Exception as e:  # same fallback as training resume
-        logging.warning("checkpoint at step %d is unreadable (%s); trying an earlier one", step,
-                        _short(e))
-    fail(f"no readable checkpoint in {ckpt_dir}; point init_from at a finished run")
+  if (path / "checkpoints").is_dir():
+    return restore_checkpoint_params(path)[1]
   fail(f"init_from={path} holds neither params/ (a converted checkpoint) nor checkpoints/ "
        f"(a training workdir); run `python -m bertjax.convert from-hf` or point at a workdir")
+
+
+def restore_checkpoint_params(workdir: str | pathlib.Path, step: int | None = None
+                              ) -> tuple[int, dict]:
+  """(step, params) of a training workdir's checkpoint: `step`'s, or the newest readable one
+  (orbax lists only complete checkpoints; a damaged one is skipped with a warning)."""
+  ckpt_dir = paths.as_path(workdir) / "checkpoints"
+  manager = ocp.CheckpointManager(paths.absolute(ckpt_dir), item_names=("state", "data"))
+  try:
+    steps = sorted(manager.all_steps())
+    if step is not None:
+      if step not in steps:
+        fail(f"--step {step}: {ckpt_dir} has no complete checkpoint at that step; its steps: "
+             f"{', '.join(map(str, steps)) or 'none'}")
+      steps = [step]
+    for s in reversed(steps):
+      try:
+        restored = manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+        return s, jax.tree.map(lambda x: x, dict(restored["state"]["params"]))
+      except Exception as e:  # same fallback as training resume
+        logging.warning("checkpoint at step %d is unreadable (%s); trying an earlier one", s,
+                        _short(e))
+    fail(f"no readable checkpoint in {ckpt_dir}; point at a run that saved one")
+  finally:
+    manager.close()
 
 
 def load_model_config(path: str | pathlib.Path) -> dict:

@@ -48,6 +48,25 @@ _HF_CLASSES: dict[tuple[str, tuple[str, ...]], str] = {
     ("electra", ()): "ElectraModel",
 }
 _HEAD_ORDER = ("mlm", "pair", "rtd")
+# The class a fine-tuned model is saved as, by architecture and task head kind (absent: no
+# transformers class computes what our head computes).
+_TASK_CLASSES: dict[tuple[str, str], str] = {
+    ("bert", "sequence"): "BertForSequenceClassification",
+    ("bert", "token"): "BertForTokenClassification", ("bert", "qa"): "BertForQuestionAnswering",
+    ("roberta", "sequence"): "RobertaForSequenceClassification",
+    ("roberta", "token"): "RobertaForTokenClassification",
+    ("roberta", "qa"): "RobertaForQuestionAnswering",
+    ("albert", "sequence"): "AlbertForSequenceClassification",
+    ("albert", "token"): "AlbertForTokenClassification",
+    ("albert", "qa"): "AlbertForQuestionAnswering",
+    ("electra", "token"): "ElectraForTokenClassification",
+    ("electra", "qa"): "ElectraForQuestionAnswering",
+}
+# The classes whose base model keeps its pooler (the others are built with add_pooling_layer=False).
+_POOLER_CLASSES = frozenset({
+    "BertModel", "BertForPreTraining", "BertForNextSentencePrediction",
+    "BertForSequenceClassification", "AlbertModel", "AlbertForPreTraining",
+    "AlbertForSequenceClassification", "RobertaModel"})
 
 
 # ----------------------------------------------------------------------------- configs

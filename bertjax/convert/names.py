@@ -136,6 +136,27 @@ def head_entries(cfg: ModelConfig, head: str) -> list[Entry]:
   raise ValueError(f"unknown head {head!r}")
 
 
+# Task heads (fine-tuning): our top-level name -> the Hugging Face prefix of its linear layer.
+TASK_HEADS = {"sequence": ("classifier", "classifier"), "token": ("classifier", "classifier"),
+              "qa": ("qa_outputs", "qa_outputs")}
+
+
+def task_head_entries(cfg: ModelConfig, kind: str, num_labels: int) -> list[Entry]:
+  """The linear layer of a fine-tuning head ("sequence", "token" or "qa"); RoBERTa's sequence
+  classifier is `classifier.out_proj` (our pooler is its `classifier.dense`, see
+  `roberta_classifier_dense`)."""
+  ours, hf = TASK_HEADS[kind]
+  if kind == "sequence" and cfg.architecture == "roberta":
+    hf = "classifier.out_proj"
+  return _linear(hf, (ours, "classifier"), num_labels, cfg.hidden_size, ours)
+
+
+def roberta_classifier_dense(cfg: ModelConfig) -> list[Entry]:
+  """Our pooler (dense + tanh on <s>) as RobertaClassificationHead's dense layer."""
+  return _linear("classifier.dense", ("encoder", "pooler"), cfg.hidden_size, cfg.hidden_size,
+                 "pooler")
+
+
 def architecture_heads(architecture: str, part: str | None = None) -> tuple[str, ...]:
   """The heads a converted model of this architecture carries (ELECTRA: per network)."""
   if architecture == "electra":
@@ -244,14 +265,16 @@ def hf_to_params(state_dict: Mapping[str, np.ndarray], cfg: ModelConfig,
   return params, missing, ignored
 
 
-def params_to_hf(params: Params, cfg: ModelConfig, heads: tuple[str, ...]
-                 ) -> dict[str, np.ndarray]:
+def params_to_hf(params: Params, cfg: ModelConfig, heads: tuple[str, ...],
+                 entries: list[Entry] | None = None) -> dict[str, np.ndarray]:
   """Our tree -> an HF state dict (float32 numpy) for the class `_HF_CLASSES` names.
 
   With no heads the names lose the base-model prefix, as a bare `BertModel` saves them; tied
-  decoder weights are left out, as transformers itself leaves them out.
+  decoder weights are left out, as transformers itself leaves them out. `entries` replaces the
+  default list (the encoder's and the heads').
   """
-  entries = encoder_entries(cfg) + [e for h in heads for e in head_entries(cfg, h)]
+  if entries is None:
+    entries = encoder_entries(cfg) + [e for h in heads for e in head_entries(cfg, h)]
   out = {}
   for e in entries:
     x = _to_hf(e.kind, np.asarray(_get(params, e.path), dtype=np.float32), cfg)
