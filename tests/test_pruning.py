@@ -11,14 +11,17 @@ from __future__ import annotations
 import json
 
 import jax
+import flax.linen as nn
 import jax.numpy as jnp
+import optax
 import numpy as np
 import pytest
 import torch
 import transformers as T
 
 import bertjax
-from bertjax import convert
+from bertjax import convert, optim
+from tests.helpers import load_config
 from bertjax.errors import UserError
 from bertjax.models import pruning
 from bertjax.models.classifiers import SequenceClassifier
@@ -34,7 +37,12 @@ REMOVE = {0: [1, 3], 2: [0]}
 
 def random_params(model, cfg, seed=0):
   """Every parameter drawn at random (init leaves biases 0 and scales 1, which hides mistakes)."""
-  params = init_params(model, cfg, jax.random.key(seed))
+  if isinstance(model, Encoder):
+    params = init_params(model, cfg, jax.random.key(seed))
+  else:
+    ids = jnp.zeros((1, 8), jnp.int32)
+    params = model.init(jax.random.key(seed), ids, ids, ids)["params"]
+    params = nn.meta.unbox(params)
   leaves, tree = jax.tree_util.tree_flatten(params)
   keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
   return jax.tree_util.tree_unflatten(
@@ -116,3 +124,155 @@ def test_head_selection_is_global_and_keeps_a_head_per_layer():
   chosen = select.heads_to_remove(scores, CFG, 5)
   assert chosen == {1: [3, 2, 1], 0: [0, 1]}  # layer 1 keeps its best head (0)
   assert select.layers_to_remove(scores, CFG, 1) == [1]
+
+
+def _projection(seed=5, shape=(3, 10, 32)):
+  return jnp.asarray(np.random.RandomState(seed).randn(*shape), jnp.float32)
+
+
+def _encoder_loss(cfg, proj):
+  def loss(params, batch):
+    ids, mask, types = batch
+    out = Encoder(cfg).apply({"params": params}, ids, mask, types)
+    return jnp.mean(jnp.tanh(out.last_hidden_state) * proj) + jnp.mean(out.pooler_output ** 2)
+  return loss
+
+
+def test_importance_matches_finite_differences():
+  params, cfg = pruning.prune_heads(random_params(Encoder(CFG), CFG), CFG, {1: [2]})
+  batch, proj = inputs(), _projection()
+  loss = _encoder_loss(cfg, proj)
+  grads = importance.mask_gradients(loss, params, cfg, batch)
+  eps = 1e-2
+  for layer in range(cfg.num_hidden_layers):
+    for pos in range(cfg.layer_heads(layer)):
+      def at(value):
+        masks = [jnp.ones((cfg.layer_heads(i),)) for i in range(cfg.num_hidden_layers)]
+        masks[layer] = masks[layer].at[pos].set(value)
+        return float(loss(pruning.with_head_masks(params, cfg, masks), batch))
+      fd = (at(1 + eps) - at(1 - eps)) / (2 * eps)
+      assert abs(float(grads[layer][pos]) - fd) < 2e-3 * max(1.0, abs(fd)), (layer, pos, fd)
+  # Scores by original head numbers, NaN where pruned, normalized per layer to unit l2 norm.
+  batches = [inputs(seed=s) for s in (2, 3)]
+  raw = importance.raw_importance(loss, params, cfg, batches)
+  assert np.isnan(raw[1, 2]) and not np.isnan(raw[1, 3])
+  by_hand = np.mean([np.abs(np.asarray(importance.mask_gradients(loss, params, cfg, b)[1]))
+                     for b in batches], axis=0)
+  np.testing.assert_allclose(raw[1, [0, 1, 3]], by_hand, rtol=1e-5)
+  norm = importance.head_importance(loss, params, cfg, batches)
+  np.testing.assert_allclose(np.nansum(norm ** 2, axis=-1), 1.0, rtol=1e-6)
+
+
+def _export(tmp_path, cfg, params, name="pruned"):
+  folder = folders.save_pruned(tmp_path / name, cfg, {"encoder": params}, None)
+  convert.convert_to_hf(folder, tmp_path / f"{name}_hf", log=lambda _: None)
+  return folder, tmp_path / f"{name}_hf"
+
+
+def test_importance_matches_torch_autograd_of_hf_head_mask(tmp_path):
+  """The same gradients from transformers' own head_mask, by PyTorch's autograd."""
+  params = random_params(Encoder(CFG), CFG)
+  _, hf_dir = _export(tmp_path, CFG, params)
+  model = T.BertModel.from_pretrained(hf_dir, attn_implementation="eager").eval()
+  batch, proj = inputs(), _projection()
+  ours = importance.mask_gradients(_encoder_loss(CFG, proj), params, CFG, batch)
+  ids, mask, types = (torch.tensor(np.asarray(x)) for x in batch)
+  head_mask = torch.ones(CFG.num_hidden_layers, CFG.num_attention_heads, requires_grad=True)
+  out = model(input_ids=ids, attention_mask=mask, token_type_ids=types, head_mask=head_mask)
+  loss = (torch.mean(torch.tanh(out.last_hidden_state) * torch.tensor(np.asarray(proj)))
+          + torch.mean(out.pooler_output ** 2))
+  loss.backward()
+  np.testing.assert_allclose(np.stack([np.asarray(g) for g in ours]), head_mask.grad.numpy(),
+                             atol=1e-6, rtol=1e-4)
+
+
+def test_pruned_model_exports_to_hf_and_back(tmp_path):
+  params = random_params(Encoder(CFG), CFG)
+  small, cfg = pruning.prune_heads(params, CFG, REMOVE)
+  folder, hf_dir = _export(tmp_path, cfg, small)
+  hf_config = json.loads((hf_dir / "config.json").read_text())
+  assert hf_config["pruned_heads"] == {"0": [1, 3], "2": [0]}
+  model = T.AutoModel.from_pretrained(hf_dir).eval()
+  assert model.encoder.layer[0].attention.self.query.weight.shape == (16, 32)
+  assert model.encoder.layer[2].attention.output.dense.weight.shape == (32, 24)
+  ids, mask, types = inputs()
+  with torch.no_grad():
+    theirs = model(input_ids=torch.tensor(np.asarray(ids)), attention_mask=torch.tensor(np.asarray(mask)),
+                   token_type_ids=torch.tensor(np.asarray(types)))
+  ours = Encoder(cfg).apply({"params": small}, ids, mask, types)
+  np.testing.assert_allclose(ours.last_hidden_state, theirs.last_hidden_state.numpy(), atol=1e-4)
+  np.testing.assert_allclose(ours.pooler_output, theirs.pooler_output.numpy(), atol=1e-4)
+  # And back: transformers' folder converts to the same pruned config and weights.
+  _, back, back_cfg = bertjax.from_hf(hf_dir)
+  assert back_cfg.pruned_heads == cfg.pruned_heads
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), back, small)
+
+
+def test_pruned_classifier_round_trips_through_orbax(tmp_path):
+  model = SequenceClassifier(CFG, 3)
+  params = random_params(model, CFG)
+  small, cfg = pruning.prune_heads(params, CFG, REMOVE)
+  small, cfg = pruning.remove_layers(small, cfg, [1])
+  folder = folders.save_pruned(tmp_path / "p", cfg, small, None)
+  cfg2, restored = folders.load_pruned(folder)
+  assert cfg2 == cfg and cfg2.pruned_heads == ((1, 3), (0,))
+  ids, mask, types = inputs()
+  want = SequenceClassifier(cfg, 3).apply({"params": small}, ids, mask, types)
+  got = SequenceClassifier(cfg2, 3).apply({"params": restored}, ids, mask, types)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  encoder, enc_params, enc_cfg = bertjax.load(folder)  # the encoder alone, task head left aside
+  assert enc_cfg.pruned_heads == cfg.pruned_heads
+  np.testing.assert_array_equal(
+      np.asarray(encoder.apply({"params": enc_params}, ids, mask, types).pooler_output),
+      np.asarray(Encoder(cfg).apply({"params": small["encoder"]}, ids, mask, types).pooler_output))
+
+
+@pytest.mark.parametrize("scope", ["global", "layer"])
+def test_magnitude_pruning_hits_the_target_exactly(scope):
+  params = random_params(SequenceClassifier(CFG, 2), CFG)
+  pruned = magnitude.magnitude_prune(params, 0.6, scope)
+  assert magnitude.sparsity_of(pruned) == pytest.approx(0.6, abs=1e-3)
+  flat = jax.tree_util.tree_leaves_with_path(pruned)
+  for path, x in flat:
+    name = jax.tree_util.keystr(path)
+    zeros = float(np.mean(np.asarray(x) == 0))
+    if "layer_" in name and name.endswith("['kernel']"):
+      if scope == "layer":
+        assert zeros == pytest.approx(0.6, abs=1 / x.size), name
+    else:  # embeddings, pooler, classifier, LayerNorm, biases: untouched
+      assert zeros == 0.0, name
+  # Global: the surviving weights are the largest ones overall.
+  if scope == "global":
+    kernels = [np.abs(np.asarray(x)).ravel() for p, x in flat
+               if "layer_" in jax.tree_util.keystr(p) and jax.tree_util.keystr(p).endswith("['kernel']")]
+    orig = [np.abs(np.asarray(x)).ravel() for p, x in jax.tree_util.tree_leaves_with_path(params)
+            if "layer_" in jax.tree_util.keystr(p) and jax.tree_util.keystr(p).endswith("['kernel']")]
+    kept, all_w = np.concatenate(kernels), np.concatenate(orig)
+    assert kept[kept > 0].min() >= np.sort(all_w)[int(round(0.6 * all_w.size)) - 1]
+
+
+@pytest.mark.parametrize("name", ["adamw", "lamb"])
+def test_keep_pruned_holds_zeros_bitwise_through_updates(name):
+  """Weight decay, Adam's moments and clipping run; masked weights stay exactly 0.0."""
+  config = load_config("configs/glue.py:task=sst2,runlocal", **{"optimizer.name": name,
+                       "optimizer.weight_decay": 0.1, "optimizer.keep_pruned": True,
+                       "total_steps": 20, "optimizer.warmup_steps": 0, "learning_rate": 0.05})
+  params = magnitude.magnitude_prune(random_params(SequenceClassifier(CFG, 2), CFG), 0.5)
+  zero = jax.tree.map(lambda x: np.asarray(x) == 0, params)
+  opt = optim.make_optimizer(config, params=params, num_layers=CFG.num_hidden_layers)
+  state = opt.init(params)
+  rng = np.random.RandomState(0)
+  for _ in range(8):
+    grads = jax.tree.map(lambda x: jnp.asarray(rng.randn(*np.shape(x)), jnp.float32), params)
+    updates, state = opt.update(grads, state, params)
+    params = optax.apply_updates(params, updates)
+  for z, x in zip(jax.tree.leaves(zero), jax.tree.leaves(params)):
+    x = np.asarray(x)
+    assert np.all(x[z] == 0.0) and np.all(np.signbit(x[z]) == False)  # noqa: E712 (bitwise +0.0)
+    assert np.all(x[~z] != 0.0)  # live weights moved and none froze at zero
+  assert magnitude.sparsity_of(params) == pytest.approx(0.5, abs=1e-3)
+  # Without the mask the same updates revive the pruned weights.
+  config.optimizer.keep_pruned = False
+  opt = optim.make_optimizer(config, params=params, num_layers=CFG.num_hidden_layers)
+  updates, _ = opt.update(grads, opt.init(params), params)
+  assert magnitude.sparsity_of(optax.apply_updates(params, updates)) < 0.01
