@@ -20,13 +20,16 @@ import torch
 import transformers as T
 
 import bertjax
-from bertjax import convert, optim
-from tests.helpers import load_config
+from bertjax import checkpoints, convert, optim, train
+from conftest import DATA_DIR
+from helpers import TINY, load_config, run_module
+from bertjax.data import tokenizers
 from bertjax.errors import UserError
 from bertjax.models import pruning
 from bertjax.models.classifiers import SequenceClassifier
 from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import Encoder, init_params
+from bertjax.prune import __main__ as prune_cli
 from bertjax.prune import folders, importance, magnitude, select
 
 CFG = ModelConfig(vocab_size=50, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
@@ -276,3 +279,95 @@ def test_keep_pruned_holds_zeros_bitwise_through_updates(name):
   opt = optim.make_optimizer(config, params=params, num_layers=CFG.num_hidden_layers)
   updates, _ = opt.update(grads, opt.init(params), params)
   assert magnitude.sparsity_of(optax.apply_updates(params, updates)) < 0.01
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+@pytest.fixture(scope="module")
+def finetuned(tmp_path_factory):
+  """A tiny SST-2 run (4 heads x 2 layers) on 64 sentences, its dev set cut to 48 rows."""
+  if not DATA_DIR.is_dir():
+    pytest.skip(f"shared data not found at {DATA_DIR}; set BERTJAX_DATA to its folder")
+  data_dir = DATA_DIR
+  tmp = tmp_path_factory.mktemp("prune")
+  glue_root = tmp / "glue" / "SST-2"
+  glue_root.mkdir(parents=True)
+  (glue_root / "train.tsv").symlink_to(data_dir / "glue" / "SST-2" / "train.tsv")
+  dev = (data_dir / "glue" / "SST-2" / "dev.tsv").read_text().splitlines()
+  (glue_root / "dev.tsv").write_text("\n".join(dev[:49]) + "\n")
+  train_lines = (data_dir / "glue" / "SST-2" / "train.tsv").read_text().splitlines()[1:2001]
+  tok = tmp / "tok"
+  tokenizers.train_sentencepiece([l.split("\t")[0] for l in train_lines], tok, vocab_size=400,
+                                 num_threads=1)
+  config = load_config("configs/glue.py:task=sst2,runlocal", **{
+      **TINY, "model.num_attention_heads": 4, "model.vocab_size": 400, "data.tokenizer": str(tok),
+      "data_dir": str(tmp / "glue"), "max_train_examples": 64, "num_epochs": 1.0,
+      "batch_size": 16, "max_seq_length": 32})
+  train.train_and_evaluate(config, tmp / "run")
+  return tmp / "run"
+
+
+def test_prune_heads_in_steps_with_fine_tuning(finetuned, tmp_path):
+  out = tmp_path / "out"
+  # Learning rate 0: the re-fine-tuning must then reproduce the pruned model's dev metric, which
+  # shows that init_from restored the pruned encoder and the classifier both.
+  rows = prune_cli.main(["--workdir", str(finetuned), "--output", str(out), "--target-heads", "0.5",
+                         "--steps", "2", "--finetune-steps", "2", "--override", "learning_rate=0.0"])
+  assert [r["heads"] for r in rows] == [8, 6, 4] and [r["layers"] for r in rows] == [2, 2, 2]
+  assert rows[2]["encoder_params"] < rows[0]["encoder_params"]
+  for r in rows[1:]:
+    assert r["dev_finetuned"] == pytest.approx(r["dev_pruned"], abs=1e-9)
+  cfg, params = folders.load_pruned(out / "step_2" / "pruned")
+  assert sum(len(h) for h in cfg.pruned_heads) == 4 and min(cfg.layer_heads(i) for i in range(2)) >= 1
+  tuned = checkpoints.restore_params(out / "step_2" / "finetuned")
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(a.shape, b.shape), tuned, params)
+  recorded = json.loads((out / "step_2" / "finetuned" / "config.json").read_text())
+  assert [len(h) for h in recorded["model"]["pruned_heads"]] == [len(h) for h in cfg.pruned_heads]
+  for name in ("pruning.md", "pruning.csv", "pruning.png", "summary.json"):
+    assert (out / name).stat().st_size > 0
+  assert "| 2 | 4 | 0.5000 |" in (out / "pruning.md").read_text()
+  # The pruned folder exports to Hugging Face with its pruned_heads.
+  convert.convert_to_hf(out / "step_2" / "pruned", tmp_path / "hf", log=lambda _: None)
+  hf = T.AutoModel.from_pretrained(tmp_path / "hf")
+  assert sum(len(v) for v in hf.config.pruned_heads.values()) == 4
+
+
+def test_prune_weights_keeps_the_mask_through_fine_tuning(finetuned, tmp_path):
+  out = tmp_path / "out"
+  rows = prune_cli.main(["--workdir", str(finetuned), "--output", str(out), "--target-sparsity",
+                         "0.5", "--sparsity-scope", "layer", "--finetune-steps", "4"])
+  assert rows[1]["sparsity"] == pytest.approx(0.5, abs=1e-3)
+  _, pruned = folders.load_pruned(out / "step_1" / "pruned")
+  tuned = checkpoints.restore_params(out / "step_1" / "finetuned")
+  recorded = json.loads((out / "step_1" / "finetuned" / "config.json").read_text())
+  assert recorded["optimizer"]["weight_decay"] > 0 and recorded["optimizer"]["keep_pruned"]
+  moved = 0
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(pruned), jax.tree.leaves(tuned)):
+    a, b = np.asarray(a), np.asarray(b)
+    np.testing.assert_array_equal(b[a == 0], 0.0, err_msg=jax.tree_util.keystr(path))
+    moved += int(np.sum(a != b))
+  assert moved > 0
+  assert magnitude.sparsity_of(tuned) == pytest.approx(0.5, abs=1e-3)
+
+
+def test_prune_layers(finetuned, tmp_path):
+  rows = prune_cli.main(["--workdir", str(finetuned), "--output", str(tmp_path / "o"),
+                         "--target-layers", "0.5"])
+  assert [r["layers"] for r in rows] == [2, 1] and rows[1]["heads"] == 4
+
+
+def test_prune_refuses_bad_requests(finetuned, tmp_path):
+  (tmp_path / "full").mkdir()
+  (tmp_path / "full" / "keep.txt").write_text("mine")
+  with pytest.raises(UserError, match="not empty"):
+    prune_cli.main(["--workdir", str(finetuned), "--output", str(tmp_path / "full"),
+                    "--target-heads", "0.5"])
+  assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
+  with pytest.raises(UserError, match="not both"):
+    prune_cli.main(["--workdir", str(finetuned), "--output", str(tmp_path / "o"),
+                    "--target-heads", "0.5", "--target-sparsity", "0.5"])
+  proc = run_module("-m", "bertjax.prune", "--workdir", str(tmp_path / "nothing"), "--output",
+                    str(tmp_path / "o2"), "--target-heads", "0.5")
+  assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
+  assert "error:" in proc.stderr and not (tmp_path / "o2").exists()
