@@ -20,7 +20,7 @@ import torch
 import transformers as T
 
 import bertjax
-from bertjax import checkpoints, convert, optim, train
+from bertjax import checkpoints, config_checks, convert, optim, train
 from conftest import DATA_DIR
 from helpers import TINY, load_config, run_module
 from bertjax.data import tokenizers
@@ -371,3 +371,14 @@ def test_prune_refuses_bad_requests(finetuned, tmp_path):
                     str(tmp_path / "o2"), "--target-heads", "0.5")
   assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
   assert "error:" in proc.stderr and not (tmp_path / "o2").exists()
+
+
+def test_mesh_check_counts_a_pruned_layers_heads():
+  """A tensor-parallel axis must divide every layer's head count, pruned ones included."""
+  config = load_config("configs/glue.py:task=sst2,runlocal", **{"mesh_shape": (1, 1, 2)})
+  pruned = CFG.replace(pruned_heads=((1,), (), ()))
+  class Mesh2:  # the check reads only the mesh's shape
+    shape = {"data": 1, "fsdp": 1, "tensor": 2}
+  config_checks.check_mesh(config, CFG, Mesh2())
+  with pytest.raises(UserError, match=r"pruned_heads\[0\] \(leaving 3 heads\)=3 is not divisible by 2"):
+    config_checks.check_mesh(config, pruned, Mesh2())
