@@ -316,6 +316,12 @@ def test_prune_heads_in_steps_with_fine_tuning(finetuned, tmp_path):
                          "--steps", "2", "--finetune-steps", "2", "--override", "learning_rate=0.0"])
   assert [r["heads"] for r in rows] == [8, 6, 4] and [r["layers"] for r in rows] == [2, 2, 2]
   assert rows[2]["encoder_params"] < rows[0]["encoder_params"]
+  # Step 1 removed the two heads with the lowest normalized scores over both layers.
+  scores = np.asarray(rows[1]["removed"]["importance"])
+  assert np.all(scores > 0) and len(np.unique(scores)) == scores.size
+  lowest = sorted((scores[i, h], i, h) for i in range(2) for h in range(4))[:2]
+  removed = {(int(i), h) for i, hs in rows[1]["removed"]["heads"].items() for h in hs}
+  assert removed == {(i, h) for _, i, h in lowest}
   for r in rows[1:]:
     assert r["dev_finetuned"] == pytest.approx(r["dev_pruned"], abs=1e-9)
   cfg, params = folders.load_pruned(out / "step_2" / "pruned")

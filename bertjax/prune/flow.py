@@ -77,8 +77,11 @@ def _row(j: int, cfg: ModelConfig, original: ModelConfig, params, pruned: dict, 
 
 def _structured_step(s: Session, plan: Plan, j: int, cfg: ModelConfig, params, original):
   """Removes this step's layers and heads; (params, config, what was removed)."""
-  raw = importance.raw_importance(s.loss_fn(cfg), params, cfg, s.data.eval_batches())
-  removed: dict[str, Any] = {}
+  raw = importance.raw_importance(s.loss_fn(cfg), params, cfg, s.batches)
+  if not np.nansum(raw) > 0:
+    fail("every head's importance is zero: the task's loss on the scoring batches is zero "
+         "(no labels?); this task cannot be pruned by importance")
+  removed: dict[str, Any] = {"importance": np.round(importance.normalize_per_layer(raw), 6).tolist()}
   layers_goal = int(round(original.num_hidden_layers * (1 - (1 - plan.target_layers) * j / plan.steps)))
   if cfg.num_hidden_layers > layers_goal:
     drop = select.layers_to_remove(raw, cfg, cfg.num_hidden_layers - layers_goal)
@@ -101,6 +104,8 @@ def run(s: Session, plan: Plan, params, tokenizer: pathlib.Path | None, override
   original = cfg = s.model_config()
   if plan.structured and cfg.scan_layers:
     fail("pruning heads needs unrolled layers; the run was trained with model.scan_layers=True")
+  if plan.structured:
+    s.batches = s.importance_batches()
   base = s.evaluate(cfg, params, s.out / "step_0")
   rows = [_row(0, cfg, original, params, base, base, s.metric, None)]
   log(f"step 0: {pruning.count_heads(cfg)} heads, dev {s.metric} {base[s.metric]:.4f}")

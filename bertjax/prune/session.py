@@ -14,11 +14,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from bertjax import checkpoints, config_lib, sharding, train
 from bertjax.errors import fail, read_text
 from bertjax.models.config import ModelConfig
 from bertjax.registry import get_objective
+from bertjax.tasks.base import padded_batches
 
 
 def _tuples(value: Any) -> Any:
@@ -54,6 +56,7 @@ class Session:
   data: Any
   out: pathlib.Path
   metric: str
+  batches: list | None = None  # what head importance is scored on (importance_batches)
 
   @classmethod
   def open(cls, workdir: str | pathlib.Path, out: pathlib.Path, metric: str | None):
@@ -84,6 +87,25 @@ class Session:
       fail(f"--metric {self.metric} is not a dev metric of this task; choose one of "
            f"{', '.join(sorted(metrics))}")
     return metrics
+
+  def importance_batches(self) -> list[dict[str, np.ndarray]]:
+    """Labelled dev batches for the importance scores: the dev rows with the gold labels their
+    evaluation keeps on the host (GLUE). A task whose dev rows have no such labels (SQuAD,
+    CoNLL) is scored on as many training batches instead, which is said."""
+    spec = self.objective.feature_spec(self.config.max_seq_length)
+    size = int(self.config.get("eval_batch_size", 0) or self.config.batch_size)
+    sets = self.objective.eval_sets
+    if "label" in spec and all("labels" in e.meta for e in sets):
+      out = []
+      for e in sets:
+        arrays = {**e.arrays, "label": np.asarray(e.meta["labels"], spec["label"][1])}
+        out += [batch for batch, _ in padded_batches(arrays, size)]
+      return out
+    rows = sum(e.num_rows for e in sets)
+    count = max(1, -(-rows // self.config.batch_size))
+    print(f"{self.objective.name}: the dev rows carry no labels for the loss; scoring heads on "
+          f"{count} training batches instead", flush=True)
+    return [next(self.data.train) for _ in range(count)]
 
   def loss_fn(self, cfg: ModelConfig):
     """(params, host batch) -> the task's deterministic dev loss (what importance differentiates)."""

@@ -32,7 +32,9 @@ def markdown(rows: Sequence[dict], metric: str, command: str) -> str:
   lines += ["| " + " | ".join(_fmt(r[c]) for c in COLUMNS) + " |" for r in rows]
   lines += ["", "dev_pruned: right after pruning; dev_finetuned: after the brief fine-tuning "
             "that follows (step 0: the model as given). Removed per step:", ""]
-  lines += [f"- step {r['step']}: {json.dumps(r['removed'])}" for r in rows if r["removed"]]
+  lines += [f"- step {r['step']}: " + json.dumps({k: v for k, v in r["removed"].items()
+                                                   if k != "importance"})
+            for r in rows if r["removed"]]
   return "\n".join(lines) + "\n"
 
 
