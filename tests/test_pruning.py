@@ -317,7 +317,8 @@ def test_prune_heads_in_steps_with_fine_tuning(finetuned, tmp_path):
   assert [r["heads"] for r in rows] == [8, 6, 4] and [r["layers"] for r in rows] == [2, 2, 2]
   assert rows[2]["encoder_params"] < rows[0]["encoder_params"]
   # Step 1 removed the two heads with the lowest normalized scores over both layers.
-  scores = np.asarray(rows[1]["removed"]["importance"])
+  scores = np.asarray(rows[1]["removed"]["scores"])
+  assert rows[1]["removed"]["ranking"] == "importance"
   assert np.all(scores > 0) and len(np.unique(scores)) == scores.size
   lowest = sorted((scores[i, h], i, h) for i in range(2) for h in range(4))[:2]
   removed = {(int(i), h) for i, hs in rows[1]["removed"]["heads"].items() for h in hs}
@@ -361,6 +362,15 @@ def test_prune_layers(finetuned, tmp_path):
   rows = prune_cli.main(["--workdir", str(finetuned), "--output", str(tmp_path / "o"),
                          "--target-layers", "0.5"])
   assert [r["layers"] for r in rows] == [2, 1] and rows[1]["heads"] == 4
+
+
+def test_prune_random_ranking_control(finetuned, tmp_path):
+  rows = [prune_cli.main(["--workdir", str(finetuned), "--output", str(tmp_path / f"o{i}"),
+                          "--target-heads", "0.5", "--ranking", "random", "--seed", str(seed)])
+          for i, seed in enumerate((0, 0, 1))]
+  assert [r[1]["heads"] for r in rows] == [4, 4, 4]
+  assert rows[0][1]["removed"]["ranking"] == "random"
+  assert rows[0][1]["removed"] == rows[1][1]["removed"]  # the seed decides
 
 
 def test_prune_refuses_bad_requests(finetuned, tmp_path):

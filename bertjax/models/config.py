@@ -154,7 +154,10 @@ class ModelConfig:
     return dataclasses.replace(self, **kwargs)
 
   def to_dict(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)
+    """The fields as JSON holds them (pruned_heads as lists)."""
+    d = dataclasses.asdict(self)
+    d["pruned_heads"] = [list(layer) for layer in self.pruned_heads]
+    return d
 
   @classmethod
   def from_dict(cls, d: Mapping[str, Any]) -> "ModelConfig":

@@ -38,6 +38,9 @@ def _parser() -> ArgumentParser:
   p.add_argument("--sparsity-scope", choices=magnitude.SCOPES, default="global")
   p.add_argument("--steps", type=int, default=1, help="prune in this many equal steps")
   p.add_argument("--finetune-steps", type=int, default=0, help="fine-tuning steps after each")
+  p.add_argument("--ranking", choices=flow.RANKINGS, default="importance",
+                 help="which heads/layers go first: Michel et al.'s importance, or random (a control)")
+  p.add_argument("--seed", type=int, default=0, help="the random ranking's seed")
   p.add_argument("--metric", default=None, help="dev metric to report (default: the run's best_metric)")
   p.add_argument("--override", action="append", default=[], help="key=value for the fine-tuning")
   return p
@@ -47,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   argv = list(sys.argv[1:] if argv is None else argv)
   args = _parser().parse_args(argv)
   plan = flow.Plan(args.target_heads, args.target_layers, args.target_sparsity,
-                   args.sparsity_scope, args.steps, args.finetune_steps)
+                   args.sparsity_scope, args.steps, args.finetune_steps, args.ranking, args.seed)
   plan.check()
   out = pathlib.Path(args.output).absolute()
   if out.exists() and any(out.iterdir()):

@@ -26,6 +26,9 @@ from bertjax.prune import folders, importance, magnitude, select
 from bertjax.prune.session import Session
 
 
+RANKINGS = ("importance", "random")
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
   """What to prune to: fractions kept (heads, layers), sparsity, in `steps` steps."""
@@ -35,6 +38,8 @@ class Plan:
   sparsity_scope: str = "global"
   steps: int = 1
   finetune_steps: int = 0
+  ranking: str = "importance"  # "random": heads and layers drawn at random (a control)
+  seed: int = 0
 
   def check(self) -> None:
     if not 0.0 < self.target_heads <= 1.0:
@@ -43,6 +48,8 @@ class Plan:
       fail(f"--target-layers {self.target_layers} must be a fraction of layers kept in (0, 1]")
     if not 0.0 <= self.target_sparsity < 1.0:
       fail(f"--target-sparsity {self.target_sparsity} must be in [0, 1)")
+    if self.ranking not in RANKINGS:
+      fail(f"unknown ranking {self.ranking!r}; use one of {', '.join(RANKINGS)}")
     if self.steps < 1 or self.finetune_steps < 0:
       fail("--steps must be >= 1 and --finetune-steps >= 0")
     if self.structured and self.target_sparsity > 0:
@@ -77,11 +84,18 @@ def _row(j: int, cfg: ModelConfig, original: ModelConfig, params, pruned: dict, 
 
 def _structured_step(s: Session, plan: Plan, j: int, cfg: ModelConfig, params, original):
   """Removes this step's layers and heads; (params, config, what was removed)."""
-  raw = importance.raw_importance(s.loss_fn(cfg), params, cfg, s.batches)
+  if plan.ranking == "random":  # the control: same schedule, scores drawn uniformly
+    raw = np.random.default_rng([plan.seed, j]).random((cfg.num_hidden_layers,
+                                                        cfg.num_attention_heads))
+    raw[[[h not in cfg.kept_heads(i) for h in range(cfg.num_attention_heads)]
+         for i in range(cfg.num_hidden_layers)]] = np.nan
+  else:
+    raw = importance.raw_importance(s.loss_fn(cfg), params, cfg, s.batches)
   if not np.nansum(raw) > 0:
     fail("every head's importance is zero: the task's loss on the scoring batches is zero "
          "(no labels?); this task cannot be pruned by importance")
-  removed: dict[str, Any] = {"importance": np.round(importance.normalize_per_layer(raw), 6).tolist()}
+  removed: dict[str, Any] = {"ranking": plan.ranking,
+                             "scores": np.round(importance.normalize_per_layer(raw), 6).tolist()}
   layers_goal = int(round(original.num_hidden_layers * (1 - (1 - plan.target_layers) * j / plan.steps)))
   if cfg.num_hidden_layers > layers_goal:
     drop = select.layers_to_remove(raw, cfg, cfg.num_hidden_layers - layers_goal)
@@ -104,7 +118,7 @@ def run(s: Session, plan: Plan, params, tokenizer: pathlib.Path | None, override
   original = cfg = s.model_config()
   if plan.structured and cfg.scan_layers:
     fail("pruning heads needs unrolled layers; the run was trained with model.scan_layers=True")
-  if plan.structured:
+  if plan.structured and plan.ranking == "importance":
     s.batches = s.importance_batches()
   base = s.evaluate(cfg, params, s.out / "step_0")
   rows = [_row(0, cfg, original, params, base, base, s.metric, None)]

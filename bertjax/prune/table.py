@@ -33,7 +33,7 @@ def markdown(rows: Sequence[dict], metric: str, command: str) -> str:
   lines += ["", "dev_pruned: right after pruning; dev_finetuned: after the brief fine-tuning "
             "that follows (step 0: the model as given). Removed per step:", ""]
   lines += [f"- step {r['step']}: " + json.dumps({k: v for k, v in r["removed"].items()
-                                                   if k != "importance"})
+                                                   if k != "scores"})
             for r in rows if r["removed"]]
   return "\n".join(lines) + "\n"
 
