@@ -8,6 +8,7 @@ fine-tuning recipe). The learning rate is injected as a hyperparameter so it can
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, NamedTuple
 
@@ -63,6 +64,19 @@ def prunable(params):
 class KeepZerosState(NamedTuple):
   count: jax.Array  # <int32>[]: updates so far
   live: Any         # <bool> tree like the params: False where a pruned weight must stay zero
+  size: jax.Array   # <int32>[]: weights in the selected tensors
+
+
+def held_sparsity(opt_state) -> jax.Array | None:
+  """The fraction of the selected weights `keep_pruned_zeros` holds at zero (None: no such
+  link in this optimizer), read from its state after an update."""
+  found = [s for s in jax.tree_util.tree_leaves(opt_state, is_leaf=lambda x: isinstance(
+      x, KeepZerosState)) if isinstance(s, KeepZerosState)]
+  if not found:
+    return None
+  s = found[0]
+  dead = sum(jnp.sum(~m) for m in jax.tree.leaves(s.live))
+  return dead.astype(jnp.float32) / jnp.maximum(s.size, 1).astype(jnp.float32)
 
 
 def keep_pruned_zeros(selected) -> optax.GradientTransformation:
@@ -72,8 +86,11 @@ def keep_pruned_zeros(selected) -> optax.GradientTransformation:
   Adam's moments act before it, so whatever they hold, a masked weight gets a zero update. The
   mask lives in the optimizer state: a resumed run keeps it."""
   def init(params):
+    size = sum(math.prod(jnp.shape(p)) for p, s in zip(jax.tree.leaves(params),
+                                                       jax.tree.leaves(selected)) if s)
     return KeepZerosState(jnp.zeros((), jnp.int32),
-                          jax.tree.map(lambda p: jnp.ones(jnp.shape(p), bool), params))
+                          jax.tree.map(lambda p: jnp.ones(jnp.shape(p), bool), params),
+                          jnp.asarray(size, jnp.int32))
 
   def update(updates, state, params=None):
     if params is None:
@@ -82,7 +99,7 @@ def keep_pruned_zeros(selected) -> optax.GradientTransformation:
     live = jax.tree.map(lambda s, p, m: jnp.where(first, p != 0, m) if s else m,
                         selected, params, state.live)
     updates = jax.tree.map(lambda u, m: jnp.where(m, u, jnp.zeros_like(u)), updates, live)
-    return updates, KeepZerosState(state.count + 1, live)
+    return updates, KeepZerosState(state.count + 1, live, state.size)
 
   return optax.GradientTransformation(init, update)
 

@@ -274,6 +274,7 @@ def test_keep_pruned_holds_zeros_bitwise_through_updates(name):
     assert np.all(x[z] == 0.0) and np.all(np.signbit(x[z]) == False)  # noqa: E712 (bitwise +0.0)
     assert np.all(x[~z] != 0.0)  # live weights moved and none froze at zero
   assert magnitude.sparsity_of(params) == pytest.approx(0.5, abs=1e-3)
+  assert float(optim.held_sparsity(state)) == pytest.approx(magnitude.sparsity_of(params))
   # Without the mask the same updates revive the pruned weights.
   config.optimizer.keep_pruned = False
   opt = optim.make_optimizer(config, params=params, num_layers=CFG.num_hidden_layers)
@@ -356,6 +357,10 @@ def test_prune_weights_keeps_the_mask_through_fine_tuning(finetuned, tmp_path):
     moved += int(np.sum(a != b))
   assert moved > 0
   assert magnitude.sparsity_of(tuned) == pytest.approx(0.5, abs=1e-3)
+  # The run reports the sparsity it holds: in metrics.jsonl and summary.json.
+  summary = json.loads((out / "step_1" / "finetuned" / "summary.json").read_text())
+  assert summary["last_train"]["sparsity"] == pytest.approx(0.5, abs=1e-3)
+  assert rows[1]["sparsity"] == pytest.approx(magnitude.sparsity_of(tuned))
 
 
 def test_prune_layers(finetuned, tmp_path):
