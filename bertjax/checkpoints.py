@@ -13,7 +13,6 @@ import asyncio
 import json
 import logging
 import pathlib
-import shutil
 import time
 from typing import Any
 
@@ -23,14 +22,15 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint._src import asyncio_utils
 
+from bertjax import paths
 from bertjax.errors import UserError, fail, read_text
 
 
 class Checkpointer:
-  """Saves and restores {state, data} items under `workdir/checkpoints`."""
+  """Saves and restores {state, data} items under `workdir/checkpoints` (local or remote)."""
 
   def __init__(self, directory: str | pathlib.Path, *, keep: int = 3, async_save: bool = True):
-    self.directory = pathlib.Path(directory).absolute()
+    self.directory = paths.absolute(directory)
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            enable_async_checkpointing=async_save)
     self.manager = ocp.CheckpointManager(
@@ -175,12 +175,12 @@ def _is_structure_mismatch(e: Exception) -> bool:
 
 def restore_params(path: str | pathlib.Path) -> dict:
   """Parameters (a plain nested dict of numpy arrays) from a converted folder or a training workdir."""
-  path = pathlib.Path(path)
+  path = paths.as_path(path)
   if (path / "params").is_dir():
-    return ocp.StandardCheckpointer().restore((path / "params").absolute())
+    return ocp.StandardCheckpointer().restore(paths.absolute(path / "params"))
   ckpt_dir = path / "checkpoints"
   if ckpt_dir.is_dir():
-    manager = ocp.CheckpointManager(ckpt_dir.absolute(), item_names=("state", "data"))
+    manager = ocp.CheckpointManager(paths.absolute(ckpt_dir), item_names=("state", "data"))
     for step in reversed(sorted(manager.all_steps())):
       try:
         restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
@@ -250,8 +250,8 @@ def load_init_from(state, path: str, shardings) -> tuple[Any, str]:
 class BestKeeper:
   """Keeps the parameters of the best evaluation so far in WORKDIR/best (when a metric is named)."""
 
-  def __init__(self, workdir: pathlib.Path, metric: str, mode: str):
-    self.dir = workdir / "best"
+  def __init__(self, workdir: paths.Path, metric: str, mode: str):
+    self.dir = paths.as_path(workdir) / "best"
     self.metric, self.mode = metric, mode
     if mode not in ("max", "min"):
       fail(f"best_mode={mode!r} must be max or min")
@@ -270,10 +270,10 @@ class BestKeeper:
       return
     # Write beside, then swap: the previous best survives until the new one is complete.
     tmp = self.dir.with_name("best.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    paths.rmtree(tmp)
     tmp.mkdir(parents=True)
     checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save((tmp / "params").absolute(), jax.device_get(params))
+    checkpointer.save(paths.absolute(tmp / "params"), jax.device_get(params))
     checkpointer.wait_until_finished()
     (tmp / "best.json").write_text(json.dumps({"step": step, "metric": self.metric, "value": value,
                                                "metrics": metrics}))
@@ -281,5 +281,5 @@ class BestKeeper:
     if self.dir.exists():
       self.dir.rename(old)
     tmp.rename(self.dir)
-    shutil.rmtree(old, ignore_errors=True)
+    paths.rmtree(old)
     self.value = value

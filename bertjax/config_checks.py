@@ -16,6 +16,7 @@ names `setting=value`, what it must be and the fix (`errors.fail`: exit status 2
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import os
 import pathlib
@@ -23,7 +24,7 @@ from typing import Any
 
 import jax
 
-from bertjax import optim, sharding
+from bertjax import optim, paths, sharding
 from bertjax.data import tokenizers
 from bertjax.errors import fail
 
@@ -163,7 +164,11 @@ def check_ranges(config) -> None:
 
 
 def check_workdir(workdir) -> None:
-  """The workdir is a folder, or can be made one (no file in the way, a writable parent)."""
+  """The workdir is a folder, or can be made one (no file in the way, a writable parent); a
+  remote one (gs://...) is reachable and not a file."""
+  if paths.is_remote(workdir):
+    _check_remote_workdir(workdir)
+    return
   path = pathlib.Path(workdir)
   if path.exists():
     if not path.is_dir():
@@ -181,6 +186,37 @@ def check_workdir(workdir) -> None:
         fail(f"workdir {path} cannot be created: {parent} is not writable; fix: pass a "
              "--workdir you can write to")
       return
+
+
+# orbax asks it about a gs:// bucket's layout when it lists checkpoints.
+GCS_CLIENT = "google.cloud.storage"
+
+
+def _has_module(name: str) -> bool:
+  try:
+    return importlib.util.find_spec(name) is not None
+  except ModuleNotFoundError:  # a parent package is missing
+    return False
+
+
+def _check_remote_workdir(workdir) -> None:
+  path = paths.as_path(workdir)
+  if os.fspath(workdir).startswith("gs://") and not _has_module(GCS_CLIENT):
+    fail(f"workdir {workdir}: orbax needs google-cloud-storage for gs:// checkpoints; fix: pip "
+         "install google-cloud-storage gcsfs (experiments/README.md), or pass a local --workdir")
+  try:
+    is_file = path.exists() and not path.is_dir()
+  except ImportError as e:  # fsspec names the package its scheme needs (gcsfs for gs://)
+    fail(f"workdir {workdir} cannot be reached ({e}); fix: install that package, or pass a local "
+         "--workdir")
+  except NotImplementedError as e:  # a scheme epath does not know
+    fail(f"workdir {workdir}: {e}; fix: use gs://, s3://, az:// or a local --workdir")
+  except OSError as e:
+    fail(f"workdir {workdir} cannot be reached ({type(e).__name__}: {e}); fix: check the bucket "
+         "name and your credentials, or pass a local --workdir")
+  if is_file:
+    fail(f"workdir {workdir} is a file, not a folder; fix: pass a folder to --workdir (new, or a "
+         "run's workdir to resume it)")
 
 
 def check_init_from(config) -> None:
@@ -368,7 +404,7 @@ def check_corpus_tokenizer(config, objective, workdir) -> None:
   folder = _init_from_tokenizer(config)
   if (folder is None or objective.data_kind == "task" or config.data.synthetic
       or config.get("data_dir") or workdir is None
-      or (pathlib.Path(workdir) / "prepared" / "meta.json").exists()):
+      or (paths.as_path(workdir) / "prepared" / "meta.json").exists()):
     return
   if not config.data.tokenizer:
     fail(f"init_from={config.init_from} was trained with its own tokenizer, but a new one would be "
@@ -388,7 +424,7 @@ def _data_source(config, objective, workdir) -> tuple[str, str]:
     return (f"the corpus prepared in data_dir={config.data_dir}",
             f"prepare the corpus with it (python -m bertjax.data.prepare --tokenizer {folder}) "
             "and point --config.data_dir there")
-  prepared = pathlib.Path(workdir or ".") / "prepared"
+  prepared = paths.as_path(workdir or ".") / "prepared"
   return (f"the corpus prepared in {prepared}",
           f"--config.data.tokenizer={folder} and a new --workdir ({prepared} holds the corpus "
           "tokenized the other way)")

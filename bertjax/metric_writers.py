@@ -1,18 +1,24 @@
 """Where metrics go: metrics.jsonl, TensorBoard event files, and a live console progress line.
 
 Only process 0 writes. Each logging event is one JSON object with at least `step` and `split`.
+The workdir may be remote (gs://...; bertjax/paths.py): metrics.jsonl is then rewritten whole at
+each logging event (an object cannot be appended to), and TensorBoard's event files, which
+tensorboardX writes to local files, are written in a local folder and copied to
+WORKDIR/tensorboard at each flush.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import pathlib
 import sys
+import tempfile
 import time
 
 import jax
+
+from bertjax import paths
 
 
 class MetricWriter:
@@ -21,14 +27,19 @@ class MetricWriter:
                tensorboard: bool = True):
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
     self.total_steps = total_steps
-    self.path = pathlib.Path(workdir) / "metrics.jsonl"
+    self.path = paths.as_path(workdir) / "metrics.jsonl"
     self._tb = None
+    self._tb_remote, self._tb_local = None, None
     self._start = time.time()
     self._start_step: int | None = None
     if self.enabled and tensorboard:
       # Imported only when used: 1.3 s and 190 MB a run without TensorBoard does not pay.
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self._tb = SummaryWriter(str(pathlib.Path(workdir) / "tensorboard"))
+      logdir = paths.as_path(workdir) / "tensorboard"
+      if paths.is_remote(logdir):
+        self._tb_remote, self._tb_local = logdir, tempfile.TemporaryDirectory(prefix="bertjax-tb-")
+        logdir = self._tb_local.name
+      self._tb = SummaryWriter(str(logdir))
     self._tty = sys.stderr.isatty()
 
   def resume_at(self, step: int) -> list[dict]:
@@ -48,9 +59,7 @@ class MetricWriter:
         kept_lines.append(line)
         rows.append(row)
     if self.enabled and len(kept_lines) < len(lines):  # rewritten only when a row goes
-      tmp = self.path.with_name(self.path.name + ".tmp")
-      tmp.write_text("".join(l + "\n" for l in kept_lines), encoding="utf-8")
-      os.replace(tmp, self.path)
+      paths.replace_text(self.path, "".join(l + "\n" for l in kept_lines))
     return rows
 
   def write(self, step: int, split: str, metrics: dict[str, float]) -> None:
@@ -58,13 +67,13 @@ class MetricWriter:
       return
     record = {"step": int(step), "split": split}
     record.update({k: _clean(v) for k, v in metrics.items()})
-    with self.path.open("a") as f:
-      f.write(json.dumps(record) + "\n")
+    paths.append_text(self.path, json.dumps(record) + "\n")
     if self._tb is not None:
       for k, v in metrics.items():
         if isinstance(v, (int, float)) and math.isfinite(v):
           self._tb.add_scalar(f"{split}/{k}", v, step)
       self._tb.flush()
+      self._copy_tensorboard()
     self.progress(step, split, metrics)
 
   def progress(self, step: int, split: str, metrics: dict[str, float]) -> None:
@@ -95,6 +104,13 @@ class MetricWriter:
       print(file=sys.stderr)
     if self._tb is not None:
       self._tb.close()
+      self._copy_tensorboard()
+      if self._tb_local is not None:
+        self._tb_local.cleanup()
+
+  def _copy_tensorboard(self) -> None:
+    if self._tb_remote is not None:
+      paths.upload(pathlib.Path(self._tb_local.name), self._tb_remote)
 
 
 def _clean(v):
@@ -113,7 +129,7 @@ def _fmt_time(seconds: float) -> str:
 
 
 def read_metrics(workdir: str | pathlib.Path) -> list[dict]:
-  path = pathlib.Path(workdir) / "metrics.jsonl"
+  path = paths.as_path(workdir) / "metrics.jsonl"
   if not path.exists():
     return []
   return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

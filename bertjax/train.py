@@ -26,7 +26,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from bertjax import (checkpoints, config_checks, divergence, optim, prefetch, sharding,
+from bertjax import (checkpoints, config_checks, divergence, optim, paths, prefetch, sharding,
                      workdir as workdir_lib)
 from bertjax.metric_writers import MetricWriter
 from bertjax.models.config import ModelConfig
@@ -148,7 +148,7 @@ class EvalContext:
   """What an objective's `evaluate` may use: the mesh, a jitted metric step and the eval batches."""
   mesh: Any
   rules: Any
-  workdir: pathlib.Path
+  workdir: paths.Path
   step: int
   total_steps: int
   eval_step: Callable      # (params, sharded batch) -> (numerator, denominator) metric sums
@@ -270,12 +270,13 @@ def _resolved(config, model_cfg: ModelConfig | None) -> dict:
   return {**resolved, "model": model_cfg.to_dict()} if model_cfg else resolved
 
 
-def _write_run_files(config, workdir: pathlib.Path, model_cfg: ModelConfig, data) -> None:
+def _write_run_files(config, workdir: paths.Path, model_cfg: ModelConfig, data) -> None:
   """config.json (`_resolved`) and the tokenizer."""
   resolved = _resolved(config, model_cfg)
   (workdir / "config.json").write_text(json.dumps(resolved, indent=2, sort_keys=True, default=str))
   if data.tokenizer is not None and jax.process_index() == 0 and not (workdir / "tokenizer").exists():
-    data.tokenizer.save(workdir / "tokenizer")
+    with paths.writing(workdir / "tokenizer") as folder:
+      data.tokenizer.save(folder)
 
 
 @dataclasses.dataclass
@@ -367,7 +368,7 @@ def _train_loop(config, s: Setup, state: TrainState, data, ckpt, writer: MetricW
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns a summary.
   One run at a time holds the workdir (bertjax/workdir.py)."""
-  workdir = pathlib.Path(workdir)
+  workdir = paths.as_path(workdir)
   # Settings are checked before anything is created, prepared, trained or written.
   config_checks.check_settings(config, workdir)
   objective = get_objective(config)
@@ -379,7 +380,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     return _train_and_evaluate(config, workdir, objective, mesh, model_cfg)
 
 
-def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path, objective,
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.Path, objective,
                         mesh, model_cfg: ModelConfig) -> dict:
   # A resumed run's settings against its config.json, before anything is prepared or written;
   # the schedule again once the inputs have derived it.

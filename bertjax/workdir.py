@@ -4,6 +4,10 @@
   workdir and removed when it ends. A second run is refused while the holder lives; a lock whose
   process is gone (killed, on this host) is taken over with a warning. On another host nothing can
   be checked: the run is refused, and the message says to delete the file if that run is gone.
+  The workdir may be remote (gs://...; bertjax/paths.py): the same rules hold, since the pid is
+  checked only on the host the lock names. An object store offers no exclusive create through
+  fsspec, so there the lock is written, then read back (ours: taken); two runs starting within
+  that round trip could both proceed: start one run per workdir.
 - WORKDIR/config.json is the record of the run. A resumed run compares its resolved config with
   it key by key: cadence and placement settings (`CADENCE`, `PLACEMENT`) and a longer
   `total_steps` may change; any other change is refused with the list of changed keys, unless
@@ -28,6 +32,7 @@ from typing import Any, Iterator
 from flax import traverse_util
 import jax
 
+from bertjax import paths
 from bertjax.errors import fail, read_text
 
 LOCK = "lock"
@@ -54,12 +59,12 @@ _held: set[str] = set()  # the locks this process holds (a pid of ours in a lock
 
 
 @contextlib.contextmanager
-def locked(workdir: pathlib.Path) -> Iterator[None]:
+def locked(workdir: paths.Path) -> Iterator[None]:
   """Holds WORKDIR/lock for the duration (process 0 of a multi-host run only)."""
   if jax.process_index() != 0:
     yield
     return
-  path = pathlib.Path(workdir) / LOCK
+  path = paths.as_path(workdir) / LOCK
   mine = _acquire(path)
   try:
     yield
@@ -67,9 +72,11 @@ def locked(workdir: pathlib.Path) -> Iterator[None]:
     _release(path, mine)
 
 
-def _acquire(path: pathlib.Path) -> str:
+def _acquire(path: paths.Path) -> str:
   mine = json.dumps({"pid": os.getpid(), "hostname": socket.gethostname(),
                      "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")})
+  if paths.is_remote(path):
+    return _acquire_remote(path, mine)
   for _ in range(10):
     try:
       fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -80,19 +87,36 @@ def _acquire(path: pathlib.Path) -> str:
       continue
     with os.fdopen(fd, "w") as f:
       f.write(mine)
-    _held.add(str(path.absolute()))
+    _held.add(str(paths.absolute(path)))
     return mine
   fail(f"could not take {path}: other runs keep taking it; start one run per --workdir")
 
 
-def _release(path: pathlib.Path, mine: str) -> None:
-  _held.discard(str(path.absolute()))
+def _acquire_remote(path: paths.Path, mine: str) -> str:
+  """`_acquire` on an object store: write, then read back (no exclusive create there)."""
+  for _ in range(10):
+    text = _read_lock(path) if path.exists() else None
+    if text is not None:
+      _refuse_unless_stale(path, text)
+      if _read_lock(path) == text:  # unchanged since read: still the dead run's
+        path.unlink(missing_ok=True)
+        _warn_taken_over(path, text)
+      continue
+    path.write_text(mine)
+    if _read_lock(path) == mine:
+      _held.add(str(paths.absolute(path)))
+      return mine
+  fail(f"could not take {path}: other runs keep taking it; start one run per --workdir")
+
+
+def _release(path: paths.Path, mine: str) -> None:
+  _held.discard(str(paths.absolute(path)))
   with contextlib.suppress(FileNotFoundError):
     if path.read_text() == mine:  # never another run's lock
       path.unlink()
 
 
-def _read_lock(path: pathlib.Path) -> str | None:
+def _read_lock(path: paths.Path) -> str | None:
   """The lock's text (None: it is gone). A lock just created may not be written yet: wait."""
   for _ in range(20):
     try:
@@ -107,7 +131,7 @@ def _read_lock(path: pathlib.Path) -> str | None:
   fail(f"{path} is not a lock this program wrote; delete it if no run uses {path.parent}")
 
 
-def _refuse_unless_stale(path: pathlib.Path, text: str) -> bool:
+def _refuse_unless_stale(path: paths.Path, text: str) -> bool:
   """True when the lock's process is gone (this host); else a one-line refusal."""
   holder = json.loads(text)
   pid, host, since = holder.get("pid"), holder.get("hostname"), holder.get("started")
@@ -115,7 +139,7 @@ def _refuse_unless_stale(path: pathlib.Path, text: str) -> bool:
   if host != socket.gethostname():
     fail(f"{in_use}; it cannot be checked from {socket.gethostname()}: wait for it, use another "
          f"--workdir, or delete {path} if that run is gone")
-  if _alive(int(pid), since, str(path.absolute())):
+  if _alive(int(pid), since, str(paths.absolute(path))):
     fail(f"{in_use}; wait for it or use another --workdir")
   return True
 
@@ -148,7 +172,7 @@ def _gone_or_reused(pid: int, since: str) -> bool:
   return fields[0] == "Z" or started > locked_at + 3
 
 
-def _take_over(path: pathlib.Path, text: str) -> None:
+def _take_over(path: paths.Path, text: str) -> None:
   """Moves a stale lock aside (one atomic rename, so of two runs taking over, one wins)."""
   aside = path.with_name(f"{LOCK}.stale.{os.getpid()}")
   try:
@@ -161,6 +185,10 @@ def _take_over(path: pathlib.Path, text: str) -> None:
     aside.unlink()
     return
   aside.unlink()
+  _warn_taken_over(path, text)
+
+
+def _warn_taken_over(path: paths.Path, text: str) -> None:
   holder = json.loads(text)
   logging.warning("took over the stale lock %s: pid %s on %s (since %s) is gone", path,
                   holder.get("pid"), holder.get("hostname"), holder.get("started"))
@@ -200,8 +228,8 @@ def allowed(key: str, old: Any, new: Any) -> str | None:
 class Settings:
   """The comparison of a run's resolved config with the record of the workdir it resumes."""
 
-  def __init__(self, workdir: pathlib.Path, allow_changes: bool):
-    self.workdir, self.allow_changes = pathlib.Path(workdir), bool(allow_changes)
+  def __init__(self, workdir: paths.Path, allow_changes: bool):
+    self.workdir, self.allow_changes = paths.as_path(workdir), bool(allow_changes)
     path = self.workdir / "config.json"
     self.recorded = None
     if path.exists():
@@ -254,8 +282,7 @@ class Settings:
     entry = {"step": int(step), "time": datetime.datetime.now().astimezone().isoformat(
                  timespec="seconds"),
              "changed": {k: [a, b] for k, (a, b) in self.changed.items()}, "forced": self.forced}
-    with open(self.workdir / CHANGES, "a", encoding="utf-8") as f:
-      f.write(json.dumps(entry) + "\n")
+    paths.append_text(self.workdir / CHANGES, json.dumps(entry) + "\n")
 
 
 def _short(value: Any, limit: int = 40) -> str:

@@ -32,7 +32,7 @@ from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import checkpoints, config_checks, inputs
+from bertjax import checkpoints, config_checks, inputs, paths
 from bertjax.data import tokenizers
 from bertjax.errors import fail
 from bertjax.models.config import ModelConfig
@@ -278,12 +278,12 @@ class TaskObjective(Objective):
     self.tokenizer: tokenizers.Tokenizer | None = None
     self.eval_sets: list[EvalSet] = []
     self.model: nn.Module | None = None
-    self.workdir: pathlib.Path | None = None
+    self.workdir: paths.Path | None = None
     self._forward = None
 
   # -- what subclasses define ------------------------------------------------------------------
 
-  def prepare(self, config, workdir: pathlib.Path) -> tuple[dict[str, np.ndarray], list[EvalSet]]:
+  def prepare(self, config, workdir: paths.Path) -> tuple[dict[str, np.ndarray], list[EvalSet]]:
     raise NotImplementedError
 
   def build_model(self, model_config: ModelConfig) -> nn.Module:
@@ -341,7 +341,7 @@ class TaskObjective(Objective):
 
   def build_inputs(self, config, workdir) -> inputs.Inputs:
     self.config = config
-    self.workdir = pathlib.Path(workdir)
+    self.workdir = paths.as_path(workdir)
     train_arrays, self.eval_sets = self.prepare(config, self.workdir)
     for s in self.eval_sets:
       if s.num_rows == 0:
@@ -369,7 +369,7 @@ class TaskObjective(Objective):
 
   # -- helpers for subclasses ------------------------------------------------------------------
 
-  def load_tokenizer(self, config, workdir: pathlib.Path,
+  def load_tokenizer(self, config, workdir: paths.Path,
                      train_texts: Callable[[], Iterable[str]]) -> tokenizers.Tokenizer:
     """data.tokenizer, else init_from's tokenizer/, else one trained on the task's text."""
     if config.data.tokenizer:
@@ -377,7 +377,7 @@ class TaskObjective(Objective):
     elif config.init_from:
       tok = tokenizers.load_tokenizer(checkpoints.tokenizer_dir(config.init_from))
     elif (workdir / "tokenizer").is_dir():  # a resumed run keeps the vocabulary it trained
-      tok = tokenizers.load_tokenizer(workdir / "tokenizer")
+      tok = tokenizers.load_tokenizer(paths.reading(workdir / "tokenizer"))
     else:
       texts = iter(train_texts())
       first = next((t for t in texts if t.strip()), None)
@@ -417,9 +417,9 @@ class TaskObjective(Objective):
                          f"{eval_set.num_rows} rows")
     return result
 
-  def output_dir(self, context) -> pathlib.Path:
+  def output_dir(self, context) -> paths.Path:
     """WORKDIR/predictions/step_<N>: this evaluation's prediction files and metrics.json."""
-    path = pathlib.Path(context.workdir) / "predictions" / f"step_{context.step}"
+    path = paths.as_path(context.workdir) / "predictions" / f"step_{context.step}"
     if jax.process_index() == 0:
       path.mkdir(parents=True, exist_ok=True)
     return path
@@ -445,7 +445,7 @@ def derive_schedule(config, num_train: int, what: str) -> Schedule:
   return Schedule(total_steps, eval_every)
 
 
-def write_json(path: pathlib.Path, obj: Any) -> None:
+def write_json(path: paths.Path, obj: Any) -> None:
   if jax.process_index() == 0:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False, default=_json_default) + "\n",
                     encoding="utf-8")
