@@ -154,9 +154,12 @@ class ModelConfig:
     return dataclasses.replace(self, **kwargs)
 
   def to_dict(self) -> dict[str, Any]:
-    """The fields as JSON holds them (pruned_heads as lists)."""
+    """The fields as JSON holds them: pruned_heads as lists, and only when some head is pruned
+    (so unpruned models' records, and the runs that resume them, are as before)."""
     d = dataclasses.asdict(self)
     d["pruned_heads"] = [list(layer) for layer in self.pruned_heads]
+    if not any(self.pruned_heads):
+      del d["pruned_heads"]
     return d
 
   @classmethod

@@ -63,7 +63,7 @@ class Plan:
     return self.target_heads < 1.0 or self.target_layers < 1.0
 
   def at(self, j: int, total: int) -> int:
-    """round(total * (1 - (1 - fraction) * j / steps)) for heads (total heads)."""
+    """Heads kept after step j of `steps`, of `total` at the start: the target reached linearly."""
     return int(round(total * (1 - (1 - self.target_heads) * j / self.steps)))
 
 
