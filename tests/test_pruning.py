@@ -68,6 +68,7 @@ def masks_without(cfg, remove):
           for i in range(cfg.num_hidden_layers)]
 
 
+@pytest.mark.slow
 def test_pruned_heads_equal_masked_heads():
   params = random_params(Encoder(CFG), CFG)
   ids, mask, types = inputs()
@@ -141,6 +142,7 @@ def _encoder_loss(cfg, proj):
   return loss
 
 
+@pytest.mark.slow
 def test_importance_matches_finite_differences():
   params, cfg = pruning.prune_heads(random_params(Encoder(CFG), CFG), CFG, {1: [2]})
   batch, proj = inputs(), _projection()
@@ -172,6 +174,7 @@ def _export(tmp_path, cfg, params, name="pruned"):
   return folder, tmp_path / f"{name}_hf"
 
 
+@pytest.mark.slow
 def test_importance_matches_torch_autograd_of_hf_head_mask(tmp_path):
   """The same gradients from transformers' own head_mask, by PyTorch's autograd."""
   params = random_params(Encoder(CFG), CFG)
@@ -309,6 +312,7 @@ def finetuned(tmp_path_factory):
   return tmp / "run"
 
 
+@pytest.mark.slow
 def test_prune_heads_in_steps_with_fine_tuning(finetuned, tmp_path):
   out = tmp_path / "out"
   # Learning rate 0: the re-fine-tuning must then reproduce the pruned model's dev metric, which
@@ -341,6 +345,7 @@ def test_prune_heads_in_steps_with_fine_tuning(finetuned, tmp_path):
   assert sum(len(v) for v in hf.config.pruned_heads.values()) == 4
 
 
+@pytest.mark.slow
 def test_prune_weights_keeps_the_mask_through_fine_tuning(finetuned, tmp_path):
   out = tmp_path / "out"
   rows = prune_cli.main(["--workdir", str(finetuned), "--output", str(out), "--target-sparsity",
@@ -363,12 +368,14 @@ def test_prune_weights_keeps_the_mask_through_fine_tuning(finetuned, tmp_path):
   assert rows[1]["sparsity"] == pytest.approx(magnitude.sparsity_of(tuned))
 
 
+@pytest.mark.slow
 def test_prune_layers(finetuned, tmp_path):
   rows = prune_cli.main(["--workdir", str(finetuned), "--output", str(tmp_path / "o"),
                          "--target-layers", "0.5"])
   assert [r["layers"] for r in rows] == [2, 1] and rows[1]["heads"] == 4
 
 
+@pytest.mark.slow
 def test_prune_random_ranking_control(finetuned, tmp_path):
   rows = [prune_cli.main(["--workdir", str(finetuned), "--output", str(tmp_path / f"o{i}"),
                           "--target-heads", "0.5", "--ranking", "random", "--seed", str(seed)])
@@ -378,6 +385,7 @@ def test_prune_random_ranking_control(finetuned, tmp_path):
   assert rows[0][1]["removed"] == rows[1][1]["removed"]  # the seed decides
 
 
+@pytest.mark.slow
 def test_prune_refuses_bad_requests(finetuned, tmp_path):
   (tmp_path / "full").mkdir()
   (tmp_path / "full" / "keep.txt").write_text("mine")
