@@ -299,6 +299,9 @@ def _model_dims(cfg) -> list[tuple[str, str, int]]:
           ("mlp", "intermediate_size", cfg.intermediate_size),
           ("embed", "hidden_size", cfg.hidden_size), ("embed_out", "hidden_size", cfg.hidden_size),
           ("vocab", "vocab_size", cfg.vocab_size), ("kv", "head size", cfg.head_dim)]
+  # A pruned layer's own head count (bertjax.prune) is sharded over the same axis.
+  dims += [("heads", f"pruned_heads[{i}] (leaving {cfg.layer_heads(i)} heads)", cfg.layer_heads(i))
+           for i in range(cfg.num_hidden_layers) if cfg.pruned_heads and cfg.pruned_heads[i]]
   if cfg.embedding_size:
     dims += [("embed", "embedding_size", cfg.embedding_size),
              ("embed_in", "embedding_size", cfg.embedding_size)]

@@ -97,6 +97,9 @@ def make_train_step(objective, model, optimizer, accum: int, skip_nonfinite: boo
     metrics["learning_rate"] = (optim.current_learning_rate(state.opt_state), jnp.ones(()))
     metrics["grad_norm"] = (grad_norm, jnp.ones(()))
     metrics["nonfinite"] = (1.0 - finite.astype(jnp.float32), jnp.ones(()))
+    sparsity = optim.held_sparsity(opt_state)  # optimizer.keep_pruned: the zeros held
+    if sparsity is not None:
+      metrics["sparsity"] = (sparsity, jnp.ones(()))
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
 

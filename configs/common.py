@@ -90,6 +90,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.optimizer.decay_power = 1.0    # for polynomial decay
   c.optimizer.end_learning_rate_factor = 0.0
   c.optimizer.layerwise_lr_decay = 1.0
+  # Weights of the encoder layers' kernels that are zero when the run starts (a magnitude-pruned
+  # init_from: python -m bertjax.prune) stay exactly zero: their updates are masked.
+  c.optimizer.keep_pruned = False
   return c
 
 

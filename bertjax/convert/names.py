@@ -64,13 +64,14 @@ def encoder_entries(cfg: ModelConfig) -> list[Entry]:
   def layer(names: dict[str, str], g: int) -> list[Entry]:
     path = ("encoder", f"layer_{g}")
     att = path + ("attention",)
+    width = cfg.layer_heads(g) * cfg.head_dim  # a pruned layer's heads are fewer
     res = []
     for proj in ("query", "key", "value"):
-      res += [Entry(names[proj] + ".weight", att + (proj, "kernel"), "qkv_kernel", (hidden, hidden),
+      res += [Entry(names[proj] + ".weight", att + (proj, "kernel"), "qkv_kernel", (width, hidden),
                     "encoder"),
-              Entry(names[proj] + ".bias", att + (proj, "bias"), "qkv_bias", (hidden,), "encoder")]
+              Entry(names[proj] + ".bias", att + (proj, "bias"), "qkv_bias", (width,), "encoder")]
     res += [Entry(names["attn_out"] + ".weight", att + ("output", "kernel"), "attn_out_kernel",
-                  (hidden, hidden), "encoder"),
+                  (hidden, width), "encoder"),
             Entry(names["attn_out"] + ".bias", att + ("output", "bias"), "copy", (hidden,),
                   "encoder")]
     res += _layer_norm(names["attn_ln"], path + ("attention_layer_norm",), hidden, "encoder")
@@ -165,15 +166,16 @@ def architecture_heads(architecture: str, part: str | None = None) -> tuple[str,
 
 
 def _to_ours(kind: str, x: np.ndarray, cfg: ModelConfig) -> np.ndarray:
-  heads, head_dim, hidden = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size
+  # The head count is the tensor's own (-1): a pruned layer has fewer heads.
+  head_dim, hidden = cfg.head_dim, cfg.hidden_size
   if kind == "linear":
     return x.T
   if kind == "qkv_kernel":
-    return x.T.reshape(hidden, heads, head_dim)
+    return x.T.reshape(hidden, -1, head_dim)
   if kind == "qkv_bias":
-    return x.reshape(heads, head_dim)
+    return x.reshape(-1, head_dim)
   if kind == "attn_out_kernel":
-    return x.T.reshape(heads, head_dim, hidden)
+    return x.T.reshape(-1, head_dim, hidden)
   return x
 
 
@@ -182,11 +184,11 @@ def _to_hf(kind: str, x: np.ndarray, cfg: ModelConfig) -> np.ndarray:
   if kind == "linear":
     return x.T
   if kind == "qkv_kernel":
-    return x.reshape(hidden, hidden).T
+    return x.reshape(hidden, -1).T
   if kind == "qkv_bias":
-    return x.reshape(hidden)
+    return x.reshape(-1)
   if kind == "attn_out_kernel":
-    return x.reshape(hidden, hidden).T
+    return x.reshape(-1, hidden).T
   return x
 
 

@@ -201,6 +201,9 @@ def load_workdir(workdir: PathLike) -> Converted:
   except Exception as e:  # pylint: disable=broad-except
     fail(f"cannot restore {d / 'params'}: {_one_line(e)}; re-run the conversion")
   params = _to_numpy(params)
+  # A task's own head (a pruned classifier's "classifier", bertjax.prune) is not one Hugging Face
+  # export carries: the encoder and the listed heads are what this folder converts.
+  params = {k: v for k, v in params.items() if k in ("encoder", "generator", *heads)}
   generator = None
   if "generator" in meta:
     gen_cfg = ModelConfig.from_dict({**meta["generator"]["model"], "kernels": "auto"})
