@@ -53,7 +53,8 @@ _ABSENT = "(absent)"
 # run recorded before they existed resumes with them at that value.
 INERT_DEFAULTS = {"freeze.encoder": False, "freeze.train_top_layers": 0,
                   "freeze.train_embeddings": False, "head.features": "standard",
-                  "head.layers": [-4, -3, -2, -1], "head.pooling": "cls"}
+                  "head.layers": [-4, -3, -2, -1], "head.pooling": "cls",
+                  "optimizer.keep_pruned": False}
 _SHOWN = 6  # changed keys shown with their values in a refusal
 
 _held: set[str] = set()  # the locks this process holds (a pid of ours in a lock may be a past run's)

@@ -256,12 +256,13 @@ def test_layerwise_decay_over_the_trainable_layers():
 
 
 def test_runs_recorded_before_freeze_existed_resume():
-  """A workdir whose config.json predates freeze.* and head.* resumes with them at their inert
+  """A workdir whose config.json predates freeze.*, head.* and optimizer.keep_pruned resumes with them at their inert
   defaults, and only there."""
   config = task_config()
   recorded = workdir_lib.flatten(workdir_lib.as_recorded(config.to_dict()))
   for key in ("freeze.encoder", "freeze.train_top_layers", "freeze.train_embeddings",
-              "head.features", "head.layers", "head.pooling"):
+              "head.features", "head.layers", "head.pooling", "optimizer.keep_pruned"):
     assert workdir_lib.allowed(key, workdir_lib._ABSENT, recorded[key]) is None, key
+  assert workdir_lib.allowed("optimizer.keep_pruned", workdir_lib._ABSENT, True) is not None
   assert workdir_lib.allowed("freeze.encoder", workdir_lib._ABSENT, True) is not None
   assert workdir_lib.allowed("head.features", "standard", "concat") is not None

@@ -16,8 +16,11 @@ from bertjax.models.heads import ClassificationHead, TokenHead
 
 
 class _FeatureReader(nn.Module):
-  """Shared fields: what the head reads (`features`, `layers`) and how sequence tasks pool."""
+  """Shared fields: the labels, what the head reads (`features`, `layers`) and how sequence
+  tasks pool. `num_labels` comes right after `config`, so `SequenceClassifier(config, 3)` reads
+  as it always did."""
   config: ModelConfig
+  num_labels: int = 2
   features: str = "standard"
   layers: tuple[int, ...] = (-4, -3, -2, -1)
   pooling: str = "cls"
@@ -41,7 +44,6 @@ class SequenceClassifier(_FeatureReader):
   Call: input_ids, attention_mask, token_type_ids <int32>[batch, seq] -> logits
   <float32>[batch, num_labels]. Encoders without a pooler (ELECTRA) feed the [CLS] hidden state.
   """
-  num_labels: int = 2
 
   @nn.compact
   def __call__(self, input_ids, attention_mask, token_type_ids, deterministic: bool = True):
@@ -60,7 +62,6 @@ class TokenClassifier(_FeatureReader):
   Call: input_ids, attention_mask, token_type_ids <int32>[batch, seq] -> logits
   <float32>[batch, seq, num_labels].
   """
-  num_labels: int = 2
   head_name: str = "classifier"
 
   @nn.compact
