@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import checkpoints, convert
+from bertjax.convert import loading
 from bertjax.data import tokenizers
 from bertjax.errors import ArgumentParser, fail, read_text, run_cli
 from bertjax.metrics import glue as glue_metrics
@@ -49,31 +49,14 @@ POOLINGS = ("cls", "mean", "pooler")
 
 
 def load_encoder(workdir: str | os.PathLike) -> tuple[Encoder, dict, ModelConfig, pathlib.Path]:
-  """(Encoder, its params, its config, the tokenizer folder) of a converted folder or a training
-  workdir's latest readable checkpoint.
-
-  A local reader until `bertjax.load` reads training workdirs too: converted folders through
-  `bertjax.convert.load_workdir`, training workdirs through `bertjax.checkpoints`.
-  """
-  path = pathlib.Path(workdir)
-  if not path.is_dir():
-    fail(f"--workdir {path} is not a folder; pass a converted checkpoint (python -m "
-         "bertjax.convert from-hf) or a training workdir")
-  if (path / "model.json").is_file():
-    converted = convert.load_workdir(path)
-    cfg, params = converted.config, converted.params["encoder"]
-  elif (path / "checkpoints").is_dir() and (path / "config.json").is_file():
-    cfg = ModelConfig.from_dict({**checkpoints.load_model_config(path), "kernels": "auto"})
-    params = checkpoints.restore_params(path)
-    if "encoder" not in params:
-      fail(f"the checkpoints in {path} hold no encoder/ parameters ({', '.join(params)}); embed "
-           "reads BERT-style pretraining and fine-tuning workdirs")
-    params = params["encoder"]
-  else:
-    fail(f"--workdir {path} holds neither model.json + params/ (a converted checkpoint) nor "
-         "config.json + checkpoints/ (a training workdir)")
-  params = jax.tree.map(jnp.asarray, params)
-  return Encoder(cfg), params, cfg, checkpoints.tokenizer_dir(path)
+  """(Encoder, its params, its config, the tokenizer folder) of any folder `bertjax.load` reads:
+  a converted checkpoint, a training workdir (its latest complete checkpoint) or a best/ folder."""
+  loaded = loading.load(workdir)
+  tok = loaded.source.tokenizer
+  if tok is None:
+    fail(f"{workdir} has no tokenizer/ folder; converted checkpoints and training workdirs "
+         "carry one")
+  return loaded.model, loaded.params, loaded.config, tok
 
 
 def read_examples(args) -> list[dict]:

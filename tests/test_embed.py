@@ -163,7 +163,7 @@ def test_a_failed_run_keeps_the_earlier_output(tmp_path, workdir, monkeypatch):
     embed.main(args + ["--overwrite"])
   assert out.read_bytes() == b"earlier"
   assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.npz"]
-  with pytest.raises(UserError, match="is not a folder"):
+  with pytest.raises(UserError, match="does not exist; pass a training workdir"):
     embed.main(["--workdir", str(tmp_path / "none"), "--input", "x", "--output",
                 str(tmp_path / "new.npz")])
   assert not pathlib.Path(tmp_path / "new.npz").exists()

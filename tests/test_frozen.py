@@ -16,7 +16,9 @@ import orbax.checkpoint as ocp
 
 import pytest
 
+import bertjax
 from bertjax import config_checks, sharding, train, workdir as workdir_lib
+from bertjax.convert.export import convert_to_hf
 from bertjax.errors import UserError
 from bertjax.registry import get_objective
 
@@ -208,6 +210,18 @@ def test_frozen_run_end_to_end_resumes_exactly(tmp_path, data_dir):
   train.train_and_evaluate(config, workdir)
   resumed = flat(ocp_params(workdir, 6))
   assert not changed(steps[6], resumed)
+  # bertjax.load reads the feature-based head; no transformers class holds it, so to-hf refuses.
+  loaded = bertjax.load(workdir)
+  assert (loaded.task.features, loaded.task.layers) == ("concat", (-2, -1))
+  batch = glue_batch()
+  params = jax.tree.map(jnp.asarray, ocp_params(workdir, 6))
+  want = get_objective(config).make_model(get_objective(config).model_config(config)).apply(
+      {"params": params}, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+  got = loaded.logits(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  with pytest.raises(UserError, match="feature-based head"):
+    convert_to_hf(workdir, tmp_path / "hf", log=lambda _: None)
+  assert not (tmp_path / "hf").exists()
 
 
 def ocp_params(workdir, step):

@@ -97,6 +97,10 @@ def _task_plan(source: Source) -> Plan:
   c, task = source.converted, source.task
   cfg = c.config
   cls = _TASK_CLASSES.get((cfg.architecture, task.kind))
+  if task.features != "standard":
+    fail(f"no transformers class holds a feature-based head (head.features={task.features!r}: "
+         "it reads several layers); run it with bertjax.load(W).logits, or export the features "
+         "with python -m bertjax.embed")
   if task.kind == "sequence" and (cls is None or not cfg.use_pooler):
     ours = "pooler (dense + tanh) + linear" if cfg.use_pooler else "a linear layer on [CLS]"
     theirs = ("a dense + GELU + linear head" if cfg.architecture == "electra"

@@ -57,9 +57,10 @@ class Loaded:
 def _head_model(cfg: ModelConfig, task: TaskHead | None, heads: tuple[str, ...]) -> nn.Module:
   if task is None:
     return build_model(cfg, heads)
+  reads = {"features": task.features, "layers": task.layers, "pooling": task.pooling}
   if task.kind == "sequence":
-    return SequenceClassifier(cfg, task.num_labels)
-  return TokenClassifier(cfg, task.num_labels, head_name=task.name)
+    return SequenceClassifier(cfg, task.num_labels, **reads)
+  return TokenClassifier(cfg, task.num_labels, head_name=task.name, **reads)
 
 
 def load(path: str | os.PathLike, step: int | None = None) -> Loaded:

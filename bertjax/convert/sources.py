@@ -51,6 +51,10 @@ class TaskHead:
   labels: tuple[str, ...] | None = None
   regression: bool = False
   task: str = ""
+  # What the head reads (`head.*` of the run's config; see bertjax.models.features).
+  features: str = "standard"
+  layers: tuple[int, ...] = (-4, -3, -2, -1)
+  pooling: str = "cls"
 
 
 @dataclasses.dataclass
@@ -134,15 +138,21 @@ def _best_step(d: pathlib.Path) -> int | None:
 
 def _task_head(config: dict[str, Any], params: dict[str, Any]) -> TaskHead:
   objective = config["objective"]
+  head = config.get("head") or {}
+  reads = {"features": head.get("features", "standard"),
+           "layers": tuple(head.get("layers", (-4, -3, -2, -1))),
+           "pooling": head.get("pooling", "cls")}
   if objective == "squad":
-    return TaskHead("qa", "qa_outputs", 2, ("start", "end"), task="squad")
+    return TaskHead("qa", "qa_outputs", 2, ("start", "end"), task="squad", **reads)
   kernel = np.shape(params["classifier"]["classifier"]["kernel"])
   if objective == "ner":
     task = config.get("task", "ner")
-    return TaskHead("token", "classifier", kernel[1], TAGGING_LABELS.get(task), task=task)
+    return TaskHead("token", "classifier", kernel[1], TAGGING_LABELS.get(task), task=task,
+                    **reads)
   t = glue.get_task(config.get("task", ""))
   labels = t.label_names if len(t.label_names) == kernel[1] else None
-  return TaskHead("sequence", "classifier", kernel[1], labels, t.is_regression, f"glue/{t.name}")
+  return TaskHead("sequence", "classifier", kernel[1], labels, t.is_regression, f"glue/{t.name}",
+                  **reads)
 
 
 def _from_training(config: dict[str, Any], params: dict[str, Any], kind: str, step: int | None,
@@ -158,7 +168,7 @@ def _from_training(config: dict[str, Any], params: dict[str, Any], kind: str, st
     where = f"{d} [{objective} model]"
     # The task model's tree: encoder + its head, checked like a converted one.
     _check_tree({"encoder": params["encoder"]}, cfg, (), where)
-    extra = sorted(set(params) - {"encoder", source.task.name})
+    extra = sorted(set(params) - {"encoder", source.task.name, "scalar_mix"})
     if extra:
       fail(f"{where}: unexpected parameters {', '.join(extra)}; is this a bertjax run?")
     return source
