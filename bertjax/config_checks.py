@@ -128,6 +128,7 @@ CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("best_mode", ("max", "min")),
     ("optimizer.name", optim.OPTIMIZERS),
     ("optimizer.decay", optim.DECAYS),
+    ("data.generated", ("", "context")),   # bertjax/data/synthetic.py
 )
 
 _MISSING = object()
