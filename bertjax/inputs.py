@@ -183,7 +183,8 @@ def _generated(config, objective, per_process: int) -> Inputs:
   if config.data.generated != "context":
     fail(f"data.generated={config.data.generated!r} is not a generated corpus; use 'context' "
          "(bertjax/data/synthetic.py) or leave it empty")
-  language = synthetic.CycleLanguage()
+  language = synthetic.CycleLanguage(families=config.data.generated_families,
+                                     tokens_per_language=config.data.generated_tokens)
   train = synthetic.CycleDocuments(language, synthetic.TRAIN_DOCUMENTS, seed=config.seed)
   held_out = synthetic.CycleDocuments(language, config.data.eval_documents if config.eval_every
                                       else 0, seed=config.seed + synthetic.TRAIN_DOCUMENTS)

@@ -6,13 +6,16 @@ objective is broken (labels at the wrong positions, a broken attention mask, a h
 wrong rows): that curve cannot tell them apart. Here every token is fixed by its neighbours, so only
 a model that reads its context beats the best context-free guess, and the gap shows at once.
 
-The language ("cycle languages"): `languages` disjoint sets of `tokens_per_language` ordinary
-tokens; each set is ordered in a fixed random cycle (one permutation `successor` of the vocabulary,
-drawn from `seed`). A document picks a language and a random first token and walks the cycle:
-token i+1 is `successor[token i]`, so a masked token is its left neighbour's successor (and its
-right neighbour's predecessor). Sentences are consecutive stretches of that walk, so sentence B
-continues sentence A exactly where A stopped: NSP's random B (most often another language, else
-the wrong place of the cycle) and SOP's swapped order break the rule at the boundary.
+The language ("cycle languages"): `families` x `languages` disjoint sets of `tokens_per_language`
+ordinary tokens, each ordered in a fixed random cycle (`cycles`, drawn from `seed`). A document
+belongs to one family and walks its languages' cycles with one counter: token t is
+`cycles[lang][(start + t) % tokens_per_language]`, where sentence j of the document speaks the
+family's language (first + j) % languages. Inside a sentence a token is
+its left neighbour's successor in the cycle (and its right neighbour's predecessor); at a sentence
+boundary the language steps on by one and the counter goes on. So sentence B continues sentence A
+by a rule: the next language, the next place in the cycle. NSP's random B (another document) and
+SOP's swapped order break it, which a model sees only by comparing the two segments (NSP's B is
+also of another family half of the time).
 
 Ids 0-4 are [PAD], [UNK], [CLS], [SEP], [MASK]; every ordinary token is a whole word.
 Documents are generated on demand from (corpus seed, document seed, index): nothing is stored.
@@ -37,29 +40,28 @@ _DOC_TAG = 0x444F43
 @dataclasses.dataclass(frozen=True)
 class CycleLanguage:
   """The language: which token follows which. `vocab_size` = 5 specials + all ordinary tokens."""
-  languages: int = 4
+  families: int = 1
+  languages: int = 4             # per family
   tokens_per_language: int = 8
   seed: int = 0
 
   def __post_init__(self):
-    if self.languages < 1 or self.tokens_per_language < 3:
-      raise UserError(f"a cycle language needs >= 1 language of >= 3 tokens, got languages="
-                      f"{self.languages}, tokens_per_language={self.tokens_per_language}")
+    if self.families < 1 or self.languages < 1 or self.tokens_per_language < 3:
+      raise UserError(f"cycle languages need >= 1 family of >= 1 language of >= 3 tokens, got "
+                      f"families={self.families}, languages={self.languages}, "
+                      f"tokens_per_language={self.tokens_per_language}")
 
   @property
   def vocab_size(self) -> int:
-    return NUM_SPECIAL + self.languages * self.tokens_per_language
+    return NUM_SPECIAL + self.families * self.languages * self.tokens_per_language
 
   @property
-  def successor(self) -> np.ndarray:
-    """<int32>[vocab]: the token that follows each ordinary token (specials map to themselves)."""
-    rng = np.random.default_rng([self.seed, self.languages, self.tokens_per_language])
-    nxt = np.arange(self.vocab_size, dtype=np.int32)
-    for lang in range(self.languages):
-      tokens = NUM_SPECIAL + lang * self.tokens_per_language + rng.permutation(
-          self.tokens_per_language)
-      nxt[tokens] = np.roll(tokens, -1)
-    return nxt
+  def cycles(self) -> np.ndarray:
+    """<int32>[families * languages, tokens_per_language]: each language's tokens in their cycle's
+    order (family f holds languages f * languages ...)."""
+    rng = np.random.default_rng([self.seed, self.families, self.languages, self.tokens_per_language])
+    first = NUM_SPECIAL + self.tokens_per_language * np.arange(self.families * self.languages)
+    return np.stack([f + rng.permutation(self.tokens_per_language) for f in first]).astype(np.int32)
 
   def special_ids(self) -> SpecialIds:
     return SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=self.vocab_size)
@@ -77,7 +79,7 @@ class CycleDocuments(Sequence):
                sentences: tuple[int, int] = (3, 8), sentence_length: tuple[int, int] = (4, 12)):
     self.language, self.num_documents, self.seed = language, num_documents, seed
     self.sentences, self.sentence_length = sentences, sentence_length
-    self._successor = language.successor
+    self._cycles = language.cycles
 
   def __len__(self) -> int:
     return self.num_documents
@@ -89,13 +91,14 @@ class CycleDocuments(Sequence):
     rng = np.random.default_rng([lang.seed, self.seed, int(i), _DOC_TAG])
     n = int(rng.integers(self.sentences[0], self.sentences[1] + 1))
     lengths = rng.integers(self.sentence_length[0], self.sentence_length[1] + 1, size=n)
-    token = NUM_SPECIAL + int(rng.integers(lang.languages)) * lang.tokens_per_language + int(
-        rng.integers(lang.tokens_per_language))
-    walk = np.empty(int(lengths.sum()), np.int32)
-    for t in range(len(walk)):
-      walk[t] = token
-      token = self._successor[token]
-    return np.split(walk, np.cumsum(lengths)[:-1])
+    family = int(rng.integers(lang.families))
+    first, start = int(rng.integers(lang.languages)), int(rng.integers(lang.tokens_per_language))
+    ends = np.cumsum(lengths)
+    counter = start + np.arange(ends[-1])
+    sentence = np.searchsorted(ends, np.arange(ends[-1]), side="right")
+    language = family * lang.languages + (first + sentence) % lang.languages
+    walk = self._cycles[language, counter % lang.tokens_per_language]
+    return np.split(walk, ends[:-1])
 
 
 def context_free_accuracy(batches: Iterable[dict]) -> float:
