@@ -24,7 +24,7 @@ from bertjax.objectives import distill, span_sbo
 from bertjax.registry import get_objective
 from tests.helpers import load_config
 
-pytestmark = pytest.mark.slow
+
 
 STEPS = 300
 MARGIN = 0.05        # above the context-free bound: several standard errors on 8 x 32 x 5 labels
@@ -134,23 +134,27 @@ def mlm_run(tmp_path_factory):
   return workdir, *run("mlm", workdir)
 
 
+@pytest.mark.slow
 def test_mlm_beats_context_free_bound(mlm_run):
   _, metrics, bounds = mlm_run
   assert beats_context_free(metrics, bounds), (metrics, bounds)
 
 
+@pytest.mark.slow
 def test_mlm_with_labels_of_other_rows_does_not(tmp_path, monkeypatch):
   labels_from_other_rows(monkeypatch)
   metrics, bounds = run("mlm", tmp_path / "run")
   assert not beats_context_free(metrics, bounds), (metrics, bounds)
 
 
+@pytest.mark.slow
 def test_mlm_nsp_beats_context_free_bound_and_chance(tmp_path):
   metrics, bounds = run("mlm_nsp", tmp_path / "run")
   assert beats_context_free(metrics, bounds), (metrics, bounds)
   assert beats_chance(metrics, bounds, "nsp_accuracy"), (metrics, bounds)
 
 
+@pytest.mark.slow
 def test_mlm_nsp_with_self_only_attention_does_not(tmp_path, monkeypatch):
   self_only_attention(monkeypatch)
   metrics, bounds = run("mlm_nsp", tmp_path / "run")
@@ -158,6 +162,7 @@ def test_mlm_nsp_with_self_only_attention_does_not(tmp_path, monkeypatch):
   assert not beats_chance(metrics, bounds, "nsp_accuracy"), (metrics, bounds)
 
 
+@pytest.mark.slow
 def test_mlm_sop_beats_context_free_bound(tmp_path):
   # SOP itself is not checked: in 300-400 steps it passed chance on one draw of the language
   # (0.79) and stayed at 0.51 on two others (experiments/context_checks.md).
@@ -165,18 +170,21 @@ def test_mlm_sop_beats_context_free_bound(tmp_path):
   assert beats_context_free(metrics, bounds), (metrics, bounds)
 
 
+@pytest.mark.slow
 def test_mlm_sop_with_labels_of_other_rows_does_not(tmp_path, monkeypatch):
   labels_from_other_rows(monkeypatch)
   metrics, bounds = run("mlm_sop", tmp_path / "run")
   assert not beats_context_free(metrics, bounds), (metrics, bounds)
 
 
+@pytest.mark.slow
 def test_span_sbo_beats_context_free_bound(tmp_path):
   metrics, bounds = run("span_sbo", tmp_path / "run")
   assert beats_context_free(metrics, bounds), (metrics, bounds)
   assert beats_context_free(metrics, bounds, "sbo_accuracy"), (metrics, bounds)
 
 
+@pytest.mark.slow
 def test_span_sbo_reading_other_rows_fails_sbo(tmp_path, monkeypatch):
   boundaries_of_other_rows(monkeypatch)
   metrics, bounds = run("span_sbo", tmp_path / "run")
@@ -184,14 +192,50 @@ def test_span_sbo_reading_other_rows_fails_sbo(tmp_path, monkeypatch):
   assert not beats_context_free(metrics, bounds, "sbo_accuracy"), (metrics, bounds)
 
 
+@pytest.mark.slow
 def test_distill_student_beats_context_free_bound(mlm_run, tmp_path):
   teacher, _, _ = mlm_run
   metrics, bounds = run("distill", tmp_path / "run", **{"distill.teacher": str(teacher)})
   assert beats_context_free(metrics, bounds), (metrics, bounds)
 
 
+@pytest.mark.slow
 def test_distill_from_teacher_of_other_rows_does_not(mlm_run, tmp_path, monkeypatch):
   teacher, _, _ = mlm_run
   teacher_of_other_rows(monkeypatch)
   metrics, bounds = run("distill", tmp_path / "run", **{"distill.teacher": str(teacher)})
   assert not beats_context_free(metrics, bounds), (metrics, bounds)
+
+
+# ------------------------------------------------------------------------ the generated corpus
+
+
+@pytest.mark.parametrize("families,tokens", [(1, 8), (2, 4)])
+def test_cycle_documents_follow_their_rule(families, tokens):
+  language = synthetic.CycleLanguage(families=families, tokens_per_language=tokens)
+  cycles = language.cycles
+  successor = {int(a): int(b) for row in cycles for a, b in zip(row, np.roll(row, -1))}
+  lang_of = {int(t): i for i, row in enumerate(cycles) for t in row}
+  documents = synthetic.CycleDocuments(language, 50, seed=3)
+  for doc in documents:
+    walk = np.concatenate(doc)
+    assert walk.min() >= synthetic.NUM_SPECIAL and walk.max() < language.vocab_size
+    ends = set(np.cumsum([len(s) for s in doc])[:-1].tolist())
+    for t in range(1, len(walk)):
+      a, b = int(walk[t - 1]), int(walk[t])
+      if t in ends:  # a new sentence: the family's next language, the next place in the cycle
+        la, lb = lang_of[a], lang_of[b]
+        assert lb // language.languages == la // language.languages
+        assert lb % language.languages == (la + 1) % language.languages
+        assert list(cycles[lb]).index(b) == (list(cycles[la]).index(a) + 1) % tokens
+      else:
+        assert b == successor[a]
+  assert [list(map(list, d)) for d in documents] == [list(map(list, d)) for d in documents]
+
+
+def test_context_free_accuracy_is_the_best_guess_per_seen_token():
+  # Seen [MASK] (4) three times with labels 7, 7, 8 and token 9 once with label 9: best 3 of 4.
+  batch = {"input_ids": np.array([[2, 4, 4, 9, 4]]), "masked_positions": np.array([[1, 2, 3, 4]]),
+           "masked_ids": np.array([[7, 7, 9, 8]]), "masked_weights": np.ones((1, 4))}
+  assert synthetic.context_free_accuracy([batch]) == pytest.approx(0.75)
+  assert synthetic.majority_fraction(np.array([0, 1, 1])) == pytest.approx(2 / 3)
