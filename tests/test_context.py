@@ -17,10 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import inputs, train
+from bertjax import config_checks, inputs, train
 from bertjax.data import synthetic
 from bertjax.models import attention
 from bertjax.objectives import distill, span_sbo
+from bertjax.errors import UserError
 from bertjax.registry import get_objective
 from tests.helpers import load_config
 
@@ -239,3 +240,11 @@ def test_context_free_accuracy_is_the_best_guess_per_seen_token():
            "masked_ids": np.array([[7, 7, 9, 8]]), "masked_weights": np.ones((1, 4))}
   assert synthetic.context_free_accuracy([batch]) == pytest.approx(0.75)
   assert synthetic.majority_fraction(np.array([0, 1, 1])) == pytest.approx(2 / 3)
+
+
+def test_unknown_generated_corpus_is_refused_in_one_line(tmp_path):
+  config = context_config("mlm", **{"data.generated": "nonsense"})
+  with pytest.raises(UserError) as e:
+    config_checks.check_settings(config, tmp_path / "run")
+  assert "data.generated" in str(e.value) and "\n" not in str(e.value)
+  assert not (tmp_path / "run").exists()
