@@ -53,8 +53,15 @@ def get_config(arg=None):
   c.tensorboard = False
   c.masking.span_max = 3        # SpanBERT's spans, in a 32-token row
   c.masking.max_ngram = 2
-  # rtd keeps base_config's ELECTRA settings: no setting tried yet separates its discriminator
-  # here (experiments/context_checks.md).
+  if v.objective == "rtd":
+    # The discriminator separates from always "original" by step ~500 at a lower, constant lr
+    # with more replacements; at lr 2e-3 it stays at the prior for 1000 steps
+    # (experiments/context_checks.md). Generator 1/2 wide, disc_weight 50 (base_config's).
+    c.learning_rate = 5e-4
+    c.optimizer.decay = "constant"
+    c.masking.rate = 0.25
+    c.max_predictions_per_seq = 8
+    c.total_steps = 600
   if v.objective == "distill":
     c.distill = distill_settings()
     # A student from scratch, on the teacher's soft targets alone.
