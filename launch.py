@@ -5,7 +5,6 @@ calls `bertjax.train.train_and_evaluate` (or runs a sweep with `--sweep`).
 """
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -19,7 +18,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # pylint: disable=wrong-import-position
 import jax
 
-from bertjax import config_lib, distributed, multiseed, sweep, train, xla_defaults
+from bertjax import config_lib, distributed, multiseed, progress, sweep, train, xla_defaults
 from bertjax.errors import EXIT_PREEMPTED, run_cli
 # pylint: enable=wrong-import-position
 
@@ -59,21 +58,6 @@ def configure_logging():
   root.setLevel(logging.INFO)
 
 
-def print_summary(summary: dict) -> None:
-  """A few readable lines: where the run started and ended, and where its checkpoint is."""
-  def fmt(metrics):
-    keys = [k for k in ("loss", "mlm_accuracy", "nsp_accuracy", "sop_accuracy", "rtd_accuracy",
-                        "accuracy", "f1", "exact_match") if k in (metrics or {})]
-    return ", ".join(f"{k} {metrics[k]:.4f}" for k in keys) or "n/a"
-  if "first_train" not in summary:
-    return
-  print(f"start (first logged steps): {fmt(summary['first_train'])}")
-  print(f"end (last logged steps):    {fmt(summary['last_train'])}")
-  if summary.get("last_eval"):
-    print(f"last evaluation:            {fmt(summary['last_eval'])}")
-  print(f"checkpoint:                 {summary.get('checkpoint')} ({summary.get('status')})")
-
-
 def main(argv=None):
   args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
   configure_logging()
@@ -95,8 +79,10 @@ def main(argv=None):
     summary = multiseed.run_seeds(config, args.workdir)
   else:
     summary = train.train_and_evaluate(config, args.workdir)
-  print_summary(summary)
-  print("summary: " + json.dumps(summary))
+  if "first_train" in summary:
+    print(progress.end_table(summary, os.path.join(args.workdir, "summary.json")), flush=True)
+  else:  # several seeds: their median and spread are logged above
+    print(f"summary: {os.path.join(args.workdir, 'seeds_summary.json')}", flush=True)
   if str(summary.get("status", "")).startswith("preempted"):
     sys.exit(EXIT_PREEMPTED)  # a checkpoint was saved: the same command goes on
 

@@ -13,7 +13,6 @@ import asyncio
 import json
 import logging
 import pathlib
-import shutil
 import time
 from typing import Any
 
@@ -23,14 +22,15 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint._src import asyncio_utils
 
+from bertjax import paths
 from bertjax.errors import UserError, fail, read_text
 
 
 class Checkpointer:
-  """Saves and restores {state, data} items under `workdir/checkpoints`."""
+  """Saves and restores {state, data} items under `workdir/checkpoints` (local or remote)."""
 
   def __init__(self, directory: str | pathlib.Path, *, keep: int = 3, async_save: bool = True):
-    self.directory = pathlib.Path(directory).absolute()
+    self.directory = paths.absolute(directory)
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            enable_async_checkpointing=async_save)
     self.manager = ocp.CheckpointManager(
@@ -175,22 +175,38 @@ def _is_structure_mismatch(e: Exception) -> bool:
 
 def restore_params(path: str | pathlib.Path) -> dict:
   """Parameters (a plain nested dict of numpy arrays) from a converted folder or a training workdir."""
-  path = pathlib.Path(path)
+  path = paths.as_path(path)
   if (path / "params").is_dir():
-    return ocp.StandardCheckpointer().restore((path / "params").absolute())
-  ckpt_dir = path / "checkpoints"
-  if ckpt_dir.is_dir():
-    manager = ocp.CheckpointManager(ckpt_dir.absolute(), item_names=("state", "data"))
-    for step in reversed(sorted(manager.all_steps())):
-      try:
-        restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-        return jax.tree.map(lambda x: x, dict(restored["state"]["params"]))
-      except Exception as e:  # same fallback as training resume
-        logging.warning("checkpoint at step %d is unreadable (%s); trying an earlier one", step,
-                        _short(e))
-    fail(f"no readable checkpoint in {ckpt_dir}; point init_from at a finished run")
+    return ocp.StandardCheckpointer().restore(paths.absolute(path / "params"))
+  if (path / "checkpoints").is_dir():
+    return restore_checkpoint_params(path)[1]
   fail(f"init_from={path} holds neither params/ (a converted checkpoint) nor checkpoints/ "
        f"(a training workdir); run `python -m bertjax.convert from-hf` or point at a workdir")
+
+
+def restore_checkpoint_params(workdir: str | pathlib.Path, step: int | None = None
+                              ) -> tuple[int, dict]:
+  """(step, params) of a training workdir's checkpoint: `step`'s, or the newest readable one
+  (orbax lists only complete checkpoints; a damaged one is skipped with a warning)."""
+  ckpt_dir = paths.as_path(workdir) / "checkpoints"
+  manager = ocp.CheckpointManager(paths.absolute(ckpt_dir), item_names=("state", "data"))
+  try:
+    steps = sorted(manager.all_steps())
+    if step is not None:
+      if step not in steps:
+        fail(f"--step {step}: {ckpt_dir} has no complete checkpoint at that step; its steps: "
+             f"{', '.join(map(str, steps)) or 'none'}")
+      steps = [step]
+    for s in reversed(steps):
+      try:
+        restored = manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+        return s, jax.tree.map(lambda x: x, dict(restored["state"]["params"]))
+      except Exception as e:  # same fallback as training resume
+        logging.warning("checkpoint at step %d is unreadable (%s); trying an earlier one", s,
+                        _short(e))
+    fail(f"no readable checkpoint in {ckpt_dir}; point at a run that saved one")
+  finally:
+    manager.close()
 
 
 def load_model_config(path: str | pathlib.Path) -> dict:
@@ -250,8 +266,8 @@ def load_init_from(state, path: str, shardings) -> tuple[Any, str]:
 class BestKeeper:
   """Keeps the parameters of the best evaluation so far in WORKDIR/best (when a metric is named)."""
 
-  def __init__(self, workdir: pathlib.Path, metric: str, mode: str):
-    self.dir = workdir / "best"
+  def __init__(self, workdir: paths.Path, metric: str, mode: str):
+    self.dir = paths.as_path(workdir) / "best"
     self.metric, self.mode = metric, mode
     if mode not in ("max", "min"):
       fail(f"best_mode={mode!r} must be max or min")
@@ -270,10 +286,10 @@ class BestKeeper:
       return
     # Write beside, then swap: the previous best survives until the new one is complete.
     tmp = self.dir.with_name("best.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    paths.rmtree(tmp)
     tmp.mkdir(parents=True)
     checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save((tmp / "params").absolute(), jax.device_get(params))
+    checkpointer.save(paths.absolute(tmp / "params"), jax.device_get(params))
     checkpointer.wait_until_finished()
     (tmp / "best.json").write_text(json.dumps({"step": step, "metric": self.metric, "value": value,
                                                "metrics": metrics}))
@@ -281,5 +297,5 @@ class BestKeeper:
     if self.dir.exists():
       self.dir.rename(old)
     tmp.rename(self.dir)
-    shutil.rmtree(old, ignore_errors=True)
+    paths.rmtree(old)
     self.value = value

@@ -16,6 +16,7 @@ names `setting=value`, what it must be and the fix (`errors.fail`: exit status 2
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import os
 import pathlib
@@ -23,9 +24,10 @@ from typing import Any
 
 import jax
 
-from bertjax import optim, sharding
+from bertjax import optim, paths, sharding
 from bertjax.data import tokenizers
 from bertjax.errors import fail
+from bertjax.models import features
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +73,7 @@ RULES: tuple[tuple[str, Range, str, Any], ...] = (
     ("learning_rate", NON_NEGATIVE, "the peak learning rate", 1e-4),
     ("seed", Range(0, 2**32, hi_open=True), "the seed of data order, init and dropout", 0),
     ("log_every", AT_LEAST_1, "steps between train metric lines", 50),
+    ("progress_every_s", NON_NEGATIVE, "seconds of work between progress lines; 0: every step", 10.0),
     ("eval_every", NON_NEGATIVE, "steps between evaluations; 0: at the end only", 0),
     ("checkpoint_every", AT_LEAST_1, "steps between checkpoints; one is also saved at the end", 1000),
     ("keep_checkpoints", AT_LEAST_1,
@@ -107,6 +110,7 @@ RULES: tuple[tuple[str, Range, str, Any], ...] = (
     ("optimizer.decay_power", POSITIVE, "the polynomial decay's power", 1.0),
     ("optimizer.end_learning_rate_factor", UNIT, "the final learning rate / the peak", 0.0),
     ("optimizer.layerwise_lr_decay", SHARE, "per-layer learning-rate factor; 1 disables", 1.0),
+    ("freeze.train_top_layers", NON_NEGATIVE, "top encoder layers trained under freeze.encoder", 0),
     ("model.vocab_size", AT_LEAST_1, "the model's vocabulary", 30522),
     ("model.hidden_size", AT_LEAST_1, "the hidden width", 768),
     ("model.num_hidden_layers", AT_LEAST_1, "encoder layers", 12),
@@ -131,6 +135,8 @@ CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("optimizer.name", optim.OPTIMIZERS),
     ("optimizer.decay", optim.DECAYS),
     ("data.generated", ("", "context")),   # bertjax/data/synthetic.py
+    ("head.features", features.FEATURES),
+    ("head.pooling", features.POOLINGS),
 )
 
 _MISSING = object()
@@ -166,7 +172,11 @@ def check_ranges(config) -> None:
 
 
 def check_workdir(workdir) -> None:
-  """The workdir is a folder, or can be made one (no file in the way, a writable parent)."""
+  """The workdir is a folder, or can be made one (no file in the way, a writable parent); a
+  remote one (gs://...) is reachable and not a file."""
+  if paths.is_remote(workdir):
+    _check_remote_workdir(workdir)
+    return
   path = pathlib.Path(workdir)
   if path.exists():
     if not path.is_dir():
@@ -184,6 +194,37 @@ def check_workdir(workdir) -> None:
         fail(f"workdir {path} cannot be created: {parent} is not writable; fix: pass a "
              "--workdir you can write to")
       return
+
+
+# orbax asks it about a gs:// bucket's layout when it lists checkpoints.
+GCS_CLIENT = "google.cloud.storage"
+
+
+def _has_module(name: str) -> bool:
+  try:
+    return importlib.util.find_spec(name) is not None
+  except ModuleNotFoundError:  # a parent package is missing
+    return False
+
+
+def _check_remote_workdir(workdir) -> None:
+  path = paths.as_path(workdir)
+  if os.fspath(workdir).startswith("gs://") and not _has_module(GCS_CLIENT):
+    fail(f"workdir {workdir}: orbax needs google-cloud-storage for gs:// checkpoints; fix: pip "
+         "install google-cloud-storage gcsfs (experiments/README.md), or pass a local --workdir")
+  try:
+    is_file = path.exists() and not path.is_dir()
+  except ImportError as e:  # fsspec names the package its scheme needs (gcsfs for gs://)
+    fail(f"workdir {workdir} cannot be reached ({e}); fix: install that package, or pass a local "
+         "--workdir")
+  except NotImplementedError as e:  # a scheme epath does not know
+    fail(f"workdir {workdir}: {e}; fix: use gs://, s3://, az:// or a local --workdir")
+  except OSError as e:
+    fail(f"workdir {workdir} cannot be reached ({type(e).__name__}: {e}); fix: check the bucket "
+         "name and your credentials, or pass a local --workdir")
+  if is_file:
+    fail(f"workdir {workdir} is a file, not a folder; fix: pass a folder to --workdir (new, or a "
+         "run's workdir to resume it)")
 
 
 def check_init_from(config) -> None:
@@ -261,6 +302,9 @@ def _model_dims(cfg) -> list[tuple[str, str, int]]:
           ("mlp", "intermediate_size", cfg.intermediate_size),
           ("embed", "hidden_size", cfg.hidden_size), ("embed_out", "hidden_size", cfg.hidden_size),
           ("vocab", "vocab_size", cfg.vocab_size), ("kv", "head size", cfg.head_dim)]
+  # A pruned layer's own head count (bertjax.prune) is sharded over the same axis.
+  dims += [("heads", f"pruned_heads[{i}] (leaving {cfg.layer_heads(i)} heads)", cfg.layer_heads(i))
+           for i in range(cfg.num_hidden_layers) if cfg.pruned_heads and cfg.pruned_heads[i]]
   if cfg.embedding_size:
     dims += [("embed", "embedding_size", cfg.embedding_size),
              ("embed_in", "embedding_size", cfg.embedding_size)]
@@ -310,7 +354,48 @@ def check_run(config, objective, model_cfg, mesh, workdir=None) -> int:
   check_positions(config, model_cfg)
   check_mesh(config, model_cfg, mesh, from_checkpoint=model_from_checkpoint(config, objective))
   check_corpus_tokenizer(config, objective, workdir)
+  check_freeze(config, objective, model_cfg)
   return accum
+
+
+def check_freeze(config, objective, model_cfg) -> None:
+  """freeze.* and head.* against the objective and the model trained (bertjax/freezing.py)."""
+  freeze, head = _get(config, "freeze"), _get(config, "head")
+  if freeze is not _MISSING:
+    _check_freeze_block(config, objective, model_cfg, freeze)
+  if head is _MISSING:
+    return
+  if head.features != "standard" and not getattr(objective, "feature_heads", False):
+    fail(f"head.features={head.features!r} applies to fine-tuning tasks (glue, squad, ner), not "
+         f"objective {config.objective}; fix: --config.head.features=standard")
+  if head.features in ("concat", "scalar_mix"):
+    problem = features.layers_error(tuple(head.layers), model_cfg.num_hidden_layers)
+    if problem:
+      fail(f"head.layers={tuple(head.layers)} {problem}; fix: --config.head.layers='(-4, -3, -2, -1)'")
+
+
+def _check_freeze_block(config, objective, model_cfg, freeze) -> None:
+  top, layers = freeze.train_top_layers, model_cfg.num_hidden_layers
+  if not freeze.encoder:
+    if top or freeze.train_embeddings:
+      key = "train_top_layers" if top else "train_embeddings"
+      fail(f"freeze.{key}={freeze[key]!r} applies only with freeze.encoder=True; fix: "
+           f"--config.freeze.encoder=True or --config.freeze.{key}={'0' if top else 'False'}")
+    return
+  if not getattr(objective, "feature_heads", False):
+    fail(f"freeze.encoder=True applies to fine-tuning tasks (glue, squad, ner), not objective "
+         f"{config.objective}; fix: --config.freeze.encoder=False")
+  if top > layers:
+    fail(f"freeze.train_top_layers={top} exceeds the model's {layers} layers; fix: "
+         f"--config.freeze.train_top_layers={layers} or less")
+  if top and model_cfg.scan_layers:
+    fail(f"freeze.train_top_layers={top} needs separate layers, but model.scan_layers=True stacks "
+         "them into one array per weight; fix: --config.model.scan_layers=False or "
+         "--config.freeze.train_top_layers=0")
+  if top and model_cfg.num_groups != layers:
+    fail(f"freeze.train_top_layers={top}: the model's {layers} layers share {model_cfg.num_groups} "
+         "parameter group(s) (ALBERT), so no layer trains alone; fix: "
+         "--config.freeze.train_top_layers=0")
 
 
 def model_from_checkpoint(config, objective) -> bool:
@@ -368,7 +453,7 @@ def check_corpus_tokenizer(config, objective, workdir) -> None:
   folder = _init_from_tokenizer(config)
   if (folder is None or objective.data_kind == "task" or config.data.synthetic
       or config.get("data_dir") or workdir is None
-      or (pathlib.Path(workdir) / "prepared" / "meta.json").exists()):
+      or (paths.as_path(workdir) / "prepared" / "meta.json").exists()):
     return
   if not config.data.tokenizer:
     fail(f"init_from={config.init_from} was trained with its own tokenizer, but a new one would be "
@@ -388,7 +473,7 @@ def _data_source(config, objective, workdir) -> tuple[str, str]:
     return (f"the corpus prepared in data_dir={config.data_dir}",
             f"prepare the corpus with it (python -m bertjax.data.prepare --tokenizer {folder}) "
             "and point --config.data_dir there")
-  prepared = pathlib.Path(workdir or ".") / "prepared"
+  prepared = paths.as_path(workdir or ".") / "prepared"
   return (f"the corpus prepared in {prepared}",
           f"--config.data.tokenizer={folder} and a new --workdir ({prepared} holds the corpus "
           "tokenized the other way)")

@@ -21,6 +21,8 @@ import os
 import sys
 from typing import Callable, NoReturn
 
+from etils import epath
+
 
 EXIT_FINISHED = 0
 EXIT_USER_ERROR = 2
@@ -45,11 +47,12 @@ def fail(message: str) -> NoReturn:
 
 def read_text(path: str | os.PathLike, what: str = "file") -> str:
   """The whole of `path` decoded as UTF-8 (a leading byte-order mark dropped; line ends kept as
-  they are). A missing or unreadable file, or bytes that are not UTF-8, fail with one line that
-  names the file, the line and the byte offset of the first bad byte."""
+  they are); local or remote (gs://...). A missing or unreadable file, or bytes that are not
+  UTF-8, fail with one line that names the file, the line and the byte offset of the first bad
+  byte."""
   path = os.fspath(path)
   try:
-    with open(path, "rb") as f:
+    with epath.Path(path).open("rb") as f:
       data = f.read()
   except OSError as e:
     fail(f"cannot read {what} {path} ({e.strerror or type(e).__name__}); check the path")

@@ -17,7 +17,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import jax
 import numpy as np
 
-from bertjax.data import packing, pipeline, prepare, sources, synthetic, tokenizers
+from bertjax import paths
+from bertjax.data import packing, pipeline, prepare, records, sources, synthetic, tokenizers
 from bertjax.data.masking import SpecialIds
 from bertjax.errors import fail
 
@@ -29,6 +30,7 @@ class Inputs:
   vocab_size: int
   tokenizer: Any = None
   num_train_rows: int | None = None            # a finite training set's size (fine-tuning)
+  num_eval_batches: int | None = None          # how many batches eval_batches yields, if known
 
 
 class DocumentSlice(Sequence):
@@ -46,15 +48,16 @@ class DocumentSlice(Sequence):
     return self.corpus[self.start + i]
 
 
-def prepared_corpus_dir(config, workdir: pathlib.Path) -> pathlib.Path:
+def prepared_corpus_dir(config, workdir: paths.Path) -> pathlib.Path:
   """The prepared corpus to train on, preparing `config.data.corpus` first if needed: again when
-  its files, format or tokenizer changed since, unless checkpoints were trained on the old one."""
+  its files, format or tokenizer changed since, unless checkpoints were trained on the old one.
+  A remote one (gs://...) is read from a local copy (`paths.reading`)."""
   if config.data_dir:
-    path = pathlib.Path(config.data_dir)
+    path = paths.as_path(config.data_dir)
     if not path.is_dir():
       fail(f"data_dir={path} does not exist; prepare a corpus with `python -m bertjax.data.prepare` "
            f"or set --config.data.corpus to raw text")
-    return path
+    return paths.reading(path)
   if not config.data.corpus:
     fail("no training data: set --config.data_dir to a prepared corpus or --config.data.corpus to "
          "raw text files")
@@ -65,9 +68,10 @@ def prepared_corpus_dir(config, workdir: pathlib.Path) -> pathlib.Path:
   provenance = {**docs.provenance(), "tokenizer": _tokenizer_setting(config, given)}
   overwrite = False
   if (out / "meta.json").exists():
-    changed = prepare.changed_inputs(prepare.PreparedCorpus(out).meta.get("provenance"), provenance)
+    changed = prepare.changed_inputs(prepare.PreparedCorpus(paths.reading(out)).meta.get("provenance"),
+                                     provenance)
     if not changed:
-      return out
+      return paths.reading(out)
     if _has_checkpoints(workdir):
       fail(f"data.corpus is not what {out} was prepared from ({changed}) and this workdir's "
            "checkpoints were trained on the old corpus; use a new --workdir, or restore the old "
@@ -83,9 +87,10 @@ def prepared_corpus_dir(config, workdir: pathlib.Path) -> pathlib.Path:
     tokenizer = tokenizers.train_sentencepiece(sources.iter_sentences(docs), None,
                                                vocab_size=config.data.vocab_size)
   logging.info("tokenizing %s into %s", globs, out)
-  prepare.prepare_corpus(docs, tokenizer, out, num_shards=1, overwrite=overwrite,
-                         provenance=provenance)
-  return out
+  with paths.writing(out, last=(records.META_FILE,), replace=overwrite) as local_out:
+    prepare.prepare_corpus(docs, tokenizer, local_out, num_shards=1, overwrite=overwrite,
+                           provenance=provenance)
+  return paths.reading(out)
 
 
 def _tokenizer_setting(config, given: tokenizers.Tokenizer | None) -> dict:
@@ -97,7 +102,7 @@ def _tokenizer_setting(config, given: tokenizers.Tokenizer | None) -> dict:
   return {"trained_vocab_size": int(config.data.vocab_size)}
 
 
-def _has_checkpoints(workdir: pathlib.Path) -> bool:
+def _has_checkpoints(workdir: paths.Path) -> bool:
   directory = workdir / "checkpoints"
   return directory.is_dir() and any(p.name.isdigit() for p in directory.iterdir())
 
@@ -151,7 +156,7 @@ class SyntheticBatches:
     self.index = int(state.get("index", 0))
 
 
-def build(config, workdir: pathlib.Path, objective) -> Inputs:
+def build(config, workdir: paths.Path, objective) -> Inputs:
   per_process = config.batch_size // jax.process_count()
   if config.data.synthetic:
     vocab = config.model.vocab_size
@@ -160,7 +165,8 @@ def build(config, workdir: pathlib.Path, objective) -> Inputs:
     def synthetic_eval():
       it = SyntheticBatches(config, vocab, config.seed + 1, per_process)
       return (next(it) for _ in range(config.data.eval_batches))
-    return Inputs(train=train, eval_batches=synthetic_eval, vocab_size=vocab)
+    return Inputs(train=train, eval_batches=synthetic_eval, vocab_size=vocab,
+                  num_eval_batches=config.data.eval_batches)
 
 
   if config.data.pack:  # refuse before a tokenizer is trained or a corpus prepared
@@ -213,4 +219,5 @@ def _pretraining_inputs(config, objective, per_process: int, train_docs, eval_do
       yield next(it)
 
   return Inputs(train=train, eval_batches=eval_batches, vocab_size=vocab_size,
-                tokenizer=tokenizer)
+                tokenizer=tokenizer,
+                num_eval_batches=config.data.eval_batches if len(eval_docs) else 0)

@@ -1,18 +1,27 @@
-"""Where metrics go: metrics.jsonl, TensorBoard event files, and a live console progress line.
+"""Where metrics go: metrics.jsonl, TensorBoard event files, and a console line per logged row.
 
 Only process 0 writes. Each logging event is one JSON object with at least `step` and `split`.
+The workdir may be remote (gs://...; bertjax/paths.py): metrics.jsonl is then rewritten whole at
+each logging event (an object cannot be appended to), and TensorBoard's event files, which
+tensorboardX writes to local files, are written in a local folder and copied to
+WORKDIR/tensorboard at each flush.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import pathlib
 import sys
-import time
+import tempfile
 
 import jax
+
+from bertjax import paths
+
+# The metrics a logged row's console line shows next to the loss, when present.
+SHOWN = ("mlm_accuracy", "nsp_accuracy", "sop_accuracy", "rtd_accuracy", "accuracy", "score", "f1",
+         "exact_match")
 
 
 class MetricWriter:
@@ -21,15 +30,17 @@ class MetricWriter:
                tensorboard: bool = True):
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
     self.total_steps = total_steps
-    self.path = pathlib.Path(workdir) / "metrics.jsonl"
+    self.path = paths.as_path(workdir) / "metrics.jsonl"
     self._tb = None
-    self._start = time.time()
-    self._start_step: int | None = None
+    self._tb_remote, self._tb_local = None, None
     if self.enabled and tensorboard:
       # Imported only when used: 1.3 s and 190 MB a run without TensorBoard does not pay.
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self._tb = SummaryWriter(str(pathlib.Path(workdir) / "tensorboard"))
-    self._tty = sys.stderr.isatty()
+      logdir = paths.as_path(workdir) / "tensorboard"
+      if paths.is_remote(logdir):
+        self._tb_remote, self._tb_local = logdir, tempfile.TemporaryDirectory(prefix="bertjax-tb-")
+        logdir = self._tb_local.name
+      self._tb = SummaryWriter(str(logdir))
 
   def resume_at(self, step: int) -> list[dict]:
     """The rows of the run so far, up to `step`, where a resumed run goes on. Rows past it were
@@ -48,9 +59,7 @@ class MetricWriter:
         kept_lines.append(line)
         rows.append(row)
     if self.enabled and len(kept_lines) < len(lines):  # rewritten only when a row goes
-      tmp = self.path.with_name(self.path.name + ".tmp")
-      tmp.write_text("".join(l + "\n" for l in kept_lines), encoding="utf-8")
-      os.replace(tmp, self.path)
+      paths.replace_text(self.path, "".join(l + "\n" for l in kept_lines))
     return rows
 
   def write(self, step: int, split: str, metrics: dict[str, float]) -> None:
@@ -58,43 +67,39 @@ class MetricWriter:
       return
     record = {"step": int(step), "split": split}
     record.update({k: _clean(v) for k, v in metrics.items()})
-    with self.path.open("a") as f:
-      f.write(json.dumps(record) + "\n")
+    paths.append_text(self.path, json.dumps(record) + "\n")
     if self._tb is not None:
       for k, v in metrics.items():
         if isinstance(v, (int, float)) and math.isfinite(v):
           self._tb.add_scalar(f"{split}/{k}", v, step)
       self._tb.flush()
+      self._copy_tensorboard()
     self.progress(step, split, metrics)
 
   def progress(self, step: int, split: str, metrics: dict[str, float]) -> None:
-    """One console line: step, loss, tokens/s, ETA (rewritten in place on a terminal)."""
-    if self._start_step is None:
-      self._start_step, self._start = step, time.time()
-    elapsed = time.time() - self._start
-    done = step - self._start_step
-    eta = elapsed / done * (self.total_steps - step) if done > 0 else float("nan")
-    parts = [f"[{split}] step {step}/{self.total_steps}"]
+    """One plain line per logged row, e.g. `train step 50/1000: loss 3.2100 mlm_accuracy 0.412 |
+    12,345 tok/s` (the ETA is on the progress lines, bertjax/progress.py)."""
+    parts = [f"{split} step {step}/{self.total_steps}:"]
     if "loss" in metrics:
       parts.append(f"loss {metrics['loss']:.4f}")
-    for k in ("mlm_accuracy", "nsp_accuracy", "sop_accuracy", "rtd_accuracy", "accuracy"):
-      if k in metrics:
-        parts.append(f"{k} {metrics[k]:.3f}")
+    for k in SHOWN:
+      if isinstance(metrics.get(k), (int, float)):
+        parts.append(f"{k} {metrics[k]:.4f}")
+    line = " ".join(parts)
     if "tokens_per_s" in metrics:
-      parts.append(f"{metrics['tokens_per_s']:.0f} tok/s")
-    if split == "train" and math.isfinite(eta):
-      parts.append(f"ETA {_fmt_time(eta)}")
-    line = "  ".join(parts)
-    if self._tty:
-      print("\r" + line.ljust(100), end="" if split == "train" else "\n", file=sys.stderr, flush=True)
-    else:
-      print(line, file=sys.stderr, flush=True)
+      line += f" | {metrics['tokens_per_s']:,.0f} tok/s"
+    print(line, file=sys.stderr, flush=True)
 
   def close(self) -> None:
-    if self._tty and self.enabled:
-      print(file=sys.stderr)
     if self._tb is not None:
       self._tb.close()
+      self._copy_tensorboard()
+      if self._tb_local is not None:
+        self._tb_local.cleanup()
+
+  def _copy_tensorboard(self) -> None:
+    if self._tb_remote is not None:
+      paths.upload(pathlib.Path(self._tb_local.name), self._tb_remote)
 
 
 def _clean(v):
@@ -105,15 +110,8 @@ def _clean(v):
   return v
 
 
-def _fmt_time(seconds: float) -> str:
-  seconds = int(seconds)
-  h, rem = divmod(seconds, 3600)
-  m, s = divmod(rem, 60)
-  return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
-
-
 def read_metrics(workdir: str | pathlib.Path) -> list[dict]:
-  path = pathlib.Path(workdir) / "metrics.jsonl"
+  path = paths.as_path(workdir) / "metrics.jsonl"
   if not path.exists():
     return []
   return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -58,6 +58,13 @@ class Objective:
     del data
     return Schedule(int(config.total_steps), int(config.eval_every))
 
+  @classmethod
+  def main_metric(cls, settings: Mapping[str, Any]) -> str:
+    """The eval metric that says how good a run is (`settings`: its config or config.json):
+    a pretraining objective's eval loss over its eval batches (lower is better)."""
+    del settings
+    return "loss"
+
   def evaluate(self, params, context) -> dict[str, float] | None:
     """Eval metrics at `context.step`: the trainer's metric sums over its eval batches (the
     context is the trainer's `EvalContext`); fine-tuning tasks override this to decode and score."""

@@ -8,7 +8,9 @@ fine-tuning recipe). The learning rate is injected as a hyperparameter so it can
 
 from __future__ import annotations
 
+import math
 import re
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -47,6 +49,59 @@ def decay_mask(params):
     names = [getattr(p, "key", str(p)) for p in path]
     return not (names[-1] in ("bias", "scale") or any("layer_norm" in n for n in names))
   return jax.tree_util.tree_map_with_path(keep, params)
+
+
+def prunable(params):
+  """True for the tensors magnitude pruning acts on: the kernels of the encoder's layers (the
+  attention's query, key, value and output, the feed-forward's intermediate and output); not
+  embeddings, the embedding projection, the pooler, task heads, LayerNorm or biases."""
+  def keep(path, _):
+    names = [getattr(p, "key", str(p)) for p in path]
+    return names[-1] == "kernel" and any(re.fullmatch(r"layer_\d+|layers", n) for n in names)
+  return jax.tree_util.tree_map_with_path(keep, params)
+
+
+class KeepZerosState(NamedTuple):
+  count: jax.Array  # <int32>[]: updates so far
+  live: Any         # <bool> tree like the params: False where a pruned weight must stay zero
+  size: jax.Array   # <int32>[]: weights in the selected tensors
+
+
+def held_sparsity(opt_state) -> jax.Array | None:
+  """The fraction of the selected weights `keep_pruned_zeros` holds at zero (None: no such
+  link in this optimizer), read from its state after an update."""
+  found = [s for s in jax.tree_util.tree_leaves(opt_state, is_leaf=lambda x: isinstance(
+      x, KeepZerosState)) if isinstance(s, KeepZerosState)]
+  if not found:
+    return None
+  s = found[0]
+  dead = sum(jnp.sum(~m) for m in jax.tree.leaves(s.live))
+  return dead.astype(jnp.float32) / jnp.maximum(s.size, 1).astype(jnp.float32)
+
+
+def keep_pruned_zeros(selected) -> optax.GradientTransformation:
+  """Holds pruned weights at exactly zero: the last link of the chain multiplies every update by
+  a fixed mask, taken at the first update from the weights then (zero: pruned) in the tensors
+  `selected` marks (a bool tree like the params, e.g. `prunable`). Weight decay, momentum and
+  Adam's moments act before it, so whatever they hold, a masked weight gets a zero update. The
+  mask lives in the optimizer state: a resumed run keeps it."""
+  def init(params):
+    size = sum(math.prod(jnp.shape(p)) for p, s in zip(jax.tree.leaves(params),
+                                                       jax.tree.leaves(selected)) if s)
+    return KeepZerosState(jnp.zeros((), jnp.int32),
+                          jax.tree.map(lambda p: jnp.ones(jnp.shape(p), bool), params),
+                          jnp.asarray(size, jnp.int32))
+
+  def update(updates, state, params=None):
+    if params is None:
+      raise ValueError("keep_pruned_zeros needs the params in update()")
+    first = state.count == 0
+    live = jax.tree.map(lambda s, p, m: jnp.where(first, p != 0, m) if s else m,
+                        selected, params, state.live)
+    updates = jax.tree.map(lambda u, m: jnp.where(m, u, jnp.zeros_like(u)), updates, live)
+    return updates, KeepZerosState(state.count + 1, live, state.size)
+
+  return optax.GradientTransformation(init, update)
 
 
 def layerwise_lr_scale(params, num_layers: int, decay: float):
@@ -114,6 +169,10 @@ def make_optimizer(config: ml_collections.ConfigDict, params=None,
     parts.append(opt)
     if o.get("layerwise_lr_decay", 1.0) != 1.0 and params is not None:
       parts.append(_scale_by_tree(layerwise_lr_scale(params, num_layers, o.layerwise_lr_decay)))
+    if o.get("keep_pruned", False):
+      if params is None:
+        fail("optimizer.keep_pruned needs the parameter tree to build its mask")
+      parts.append(keep_pruned_zeros(prunable(params)))
     return optax.chain(*parts)
 
   return build(learning_rate=schedule)

@@ -7,15 +7,22 @@ sub-folder holding a run is a point, its overrides read back from its name. Writ
                    metric's final and best value; a failed point shows its log's last line);
                    median, min-max and std over seeds of points that differ only by `seed`; the
                    best point per task and metric; for GLUE points, the GLUE average.
-  train_loss.png   the training loss of every point on one chart (train_loss.json: the plotted
-                   arrays).
-  dev_vs_lr.png    the main dev metric against the learning rate, one series per setting of the
-                   other swept keys: each seed a dot, the median a line (dev_vs_lr.json: the data).
+  train_loss.png   the training loss per setting of the swept keys other than `seed`: the median
+                   over its seeds at each logged step, a min-max band, each seed a thin line
+                   (train_loss.json: the plotted arrays and the labels drawn).
+  dev_vs_lr.png    the main dev metric at the last evaluation against the learning rate (ticks
+                   1e-4, 3e-4, ...), per setting of the other swept keys: the median over seeds
+                   (line), a min-max band, each seed a dot (dev_vs_lr.json: the data and labels).
 
 Dev metrics are the rows of metrics.jsonl with split "eval": "final" is the last evaluation,
 "best" the best over the run (lowest for losses and perplexities, highest otherwise). tokens/s
 is the median over the logged training windows (the first includes compilation). The main
-metric is `--metric`, else GLUE's `score`, else `mlm_accuracy`, else the first non-loss metric.
+metric is `--metric`, else the main metric of the points' objective (`Objective.main_metric`):
+a fine-tuning task's over its whole dev set (GLUE score, SQuAD F1, NER F1, POS accuracy), a
+pretraining objective's eval loss. A pretraining evaluation covers data.eval_batches batches of
+the held-out documents (quickstart's runlocal: 1 batch of 8 rows), not the whole held-out set:
+the report says how many, and its accuracies over so few masked tokens are noisy, which is why
+the loss is the default.
 
 The GLUE average follows the papers: per task, the setting (the swept keys other than seed)
 with the best median dev score over seeds is chosen and its median metrics are reported; the
@@ -34,15 +41,13 @@ import pathlib
 import statistics
 from typing import Any, Sequence
 
-from matplotlib.figure import Figure
-
-from bertjax import sweep as sweep_lib
+from bertjax import registry, sweep as sweep_lib
 from bertjax.metrics import glue
 from bertjax.errors import fail, run_cli
 from bertjax.metric_writers import read_metrics
+from bertjax.report_plots import plot_dev_vs_lr, plot_train_loss, setting_text
 
 SEED_KEYS = ("seed",)
-LR_KEY = "learning_rate"
 # Counters an evaluation logs next to its metrics: not metrics to compare.
 NOT_METRICS = {"step", "split", "examples"}
 
@@ -177,17 +182,45 @@ def load_points(sweep_dir: str | pathlib.Path) -> list[PointResult]:
 # Aggregates.
 
 
+def _objective_class(point: PointResult):
+  name = point.config.get("objective")
+  return registry.objective_class(name) if name in registry.REGISTERED else None
+
+
 def main_metric(points: Sequence[PointResult], requested: str | None = None) -> str | None:
+  """`requested`, else the main metric of the points' objective (a task's: GLUE score, SQuAD
+  F1, NER F1, POS accuracy; pretraining: the eval loss), else a guess from the logged names."""
   names = [k for p in points for k in p.final]
   if requested:
     if requested not in names:
       fail(f"--metric {requested!r} is not a dev metric of these points; use one of "
            f"{', '.join(sorted(set(names))) or '(none: no evaluation yet)'}")
     return requested
-  for candidate in ("score", "mlm_accuracy"):
+  for p in points:
+    cls = _objective_class(p)
+    if cls is not None and cls.main_metric(p.config) in names:
+      return cls.main_metric(p.config)
+  for candidate in ("score", "f1", "loss"):
     if candidate in names:
       return candidate
   return next((k for k in names if not lower_is_better(k)), names[0] if names else None)
+
+
+def metric_scope(points: Sequence[PointResult], metric: str | None) -> str:
+  """What the dev metric is computed over: a task's whole dev set, or a pretraining run's eval
+  batches (data.eval_batches x batch_size rows of the held-out documents, not all of them)."""
+  for p in points:
+    if metric not in p.final:
+      continue
+    cls = _objective_class(p)
+    if cls is not None and cls.data_kind == "task":
+      return "over the whole dev set"
+    data = p.config.get("data") or {}
+    batches, rows = data.get("eval_batches"), p.config.get("batch_size")
+    if isinstance(batches, int) and isinstance(rows, int) and cls is not None:
+      return (f"over {batches} batch{'es' if batches != 1 else ''} of {rows} held-out rows: "
+              f"data.eval_batches={batches}")
+  return ""
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -287,11 +320,6 @@ def _cell(text: Any) -> str:
   return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _setting_text(setting: tuple[tuple[str, str], ...]) -> str:
-  # Values are reprs (so 1 and '1' group apart); strings read better without their quotes.
-  return ", ".join(f"{k}={v.strip(chr(39))}" for k, v in setting) or "(base)"
-
-
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
@@ -299,7 +327,8 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
 
 
 def render_markdown(sweep_dir: pathlib.Path, points: Sequence[PointResult], metric: str | None,
-                    groups: list[dict], best: list[dict], glue_result: dict | None) -> str:
+                    groups: list[dict], best: list[dict], glue_result: dict | None,
+                    scope: str = "") -> str:
   keys = sorted({k for p in points for k in p.overrides})
   metrics = sorted({k for p in points for k in p.final})
   if metric in metrics:  # the main metric first
@@ -308,7 +337,8 @@ def render_markdown(sweep_dir: pathlib.Path, points: Sequence[PointResult], metr
   lines = [f"# Sweep report: {sweep_dir}", ""]
   counts = {s: sum(p.status == s for p in points) for s in sorted({p.status for p in points})}
   lines.append(f"{len(points)} points: " + ", ".join(f"{n} {s}" for s, n in counts.items())
-               + (f". Main dev metric: `{metric}`." if metric else "."))
+               + (f". Main dev metric: `{metric}`" + (f", {scope}" if scope else "") + "."
+                  if metric else "."))
   lines += ["", "## Points", "", "Dev metrics: final (best).", ""]
   header = ["point", *keys, "status", "steps", "wall s", "tokens/s",
             *[f"dev {m}" for m in metrics]]
@@ -326,7 +356,7 @@ def render_markdown(sweep_dir: pathlib.Path, points: Sequence[PointResult], metr
     header = ["setting", "seeds", *metrics]
     rows = []
     for g in groups:
-      row = [_setting_text(g["setting"]), ",".join(str(s) for s in g["seeds"])]
+      row = [setting_text(g["setting"]), ",".join(str(s) for s in g["seeds"])]
       for m in metrics:
         s = g["metrics"].get(m)
         row.append(f"{_fmt(s['median'])} [{_fmt(s['min'])}, {_fmt(s['max'])}] ± {_fmt(s['std'])}"
@@ -340,7 +370,7 @@ def render_markdown(sweep_dir: pathlib.Path, points: Sequence[PointResult], metr
     for task, c in glue_result["tasks"].items():
       shown = "; ".join(f"{n} " + ", ".join(f"{k} {_fmt(v)}" for k, v in m.items())
                         for n, m in c["metrics"].items())
-      rows.append([task, _setting_text(c["setting"]), c["seeds"], shown, _fmt(c["score"])])
+      rows.append([task, setting_text(c["setting"]), c["seeds"], shown, _fmt(c["score"])])
     lines += _table(["task", "setting", "seeds", "median dev metrics", "score"], rows)
     if glue_result["average"] is not None:
       lines += ["", f"**GLUE average: {_fmt(glue_result['average'])}** over "
@@ -353,85 +383,20 @@ def render_markdown(sweep_dir: pathlib.Path, points: Sequence[PointResult], metr
   return "\n".join(lines) + "\n"
 
 
-def _figure() -> tuple[Figure, Any]:
-  """A figure drawn straight to files (no pyplot, no display backend, nothing global)."""
-  fig = Figure(figsize=(8, 5), dpi=100)
-  return fig, fig.subplots()
-
-
-def plot_train_loss(points: Sequence[PointResult], path: pathlib.Path) -> dict[str, Any]:
-  """One line per point with logged training loss; the plotted arrays go to path.json."""
-  fig, ax = _figure()
-  curves = []
-  for p in points:
-    if p.train_steps:
-      ax.plot(p.train_steps, p.train_loss, label=p.name, marker="." if len(p.train_steps) < 30
-              else None)
-      curves.append({"point": p.name, "steps": p.train_steps, "loss": p.train_loss})
-  ax.set_xlabel("step")
-  ax.set_ylabel("training loss")
-  ax.set_title("training loss")
-  if curves:
-    ax.legend(fontsize=7, loc="best")
-  else:
-    ax.text(0.5, 0.5, "no training metrics yet", ha="center", transform=ax.transAxes)
-  fig.tight_layout()
-  fig.savefig(path)
-  data = {"curves": curves}
-  path.with_suffix(".json").write_text(json.dumps(data, indent=1))
-  return data
-
-
-def plot_dev_vs_lr(points: Sequence[PointResult], metric: str | None,
-                   path: pathlib.Path) -> dict[str, Any]:
-  """The final dev `metric` against the learning rate: per setting of the other swept keys,
-  a dot per seed and a line through the medians."""
-  fig, ax = _figure()
-  series: dict[tuple, dict[float, list[tuple[float, str]]]] = {}
-  for p in points:
-    lr = p.config.get(LR_KEY)
-    if metric and metric in p.final and isinstance(lr, (int, float)):
-      setting = tuple(kv for kv in p.setting if kv[0] != LR_KEY)
-      series.setdefault(setting, {}).setdefault(float(lr), []).append((p.final[metric], p.name))
-  data = {"metric": metric, "series": []}
-  for setting, by_lr in series.items():
-    lrs = sorted(by_lr)
-    medians = [statistics.median(v for v, _ in by_lr[lr]) for lr in lrs]
-    label = _setting_text(setting) if setting else "all points"
-    line, = ax.plot(lrs, medians, marker="o", label=label)
-    xs = [lr for lr in lrs for _ in by_lr[lr]]
-    ys = [v for lr in lrs for v, _ in by_lr[lr]]
-    ax.scatter(xs, ys, s=12, alpha=0.5, color=line.get_color())
-    data["series"].append({"label": label, "learning_rate": lrs, "median": medians,
-                           "points": [{"learning_rate": lr, "value": v, "point": n}
-                                      for lr in lrs for v, n in by_lr[lr]]})
-  ax.set_xscale("log")
-  ax.set_xlabel("learning rate")
-  ax.set_ylabel(f"dev {metric}" if metric else "dev metric")
-  ax.set_title(f"dev {metric} vs learning rate" if metric else "no dev metrics yet")
-  if data["series"]:
-    ax.legend(fontsize=7, loc="best")
-  else:
-    ax.text(0.5, 0.5, "no dev metric with a learning rate yet", ha="center",
-            transform=ax.transAxes)
-  fig.tight_layout()
-  fig.savefig(path)
-  path.with_suffix(".json").write_text(json.dumps(data, indent=1))
-  return data
-
-
 def write_report(sweep_dir: str | pathlib.Path, metric: str | None = None) -> dict[str, Any]:
   """Writes report.md, train_loss.png and dev_vs_lr.png (with .json data) into `sweep_dir`."""
   sweep_dir = pathlib.Path(sweep_dir)
   points = load_points(sweep_dir)
   metric = main_metric(points, metric)
+  scope = metric_scope(points, metric)
   groups, best, glue_result = seed_groups(points), best_points(points), glue_summary(points)
-  text = render_markdown(sweep_dir, points, metric, groups, best, glue_result)
+  text = render_markdown(sweep_dir, points, metric, groups, best, glue_result, scope)
   (sweep_dir / "report.md").write_text(text)
   plot_train_loss(points, sweep_dir / "train_loss.png")
-  plot_dev_vs_lr(points, metric, sweep_dir / "dev_vs_lr.png")
-  return {"points": points, "metric": metric, "seed_groups": groups, "best": best,
-          "glue": glue_result, "markdown": text}
+  plot_dev_vs_lr(points, metric, sweep_dir / "dev_vs_lr.png", scope,
+                 lower_is_better(metric or ""))
+  return {"points": points, "metric": metric, "scope": scope, "seed_groups": groups,
+          "best": best, "glue": glue_result, "markdown": text}
 
 
 def main(argv: Sequence[str] | None = None) -> None:

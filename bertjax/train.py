@@ -26,11 +26,12 @@ import ml_collections
 import numpy as np
 import optax
 
-from bertjax import (checkpoints, config_checks, divergence, optim, prefetch, sharding,
-                     workdir as workdir_lib)
+from bertjax import (checkpoints, config_checks, divergence, freezing, optim, paths, prefetch,
+                     sharding, workdir as workdir_lib)
 from bertjax.metric_writers import MetricWriter
 from bertjax.models.config import ModelConfig
 from bertjax.objective import Schedule
+from bertjax.progress import EVERY_S, Progress
 from bertjax.registry import get_objective
 
 
@@ -54,34 +55,38 @@ def split_micro_batches(batch, accum: int):
   return jax.tree.map(split, batch)
 
 
-def make_train_step(objective, model, optimizer, accum: int, skip_nonfinite: bool = False
-                    ) -> Callable:
+def make_train_step(objective, model, optimizer, accum: int, skip_nonfinite: bool = False,
+                    partition: freezing.Partition | None = None) -> Callable:
   """The jitted-to-be step. Every step reports `nonfinite` (1 when its loss or gradient norm is
   not finite); with `skip_nonfinite` such a step leaves parameters and optimizer state as they
-  were (bertjax.divergence)."""
+  were (bertjax.divergence). `partition` (a frozen encoder, bertjax.freezing): gradients,
+  optimizer state and updates cover its trainable parameters only."""
+  partition = partition or freezing.Partition(frozenset(), frozen_any=False)
 
   def train_step(state: TrainState, batch):
     rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     denominators = objective.denominators(batch)
-    loss_fn = lambda p, mb, r: objective.loss(model, p, mb, r, denominators, deterministic=False)
+    trainable, frozen = partition.split(state.params)
+    loss_fn = lambda p, mb, r: objective.loss(model, partition.merge(p, frozen), mb, r,
+                                              denominators, deterministic=False)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if accum == 1:
-      (loss, metrics), grads = grad_fn(state.params, batch, rng)
+      (loss, metrics), grads = grad_fn(trainable, batch, rng)
     else:
       micro = split_micro_batches(batch, accum)
 
       def body(carry, xs):
         i, mb = xs
-        (l, m), g = grad_fn(state.params, mb, jax.random.fold_in(rng, i))
+        (l, m), g = grad_fn(trainable, mb, jax.random.fold_in(rng, i))
         acc_l, acc_m, acc_g = carry
         return (acc_l + l, jax.tree.map(jnp.add, acc_m, m), jax.tree.map(jnp.add, acc_g, g)), None
 
-      (l0, m0), g0 = jax.eval_shape(grad_fn, state.params, jax.tree.map(lambda x: x[0], micro), rng)
+      (l0, m0), g0 = jax.eval_shape(grad_fn, trainable, jax.tree.map(lambda x: x[0], micro), rng)
       zeros = lambda t: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), t)
       (loss, metrics, grads), _ = jax.lax.scan(
           body, (zeros(l0), zeros(m0), zeros(g0)), (jnp.arange(accum), micro))
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    updates, opt_state = optimizer.update(grads, state.opt_state, trainable)
+    params = partition.merge(optax.apply_updates(trainable, updates), frozen)
     grad_norm = optax.tree.norm(grads)
     finite = divergence.step_is_finite(loss, grad_norm)
     metrics = {**metrics, "loss": (loss, jnp.ones_like(loss))}
@@ -92,6 +97,9 @@ def make_train_step(objective, model, optimizer, accum: int, skip_nonfinite: boo
     metrics["learning_rate"] = (optim.current_learning_rate(state.opt_state), jnp.ones(()))
     metrics["grad_norm"] = (grad_norm, jnp.ones(()))
     metrics["nonfinite"] = (1.0 - finite.astype(jnp.float32), jnp.ones(()))
+    sparsity = optim.held_sparsity(opt_state)  # optimizer.keep_pruned: the zeros held
+    if sparsity is not None:
+      metrics["sparsity"] = (sparsity, jnp.ones(()))
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
 
@@ -145,21 +153,35 @@ class EvalContext:
   """What an objective's `evaluate` may use: the mesh, a jitted metric step and the eval batches."""
   mesh: Any
   rules: Any
-  workdir: pathlib.Path
+  workdir: paths.Path
   step: int
   total_steps: int
   eval_step: Callable      # (params, sharded batch) -> (numerator, denominator) metric sums
   batches: Callable        # () -> iterable of host (numpy) batches
+  num_batches: int | None = None   # how many `batches` yields, when known
+  progress_every_s: float = EVERY_S
+  clock: Callable[[], float] = time.monotonic
 
   def shard(self, batch):
     return sharding.shard_batch(batch, self.mesh)
 
+  def progress(self, what: str, total: int | None, unit: str = "batch") -> Progress:
+    """Progress lines of an evaluation pass (bertjax/progress.py); process 0 prints them."""
+    return Progress(what, total, unit=unit, every_s=self.progress_every_s, clock=self.clock,
+                    enabled=jax.process_index() == 0)
+
   def metric_sums(self, params) -> dict[str, float] | None:
     """The default evaluation: metric sums over the eval batches, divided at the end."""
     sums = None
-    for batch in self.batches():
+    lines = self.progress(f"eval at step {self.step}:", self.num_batches)
+
+    def finished_so_far():  # a progress line times the batches done, not those dispatched
+      jax.block_until_ready(sums)
+
+    for i, batch in enumerate(self.batches()):
       with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
         sums = add_metrics(sums, self.eval_step(params, self.shard(batch)))
+      lines.update(i + 1, finished_so_far)
     return summarize(sums) if sums is not None else None
 
 
@@ -177,21 +199,24 @@ def param_shardings_for(objective, model, config, mesh, init_batch, abstract_box
   return abstract_boxed, shardings
 
 
-def create_train_state(objective, model, optimizer, config, mesh, init_batch, abstract_boxed=None):
+def create_train_state(objective, model, optimizer, config, mesh, init_batch, abstract_boxed=None,
+                       partition: freezing.Partition | None = None):
   """Parameters and optimizer state created already sharded: shapes, specs, one jitted init.
 
   The model's init is traced once for the shapes (or not at all, given `abstract_boxed`) and
-  once more by the jitted init that allocates them.
+  once more by the jitted init that allocates them. With `partition`, the optimizer state
+  covers its trainable parameters only.
   """
+  partition = partition or freezing.Partition(frozenset(), frozen_any=False)
   rules = sharding.rules_from_config(config)
   rng = jax.random.key(config.seed)
   abstract_boxed, param_shardings = param_shardings_for(objective, model, config, mesh, init_batch,
                                                         abstract_boxed)
   abstract_params = nn.meta.unbox(abstract_boxed)
-  abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
+  abstract_opt = jax.eval_shape(optimizer.init, partition.trainable(abstract_params))
   repl = sharding.replicated(mesh)
   opt_shardings = optax.tree_map_params(
-      optimizer, lambda _, s: s, abstract_opt, param_shardings,
+      optimizer, lambda _, s: s, abstract_opt, partition.trainable(param_shardings),
       transform_non_params=lambda _: repl)
   state_shardings = TrainState(step=repl, params=param_shardings, opt_state=opt_shardings, rng=repl)
   abstract_state = TrainState(
@@ -200,7 +225,8 @@ def create_train_state(objective, model, optimizer, config, mesh, init_batch, ab
 
   def init(rng):
     params = nn.meta.unbox(objective.init_params(model, jax.random.fold_in(rng, 1), init_batch))
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=optimizer.init(partition.trainable(params)),
                       rng=jax.random.key_data(jax.random.fold_in(rng, 2)))
 
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
@@ -223,6 +249,7 @@ class Setup:
   train_step: Callable     # jitted (state, sharded batch) -> (state, metrics); donates the state
   eval_step: Callable      # jitted (params, sharded batch) -> metric sums
   num_params: int
+  partition: freezing.Partition | None = None  # a frozen encoder's trainable/frozen split
 
 
 def setup(config, objective, model_cfg: ModelConfig, mesh) -> tuple[Setup, TrainState]:
@@ -233,21 +260,24 @@ def setup(config, objective, model_cfg: ModelConfig, mesh) -> tuple[Setup, Train
   init_batch = objective.init_batch(1, config.max_seq_length, config.max_predictions_per_seq)
   # The optimizer sees the parameter tree (shapes only) for per-layer learning-rate scales.
   abstract_boxed = abstract_params_of(objective, model, init_batch)
-  optimizer = optim.make_optimizer(config, params=nn.meta.unbox(abstract_boxed),
+  partition = freezing.Partition.of(nn.meta.unbox(abstract_boxed),
+                                    freezing.FreezeSpec.from_config(config),
+                                    model_cfg.num_hidden_layers)
+  optimizer = optim.make_optimizer(config, params=partition.trainable(nn.meta.unbox(abstract_boxed)),
                                    num_layers=model_cfg.num_hidden_layers)
   state, state_shardings, abstract_state = create_train_state(
-      objective, model, optimizer, config, mesh, init_batch, abstract_boxed)
+      objective, model, optimizer, config, mesh, init_batch, abstract_boxed, partition)
   batch_shard = sharding.batch_sharding(mesh)
   metric_shard = sharding.replicated(mesh)
   skip = divergence.check_policy(config.get("nonfinite_policy", "stop")) == "skip"
-  train_step = jax.jit(make_train_step(objective, model, optimizer, accum, skip),
+  train_step = jax.jit(make_train_step(objective, model, optimizer, accum, skip, partition),
                        in_shardings=(state_shardings, batch_shard),
                        out_shardings=(state_shardings, metric_shard), donate_argnums=(0,))
   eval_step = jax.jit(make_eval_step(objective, model),
                       in_shardings=(state_shardings.params, batch_shard), out_shardings=metric_shard)
   run = Setup(mesh=mesh, rules=sharding.rules_from_config(config), state_shardings=state_shardings,
               abstract_state=abstract_state, train_step=train_step, eval_step=eval_step,
-              num_params=sum(x.size for x in jax.tree.leaves(state.params)))
+              num_params=sum(x.size for x in jax.tree.leaves(state.params)), partition=partition)
   return run, state
 
 
@@ -267,12 +297,13 @@ def _resolved(config, model_cfg: ModelConfig | None) -> dict:
   return {**resolved, "model": model_cfg.to_dict()} if model_cfg else resolved
 
 
-def _write_run_files(config, workdir: pathlib.Path, model_cfg: ModelConfig, data) -> None:
+def _write_run_files(config, workdir: paths.Path, model_cfg: ModelConfig, data) -> None:
   """config.json (`_resolved`) and the tokenizer."""
   resolved = _resolved(config, model_cfg)
   (workdir / "config.json").write_text(json.dumps(resolved, indent=2, sort_keys=True, default=str))
   if data.tokenizer is not None and jax.process_index() == 0 and not (workdir / "tokenizer").exists():
-    data.tokenizer.save(workdir / "tokenizer")
+    with paths.writing(workdir / "tokenizer") as folder:
+      data.tokenizer.save(folder)
 
 
 @dataclasses.dataclass
@@ -286,6 +317,8 @@ class _Progress:
   compiling: bool = True
   first: dict | None = None
   last: dict | None = None
+  first_step: int | None = None
+  last_step: int | None = None
   last_eval: dict | None = None
   last_eval_step: int | None = None
   watch: divergence.Watch | None = None
@@ -299,6 +332,8 @@ class _Progress:
     eval_rows = [r for r in history if r.get("split") == "eval"]
     return cls(first=values(train_rows[0]) if train_rows else None,
                last=values(train_rows[-1]) if train_rows else None,
+               first_step=train_rows[0]["step"] if train_rows else None,
+               last_step=train_rows[-1]["step"] if train_rows else None,
                last_eval=values(eval_rows[-1]) if eval_rows else None,
                last_eval_step=eval_rows[-1]["step"] if eval_rows else None, watch=watch)
 
@@ -313,6 +348,10 @@ class _Progress:
       self.tokens += int(np.sum(batch["attention_mask"])) * jax.process_count()
       self.timed_steps += 1
 
+  def window_loss(self, metrics) -> float:
+    """The mean training loss of the steps since the last logged row (waits for them)."""
+    return summarize({"loss": (self.sums or metrics)["loss"]})["loss"]
+
   def log(self, writer: MetricWriter, step: int, metrics) -> None:
     logged = summarize(self.sums)
     # learning_rate and grad_norm were summed over the window: report the last step's values.
@@ -323,19 +362,24 @@ class _Progress:
       logged["tokens_per_s"] = self.tokens / elapsed
       logged["steps_per_s"] = self.timed_steps / elapsed
     writer.write(step, "train", logged)
-    self.first = self.first or logged
-    self.last = logged
+    if self.first is None:
+      self.first, self.first_step = logged, step
+    self.last, self.last_step = logged, step
     self.sums, self.tokens, self.timed_steps, self.t_log = None, 0, 0, time.time()
 
 
 def _train_loop(config, s: Setup, state: TrainState, data, ckpt, writer: MetricWriter,
-                run_eval: Callable, progress: _Progress) -> tuple[TrainState, int, str]:
-  """Steps until total_steps or SIGTERM: logging, evaluation and checkpoints on their cadence.
-  Returns the state, the step reached and why the loop ended."""
+                run_eval: Callable, progress: _Progress, clock: Callable[[], float]
+                ) -> tuple[TrainState, int, str]:
+  """Steps until total_steps or SIGTERM: logging, evaluation and checkpoints on their cadence,
+  a progress line every `progress_every_s` seconds. Returns the state, the step reached and why
+  the loop ended."""
   step = int(jax.device_get(state.step))
   stop_reason = "finished"
   batches = prefetch.DevicePrefetch(data.train, lambda b: sharding.shard_batch(b, s.mesh),
                                     config.get("prefetch_batches", 2))
+  lines = Progress("train", config.total_steps, every_s=config.get("progress_every_s", EVERY_S),
+                   clock=clock, enabled=jax.process_index() == 0)
   with _Preemption() as preemption:
     while step < config.total_steps:
       batch, device_batch = next(batches)
@@ -343,6 +387,7 @@ def _train_loop(config, s: Setup, state: TrainState, data, ckpt, writer: MetricW
         state, metrics = s.train_step(state, device_batch)
       step += 1
       progress.add(batch, metrics, state.step)
+      lines.update(step, lambda: {"loss": progress.window_loss(metrics)})
       if step % config.log_every == 0 or step == config.total_steps:
         progress.log(writer, step, metrics)
         progress.watch.check()
@@ -361,10 +406,12 @@ def _train_loop(config, s: Setup, state: TrainState, data, ckpt, writer: MetricW
   return state, step, stop_reason
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> dict:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
+                       clock: Callable[[], float] = time.monotonic) -> dict:
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns a summary.
-  One run at a time holds the workdir (bertjax/workdir.py)."""
-  workdir = pathlib.Path(workdir)
+  One run at a time holds the workdir (bertjax/workdir.py). `clock` times the progress lines
+  (bertjax/progress.py)."""
+  workdir = paths.as_path(workdir)
   # Settings are checked before anything is created, prepared, trained or written.
   config_checks.check_settings(config, workdir)
   objective = get_objective(config)
@@ -373,11 +420,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   config_checks.check_run(config, objective, model_cfg, mesh, workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   with workdir_lib.locked(workdir):
-    return _train_and_evaluate(config, workdir, objective, mesh, model_cfg)
+    return _train_and_evaluate(config, workdir, objective, mesh, model_cfg, clock)
 
 
-def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path, objective,
-                        mesh, model_cfg: ModelConfig) -> dict:
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.Path, objective,
+                        mesh, model_cfg: ModelConfig, clock: Callable[[], float]) -> dict:
   # A resumed run's settings against its config.json, before anything is prepared or written;
   # the schedule again once the inputs have derived it.
   settings = workdir_lib.Settings(workdir, config.get("allow_changed_settings", False))
@@ -388,6 +435,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
   settings.check(_resolved(config, model_cfg))
   s, state = setup(config, objective, model_cfg, mesh)
   logging.info("model: %s parameters", f"{s.num_params:,}")
+  if s.partition.frozen_any:
+    logging.info(s.partition.describe(state.params))
 
   best = checkpoints.BestKeeper(workdir, config.get("best_metric", ""), config.get("best_mode", "max"))
   ckpt = checkpoints.Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints,
@@ -410,7 +459,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
 
     def run_eval(step, state):
       context = EvalContext(mesh=mesh, rules=s.rules, workdir=workdir, step=step,
-                            total_steps=config.total_steps, eval_step=s.eval_step, batches=data.eval_batches)
+                            total_steps=config.total_steps, eval_step=s.eval_step,
+                            batches=data.eval_batches, num_batches=data.num_eval_batches,
+                            progress_every_s=config.get("progress_every_s", EVERY_S), clock=clock)
       metrics = objective.evaluate(state.params, context)
       if metrics:
         writer.write(step, "eval", metrics)
@@ -421,7 +472,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
     progress = _Progress.resumed(writer.resume_at(step0), divergence.Watch(
         config.get("nonfinite_policy", "stop"), int(jax.device_get(state.step)),
         config.learning_rate, model_cfg.dtype))
-    state, step, stop_reason = _train_loop(config, s, state, data, ckpt, writer, run_eval, progress)
+    state, step, stop_reason = _train_loop(config, s, state, data, ckpt, writer, run_eval, progress,
+                                           clock)
     if config.eval_every and step == config.total_steps and progress.last_eval_step != step:
       progress.last_eval = run_eval(step, state) or progress.last_eval
   finally:
@@ -431,6 +483,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: pathlib.Path
   summary = {"workdir": str(workdir), "step": step, "status": stop_reason,
              "checkpoint": str(ckpt.directory / str(ckpt.latest_step())) if ckpt.latest_step() else None,
              "first_train": progress.first, "last_train": progress.last,
-             "last_eval": progress.last_eval, "num_params": int(s.num_params)}
+             "last_eval": progress.last_eval, "first_train_step": progress.first_step,
+             "last_train_step": progress.last_step, "last_eval_step": progress.last_eval_step,
+             "num_params": int(s.num_params)}
   (workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
   return summary

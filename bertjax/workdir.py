@@ -4,6 +4,10 @@
   workdir and removed when it ends. A second run is refused while the holder lives; a lock whose
   process is gone (killed, on this host) is taken over with a warning. On another host nothing can
   be checked: the run is refused, and the message says to delete the file if that run is gone.
+  The workdir may be remote (gs://...; bertjax/paths.py): the same rules hold, since the pid is
+  checked only on the host the lock names. An object store offers no exclusive create through
+  fsspec, so there the lock is written, then read back (ours: taken); two runs starting within
+  that round trip could both proceed: start one run per workdir.
 - WORKDIR/config.json is the record of the run. A resumed run compares its resolved config with
   it key by key: cadence and placement settings (`CADENCE`, `PLACEMENT`) and a longer
   `total_steps` may change; any other change is refused with the list of changed keys, unless
@@ -28,6 +32,7 @@ from typing import Any, Iterator
 from flax import traverse_util
 import jax
 
+from bertjax import paths
 from bertjax.errors import fail, read_text
 
 LOCK = "lock"
@@ -35,7 +40,7 @@ CHANGES = "changes.jsonl"
 OVERRIDE = "allow_changed_settings"  # an instruction to one invocation: never compared or recorded
 # How often a run logs, evaluates and checkpoints: never what it trains.
 CADENCE = ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "async_checkpointing",
-           "tensorboard")
+           "tensorboard", "progress_every_s")
 # How a run is placed and computed (devices, micro-batches, padding, recomputation, kernels):
 # the same training up to floating-point rounding. A resumed run may need new ones (other devices).
 PLACEMENT = ("distributed", "mesh_shape", "logical_rules", "grad_accum_steps", "prefetch_batches",
@@ -44,6 +49,12 @@ PLACEMENT = ("distributed", "mesh_shape", "logical_rules", "grad_accum_steps", "
 # Decided with the data (fine-tuning tasks derive them): compared once the schedule is known.
 SCHEDULE = ("total_steps", "eval_every")
 _ABSENT = "(absent)"
+# Settings added after runs were recorded without them, at the value that trains as before: a
+# run recorded before they existed resumes with them at that value.
+INERT_DEFAULTS = {"freeze.encoder": False, "freeze.train_top_layers": 0,
+                  "freeze.train_embeddings": False, "head.features": "standard",
+                  "head.layers": [-4, -3, -2, -1], "head.pooling": "cls",
+                  "optimizer.keep_pruned": False}
 _SHOWN = 6  # changed keys shown with their values in a refusal
 
 _held: set[str] = set()  # the locks this process holds (a pid of ours in a lock may be a past run's)
@@ -54,12 +65,12 @@ _held: set[str] = set()  # the locks this process holds (a pid of ours in a lock
 
 
 @contextlib.contextmanager
-def locked(workdir: pathlib.Path) -> Iterator[None]:
+def locked(workdir: paths.Path) -> Iterator[None]:
   """Holds WORKDIR/lock for the duration (process 0 of a multi-host run only)."""
   if jax.process_index() != 0:
     yield
     return
-  path = pathlib.Path(workdir) / LOCK
+  path = paths.as_path(workdir) / LOCK
   mine = _acquire(path)
   try:
     yield
@@ -67,9 +78,11 @@ def locked(workdir: pathlib.Path) -> Iterator[None]:
     _release(path, mine)
 
 
-def _acquire(path: pathlib.Path) -> str:
+def _acquire(path: paths.Path) -> str:
   mine = json.dumps({"pid": os.getpid(), "hostname": socket.gethostname(),
                      "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")})
+  if paths.is_remote(path):
+    return _acquire_remote(path, mine)
   for _ in range(10):
     try:
       fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -80,19 +93,36 @@ def _acquire(path: pathlib.Path) -> str:
       continue
     with os.fdopen(fd, "w") as f:
       f.write(mine)
-    _held.add(str(path.absolute()))
+    _held.add(str(paths.absolute(path)))
     return mine
   fail(f"could not take {path}: other runs keep taking it; start one run per --workdir")
 
 
-def _release(path: pathlib.Path, mine: str) -> None:
-  _held.discard(str(path.absolute()))
+def _acquire_remote(path: paths.Path, mine: str) -> str:
+  """`_acquire` on an object store: write, then read back (no exclusive create there)."""
+  for _ in range(10):
+    text = _read_lock(path) if path.exists() else None
+    if text is not None:
+      _refuse_unless_stale(path, text)
+      if _read_lock(path) == text:  # unchanged since read: still the dead run's
+        path.unlink(missing_ok=True)
+        _warn_taken_over(path, text)
+      continue
+    path.write_text(mine)
+    if _read_lock(path) == mine:
+      _held.add(str(paths.absolute(path)))
+      return mine
+  fail(f"could not take {path}: other runs keep taking it; start one run per --workdir")
+
+
+def _release(path: paths.Path, mine: str) -> None:
+  _held.discard(str(paths.absolute(path)))
   with contextlib.suppress(FileNotFoundError):
     if path.read_text() == mine:  # never another run's lock
       path.unlink()
 
 
-def _read_lock(path: pathlib.Path) -> str | None:
+def _read_lock(path: paths.Path) -> str | None:
   """The lock's text (None: it is gone). A lock just created may not be written yet: wait."""
   for _ in range(20):
     try:
@@ -107,7 +137,7 @@ def _read_lock(path: pathlib.Path) -> str | None:
   fail(f"{path} is not a lock this program wrote; delete it if no run uses {path.parent}")
 
 
-def _refuse_unless_stale(path: pathlib.Path, text: str) -> bool:
+def _refuse_unless_stale(path: paths.Path, text: str) -> bool:
   """True when the lock's process is gone (this host); else a one-line refusal."""
   holder = json.loads(text)
   pid, host, since = holder.get("pid"), holder.get("hostname"), holder.get("started")
@@ -115,7 +145,7 @@ def _refuse_unless_stale(path: pathlib.Path, text: str) -> bool:
   if host != socket.gethostname():
     fail(f"{in_use}; it cannot be checked from {socket.gethostname()}: wait for it, use another "
          f"--workdir, or delete {path} if that run is gone")
-  if _alive(int(pid), since, str(path.absolute())):
+  if _alive(int(pid), since, str(paths.absolute(path))):
     fail(f"{in_use}; wait for it or use another --workdir")
   return True
 
@@ -148,7 +178,7 @@ def _gone_or_reused(pid: int, since: str) -> bool:
   return fields[0] == "Z" or started > locked_at + 3
 
 
-def _take_over(path: pathlib.Path, text: str) -> None:
+def _take_over(path: paths.Path, text: str) -> None:
   """Moves a stale lock aside (one atomic rename, so of two runs taking over, one wins)."""
   aside = path.with_name(f"{LOCK}.stale.{os.getpid()}")
   try:
@@ -161,6 +191,10 @@ def _take_over(path: pathlib.Path, text: str) -> None:
     aside.unlink()
     return
   aside.unlink()
+  _warn_taken_over(path, text)
+
+
+def _warn_taken_over(path: paths.Path, text: str) -> None:
   holder = json.loads(text)
   logging.warning("took over the stale lock %s: pid %s on %s (since %s) is gone", path,
                   holder.get("pid"), holder.get("hostname"), holder.get("started"))
@@ -184,6 +218,8 @@ def as_recorded(resolved: dict) -> dict:
 
 def allowed(key: str, old: Any, new: Any) -> str | None:
   """None when a resumed run may change `key` from `old` to `new`, else why not."""
+  if old == _ABSENT and key in INERT_DEFAULTS and new == INERT_DEFAULTS[key]:
+    return None
   if key == "eval_every" and bool(old) != bool(new):
     return "evaluation cannot be switched on or off: it decides the held-out documents"
   if key in CADENCE or key in PLACEMENT:
@@ -200,8 +236,8 @@ def allowed(key: str, old: Any, new: Any) -> str | None:
 class Settings:
   """The comparison of a run's resolved config with the record of the workdir it resumes."""
 
-  def __init__(self, workdir: pathlib.Path, allow_changes: bool):
-    self.workdir, self.allow_changes = pathlib.Path(workdir), bool(allow_changes)
+  def __init__(self, workdir: paths.Path, allow_changes: bool):
+    self.workdir, self.allow_changes = paths.as_path(workdir), bool(allow_changes)
     path = self.workdir / "config.json"
     self.recorded = None
     if path.exists():
@@ -254,8 +290,7 @@ class Settings:
     entry = {"step": int(step), "time": datetime.datetime.now().astimezone().isoformat(
                  timespec="seconds"),
              "changed": {k: [a, b] for k, (a, b) in self.changed.items()}, "forced": self.forced}
-    with open(self.workdir / CHANGES, "a", encoding="utf-8") as f:
-      f.write(json.dumps(entry) + "\n")
+    paths.append_text(self.workdir / CHANGES, json.dumps(entry) + "\n")
 
 
 def _short(value: Any, limit: int = 40) -> str:

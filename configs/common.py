@@ -33,6 +33,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh_shape = (-1, 1, 1)        # (data, fsdp, tensor); -1 takes the remaining devices
   c.logical_rules = ()             # () = bertjax.sharding.DEFAULT_RULES
   c.log_every = 50                 # steps between train metric lines
+  c.progress_every_s = 10.0        # seconds of work between progress lines (with ETA; 0: every step)
   c.eval_every = 0                 # steps between evaluations (0 = only at the end... never for 0 steps)
   c.best_metric = ""               # eval metric whose best value keeps its params in WORKDIR/best
   c.best_mode = "max"              # max | min
@@ -92,6 +93,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.optimizer.decay_power = 1.0    # for polynomial decay
   c.optimizer.end_learning_rate_factor = 0.0
   c.optimizer.layerwise_lr_decay = 1.0
+  # Weights of the encoder layers' kernels that are zero when the run starts (a magnitude-pruned
+  # init_from: python -m bertjax.prune) stay exactly zero: their updates are masked.
+  c.optimizer.keep_pruned = False
   return c
 
 
@@ -139,6 +143,19 @@ def finetune_config() -> ml_collections.ConfigDict:
   c.tfds_data_dir = ""             # where tfds finds built datasets (empty: tfds's default)
   c.keep_checkpoints = 1           # fine-tuning runs are short; the last checkpoint is what counts
   c.optimizer.decay = "linear"     # linear decay to 0 after warmup
+  # A frozen encoder (README, "Frozen encoder and features"): no gradient, optimizer state or
+  # update for frozen parameters; checkpoints still hold them all.
+  c.freeze = ml_collections.ConfigDict()
+  c.freeze.encoder = False         # train only the task head (and what the two keys below add)
+  c.freeze.train_top_layers = 0    # with encoder=True: also train the top k layers (+ final LN, pooler)
+  c.freeze.train_embeddings = False  # with encoder=True: also train the embeddings
+  c.head = ml_collections.ConfigDict()
+  # What the task head reads: standard (GLUE: the pooled [CLS]; tagging, QA: the last layer) |
+  # last (the last layer) | concat (head.layers' hidden states side by side) | scalar_mix
+  # (ELMo's learned softmax-weighted sum of head.layers' hidden states, times a learned scale).
+  c.head.features = "standard"
+  c.head.layers = (-4, -3, -2, -1) # hidden states for concat/scalar_mix: 0 embeddings, 1..L layers, <0 from the top
+  c.head.pooling = "cls"           # sequence tasks with features != standard: cls ([CLS] row) | mean (real tokens)
   return c
 
 

@@ -11,6 +11,11 @@ encoder is restored from it, the classifier starts fresh, and its tokenizer is u
 seeds in one command (the usual way to report small GLUE tasks): `--config.seeds='(1,2,3,4,5)'`
 runs each into WORKDIR/seed_<n> and writes WORKDIR/seeds_summary.json.
 
+A frozen encoder (only the classifier trains; README, "Frozen encoder"): add
+`--config.freeze.encoder=True`, optionally `--config.freeze.train_top_layers=2`, and a
+feature-based head with `--config.head.features=concat --config.head.pooling=mean` (the last
+four layers' hidden states, averaged over the real tokens) or `scalar_mix`.
+
 Variant `runlocal`: a tiny random-init model, a sentencepiece tokenizer trained on the task's
 own text, 512 training examples for 8 epochs from the local GLUE copy (BERTJAX_DATA or
 ../shared/data): a smoke test of well under a minute on a laptop CPU (SST-2: dev accuracy ~0.6).

@@ -11,6 +11,9 @@ Evaluations write WORKDIR/predictions/step_<N>/dev_predictions.txt (`token tag`)
 `python -m bertjax.evaluate ner --data valid.txt --predictions ...` exactly as the run scored it;
 the final one also predicts and scores the test file. NER needs a cased checkpoint.
 
+BERT's feature-based NER (a tagger over the frozen encoder's last four layers concatenated):
+`--config.freeze.encoder=True --config.head.features=concat` (README, "Frozen encoder").
+
 Variant `runlocal`: a tiny random-init model and a sentencepiece tokenizer trained on the
 sentences, trained on 1000 sentences of CoNLL-2003 test.txt and evaluated on valid.txt (the
 project's data folder has no train split): a smoke test, not a benchmark.

@@ -74,7 +74,7 @@ LAZY = {("bertjax/metric_writers.py", "tensorboardX"),
         ("bertjax/convert/readers.py", "torch"),
         ("bertjax/__init__.py", "jax"), ("bertjax/__init__.py", "jax.numpy"),
         ("bertjax/__init__.py", "bertjax.models.encoder"), ("bertjax/__init__.py", "bertjax"),
-        ("bertjax/__init__.py", "bertjax.errors")}
+        ("bertjax/__init__.py", "bertjax.errors"), ("bertjax/__init__.py", "bertjax.convert")}
 
 
 def test_imports_sit_at_module_top_unless_listed():

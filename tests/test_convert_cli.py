@@ -142,9 +142,9 @@ def test_refuses_non_empty_target(hf_dir, tmp_path, command):
   assert sorted(p.name for p in tmp_path.iterdir()) == ["target"]
 
 
-def test_to_hf_needs_a_converted_workdir(hf_dir, tmp_path):
+def test_to_hf_needs_a_model_folder(hf_dir, tmp_path):
   r = run_convert("to-hf", "--workdir", hf_dir, "--output", tmp_path / "back")
   assert r.returncode == 2 and "Traceback" not in r.stderr
   lines = r.stderr.strip().splitlines()
-  assert len(lines) == 1 and "model.json not found" in lines[0], r.stderr
+  assert len(lines) == 1 and "is not a bertjax model folder" in lines[0], r.stderr
   assert not (tmp_path / "back").exists()

@@ -122,7 +122,8 @@ def test_sigterm_saves_current_step_and_exits_cleanly(tmp_path, corpus):
   run.send_signal(signal.SIGTERM)
   out, err = run.communicate(timeout=300)
   assert run.returncode == 75, err[-2000:]  # preempted, checkpoint saved: safe to requeue
-  summary = json.loads(out.split("summary: ", 1)[1])
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  assert f"run {summary['status']} at step {summary['step']}" in out  # the end table
   assert summary["status"].startswith("preempted")
   step = summary["step"]
   assert 3 <= step < 1000
@@ -150,3 +151,59 @@ def test_truncated_latest_checkpoint_falls_back(tmp_path, corpus):
   assert "checkpoint at step 20 is unreadable" in err
   assert "resumed from the checkpoint at step 10" in err
   assert (tmp_path / "checkpoints/25").is_dir()
+
+
+def _rows(workdir):
+  """metrics.jsonl's rows so far (a line being written is skipped)."""
+  path = workdir / "metrics.jsonl"
+  rows = []
+  for line in (path.read_text().splitlines() if path.exists() else []):
+    try:
+      rows.append(json.loads(line))
+    except ValueError:
+      pass
+  return rows
+
+
+@pytest.mark.slow
+def test_two_sigterms_then_the_end_keep_the_whole_runs_record(tmp_path, corpus):
+  """Stopped by SIGTERM twice and resumed each time (saying where), the run finishes with one
+  metrics.jsonl row per (step, split), the first process's rows as it wrote them, and a
+  summary.json whose first train metrics are step 1 of the first process and whose last are the
+  final step's."""
+  extra = ["--config.total_steps=30", "--config.checkpoint_every=1000", "--config.eval_every=6"]
+  stopped, first_process_rows = [], None
+  for k in range(3):
+    run = _start(tmp_path, corpus, *extra)
+    if k < 2:
+      target = (stopped[-1] if stopped else 0) + 3  # this process is training: stop it
+      start = time.time()
+      while max([r["step"] for r in _rows(tmp_path) if r["split"] == "train"] or [0]) < target:
+        assert run.poll() is None and time.time() - start < 300, run.stderr.read()[-2000:]
+        time.sleep(0.02)
+      run.send_signal(signal.SIGTERM)
+    out, err = run.communicate(timeout=600)
+    assert run.returncode == (75 if k < 2 else 0), err[-2000:]
+    if k:
+      assert f"resumed from the checkpoint at step {stopped[-1]} in" in err
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    if k == 0:
+      first_process_rows = _rows(tmp_path)
+    if k < 2:
+      assert summary["status"].startswith("preempted") and summary["step"] < 30
+      stopped.append(summary["step"])
+  assert stopped[0] < stopped[1] < 30
+
+  rows = _rows(tmp_path)
+  keys = [(r["step"], r["split"]) for r in rows]
+  assert len(keys) == len(set(keys))
+  train_rows = [r for r in rows if r["split"] == "train"]
+  assert [r["step"] for r in train_rows] == list(range(1, 31))  # log_every=1
+  assert [r["step"] for r in rows if r["split"] == "eval"] == [6, 12, 18, 24, 30]
+  assert rows[:len(first_process_rows)] == first_process_rows
+  values = lambda r: {k: v for k, v in r.items() if k not in ("step", "split")}
+  assert summary["status"] == "finished" and summary["step"] == 30
+  assert summary["first_train"] == values(first_process_rows[0]) and summary["first_train_step"] == 1
+  assert summary["last_train"] == values(train_rows[-1]) and summary["last_train_step"] == 30
+  assert summary["last_eval"] == values(rows[-1]) and summary["last_eval_step"] == 30
+  assert "first train (step 1)" in out and "last train (step 30)" in out  # the end table

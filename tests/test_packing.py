@@ -17,7 +17,7 @@ from bertjax.data.masking import SpecialIds
 from bertjax import train
 from bertjax.registry import get_objective
 from tests.test_objectives import quickstart
-from tests.test_pipeline import SPECIAL, WORD_START, assert_same_batches, corpus, make, take
+from tests.test_pipeline import SPECIAL, assert_same_batches, corpus, make, take
 
 SEQ = 48
 

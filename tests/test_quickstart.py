@@ -42,5 +42,6 @@ def test_quickstart_200_steps_learns(tmp_path):
   assert [x["step"] for x in evals] == [100, 200]
   assert evals[-1]["mlm_accuracy"] > 0.05
   # The end-of-run summary names the checkpoint, and the workdir carries the tokenizer.
-  assert f"checkpoint:                 {tmp_path}/checkpoints/200" in r.stdout
+  assert f"checkpoint: {tmp_path}/checkpoints/200" in r.stdout
+  assert "first train (step 1)" in r.stdout and "last train (step 200)" in r.stdout
   assert (tmp_path / "tokenizer").is_dir() and (tmp_path / "prepared" / "meta.json").is_file()

@@ -55,7 +55,8 @@ def pretraining_sweep(tmp_path):
                 "examples": 64} for _ in range(2)]
       loss = [float(x) for x in rng.uniform(5, 10, size=5)]
       write_point(tmp_path, name, {"objective": "mlm", "learning_rate": lr, "seed": seed,
-                                   "total_steps": 20}, loss, evals)
+                                   "total_steps": 20, "batch_size": 8,
+                                   "data": {"eval_batches": 1}}, loss, evals)
       entries.append(entry(name, overrides, 20))
       data[name] = {"overrides": overrides, "evals": evals, "loss": loss}
   bad = sweep.point_name({"learning_rate": 1.0, "seed": 0})
@@ -73,7 +74,11 @@ def pretraining_sweep(tmp_path):
 def test_table_spread_best_and_plots(pretraining_sweep):
   sweep_dir, data, bad = pretraining_sweep
   result = report.write_report(sweep_dir)
-  assert result["metric"] == "mlm_accuracy"
+  # Pretraining: the eval loss, and the report says it comes from one batch of 8 rows.
+  assert result["metric"] == "loss"
+  assert result["scope"] == "over 1 batch of 8 held-out rows: data.eval_batches=1"
+  assert ("Main dev metric: `loss`, over 1 batch of 8 held-out rows: data.eval_batches=1."
+          in (sweep_dir / "report.md").read_text())
   table = (sweep_dir / "report.md").read_text()
   for name in [*data, bad]:
     assert sum(l.startswith(f"| {name} |") for l in table.splitlines()) == 1, name
@@ -117,14 +122,40 @@ def test_table_spread_best_and_plots(pretraining_sweep):
     assert by_name[name]["steps"] == [1, 2, 3, 4, 5]
     assert by_name[name]["loss"] == pytest.approx(d["loss"])
   dev = json.loads((sweep_dir / "dev_vs_lr.json").read_text())
-  assert dev["metric"] == "mlm_accuracy" and len(dev["series"]) == 1
+  assert dev["metric"] == "loss" and len(dev["series"]) == 1
   series = dev["series"][0]
   assert series["learning_rate"] == [1e-3, 3e-3]
-  for lr, median in zip(series["learning_rate"], series["median"]):
-    finals = [d["evals"][-1]["mlm_accuracy"] for d in data.values()
+  for i, lr in enumerate(series["learning_rate"]):
+    finals = [d["evals"][-1]["loss"] for d in data.values()
               if d["overrides"]["learning_rate"] == lr]
-    assert median == pytest.approx(np.median(finals))
+    assert series["median"][i] == pytest.approx(np.median(finals))
+    assert (series["min"][i], series["max"][i], series["n"][i]) == (
+        pytest.approx(np.min(finals)), pytest.approx(np.max(finals)), 3)
   assert len(series["points"]) == 6
+  # What the plot aggregates is written on it.
+  assert dev["legend"] == ["all points: median of 3 seeds"]
+  assert dev["title"] == ("dev loss at the last evaluation, over 1 batch of 8 held-out rows: "
+                          "data.eval_batches=1\nmedian over seeds; band: min–max over seeds; "
+                          "dots: single seeds")
+  assert dev["ylabel"] == "dev loss (lower is better)"
+  assert dev["xticklabels"] == ["1e-3", "3e-3"]
+
+  # Training loss: per learning rate the median of the seeds at every step, min-max band.
+  loss_plot = json.loads((sweep_dir / "train_loss.json").read_text())
+  assert loss_plot["title"] == ("training loss: median over seeds; band: min–max over seeds; "
+                                "thin lines: single seeds")
+  by_label = {s["label"]: s for s in loss_plot["series"]}
+  assert sorted(by_label) == ["learning_rate=0.001: median of 3 seeds",
+                              "learning_rate=0.003: median of 3 seeds",
+                              "learning_rate=1.0: median of 1 seed"]
+  assert loss_plot["legend"] == [s["label"] for s in loss_plot["series"]]
+  for lr in (1e-3, 3e-3):
+    curves = np.array([d["loss"] for d in data.values() if d["overrides"]["learning_rate"] == lr])
+    s = by_label[f"learning_rate={lr!r}: median of 3 seeds"]
+    assert s["steps"] == [1, 2, 3, 4, 5]
+    np.testing.assert_allclose(s["median"], np.median(curves, axis=0))
+    np.testing.assert_allclose(s["min"], curves.min(axis=0))
+    np.testing.assert_allclose(s["max"], curves.max(axis=0))
 
 
 def test_metric_choice_and_bad_input(pretraining_sweep, tmp_path_factory):
@@ -198,6 +229,37 @@ def test_glue_average_as_papers_report_it(tmp_path):
       {"task": "rte", "learning_rate": 2e-5, "seed": 3})  # the single best run
   dev = json.loads((tmp_path / "dev_vs_lr.json").read_text())
   assert dev["metric"] == "score" and len(dev["series"]) == len(GLUE_METRICS)
+  assert result["scope"] == "over the whole dev set"
+  assert "at the last evaluation, over the whole dev set\n" in dev["title"]
+  assert "median over seeds; band: min–max over seeds" in dev["title"]
+  assert dev["xticklabels"] == ["2e-5", "3e-5"]
+  assert dev["ylabel"] == "dev score (higher is better)"
+  rte = next(s for s in dev["series"] if s["label"] == "task=rte: median of 3 seeds")
+  for i, lr in enumerate((2e-5, 3e-5)):
+    scores = [r["score"] for r in values[("rte", lr)]]
+    assert (rte["median"][i], rte["min"][i], rte["max"][i]) == pytest.approx(
+        (np.median(scores), np.min(scores), np.max(scores)))
+  assert "Main dev metric: `score`, over the whole dev set." in table
+
+
+@pytest.mark.parametrize("config, metric", [
+    ({"objective": "glue", "task": "rte"}, "score"),
+    ({"objective": "distill_glue", "task": "rte"}, "score"),
+    ({"objective": "squad", "version": "2.0"}, "f1"),
+    ({"objective": "ner", "task": "ner"}, "f1"),
+    ({"objective": "ner", "task": "pos"}, "accuracy"),
+    ({"objective": "mlm_nsp"}, "loss"),
+    ({"objective": "rtd"}, "loss"),
+])
+def test_the_default_metric_is_the_objectives_main_metric(tmp_path, config, metric):
+  """Each point logs loss, accuracy, f1 and score; the report plots its objective's own."""
+  for seed in (1, 2):
+    write_point(tmp_path, f"learning_rate=0.0001,seed={seed}",
+                {**config, "learning_rate": 1e-4, "seed": seed, "total_steps": 3}, [1.0],
+                [{"loss": 0.5, "accuracy": 0.7, "f1": 0.6, "score": 0.65}])
+  assert report.write_report(tmp_path)["metric"] == metric
+  dev = json.loads((tmp_path / "dev_vs_lr.json").read_text())
+  assert dev["metric"] == metric and dev["xticklabels"] == ["1e-4"]
 
 
 @pytest.mark.slow

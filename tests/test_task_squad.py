@@ -206,8 +206,8 @@ def read_metrics(workdir):
 
 @pytest.mark.slow
 def test_squad_v11_end_to_end(tmp_path, data_dir, spm_dir, capsys):
-  train_file = subset(data_dir, "1.1", {"Super_Bowl_50"}, tmp_path, "train.json",
-                      extra=[_long_answer_article(data_dir)])
+  subset(data_dir, "1.1", {"Super_Bowl_50"}, tmp_path, "train.json",
+         extra=[_long_answer_article(data_dir)])
   dev_file = subset(data_dir, "1.1", {"Normans"}, tmp_path, "dev.json")
   workdir = tmp_path / "run"
   config = squad_config("runlocal", data_dir=str(tmp_path), train_file="train.json",

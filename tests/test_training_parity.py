@@ -15,13 +15,11 @@ import os
 import subprocess
 import sys
 
-import flax.linen as nn
-import jax
 import numpy as np
 
 import pytest
 
-from bertjax import convert, hf_reference, optim, sharding, train
+from bertjax import convert, hf_reference
 from bertjax.registry import get_objective
 from tests.helpers import REPO, load_config
 
@@ -52,22 +50,7 @@ def test_pretraining_losses_match_transformers(setup):
   assert not missing
 
   # Ours: the trainer's own state, optimizer and jitted step, starting from HF's weights.
-  model = objective.make_model(cfg)
-  init_batch = objective.init_batch(1, config.max_seq_length, config.max_predictions_per_seq)
-  abstract = nn.meta.unbox(jax.eval_shape(
-      lambda r: objective.init_params(model, r, init_batch), jax.random.key(0)))
-  assert jax.tree.structure(abstract) == jax.tree.structure(converted)
-  optimizer = optim.make_optimizer(config, params=abstract, num_layers=cfg.num_hidden_layers)
-  mesh = sharding.make_mesh((1, 1, 1))
-  state, _, _ = train.create_train_state(objective, model, optimizer, config, mesh, init_batch)
-  params = jax.tree.map(lambda a, x: np.asarray(x, a.dtype), abstract, converted)
-  state = state.replace(params=params, opt_state=optimizer.init(params))
-  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.rules_from_config(config)):
-    step_fn = jax.jit(train.make_train_step(objective, model, optimizer, accum=1))
-    ours = []
-    for b in batches:
-      state, metrics = step_fn(state, b)
-      ours.append(float(metrics["loss"][0]))
+  ours = hf_reference.bertjax_losses(objective, config, cfg, converted, batches)
 
   # Theirs: the usual PyTorch loop with the same hyperparameters.
   theirs = [r["loss"] for r in hf_reference.train(hf, batches, config)]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 
 from bertjax.convert.hf_configs import ELECTRA_PARTS
-from bertjax.convert.workdirs import convert_from_hf, convert_to_hf
-from bertjax.errors import run_cli
+from bertjax.convert.export import convert_to_hf
+from bertjax.convert.workdirs import convert_from_hf
+from bertjax.errors import fail, run_cli
 import bertjax.convert
 
 
@@ -25,13 +26,24 @@ def main(argv: list[str] | None = None) -> None:
                  help="ELECTRA: which network the folder holds (default: detect); 'both' reads "
                       "MODEL_DIR/discriminator and MODEL_DIR/generator")
   p = sub.add_parser("to-hf", help="bertjax workdir -> Hugging Face folder")
-  p.add_argument("--workdir", required=True, help="folder written by from-hf")
+  p.add_argument("--workdir", required=True,
+                 help="a training workdir, its best/ folder, or a folder written by from-hf")
   p.add_argument("--output", required=True, help="new folder to write (must not be non-empty)")
+  p.add_argument("--step", default=None,
+                 help="training workdir: the checkpoint step to export (default: the newest)")
+  p.add_argument("--include-untrained-heads", default="", metavar="PARTS",
+                 help="comma-separated untrained parts to write anyway (mlm, pair, rtd, pooler)")
   args = parser.parse_args(argv)
   if args.command == "from-hf":
     convert_from_hf(args.model_dir, args.workdir, args.part)
   else:
-    convert_to_hf(args.workdir, args.output)
+    step = args.step
+    if step is not None:
+      if not step.isdigit():
+        fail(f"--step {step!r} must be a checkpoint step (a whole number); leave it out for "
+             "the newest checkpoint")
+      step = int(step)
+    convert_to_hf(args.workdir, args.output, step, args.include_untrained_heads.split(","))
 
 
 if __name__ == "__main__":

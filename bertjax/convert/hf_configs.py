@@ -48,6 +48,25 @@ _HF_CLASSES: dict[tuple[str, tuple[str, ...]], str] = {
     ("electra", ()): "ElectraModel",
 }
 _HEAD_ORDER = ("mlm", "pair", "rtd")
+# The class a fine-tuned model is saved as, by architecture and task head kind (absent: no
+# transformers class computes what our head computes).
+_TASK_CLASSES: dict[tuple[str, str], str] = {
+    ("bert", "sequence"): "BertForSequenceClassification",
+    ("bert", "token"): "BertForTokenClassification", ("bert", "qa"): "BertForQuestionAnswering",
+    ("roberta", "sequence"): "RobertaForSequenceClassification",
+    ("roberta", "token"): "RobertaForTokenClassification",
+    ("roberta", "qa"): "RobertaForQuestionAnswering",
+    ("albert", "sequence"): "AlbertForSequenceClassification",
+    ("albert", "token"): "AlbertForTokenClassification",
+    ("albert", "qa"): "AlbertForQuestionAnswering",
+    ("electra", "token"): "ElectraForTokenClassification",
+    ("electra", "qa"): "ElectraForQuestionAnswering",
+}
+# The classes whose base model keeps its pooler (the others are built with add_pooling_layer=False).
+_POOLER_CLASSES = frozenset({
+    "BertModel", "BertForPreTraining", "BertForNextSentencePrediction",
+    "BertForSequenceClassification", "AlbertModel", "AlbertForPreTraining",
+    "AlbertForSequenceClassification", "RobertaModel"})
 
 
 # ----------------------------------------------------------------------------- configs
@@ -86,7 +105,23 @@ def hf_config_to_model_config(hf: Mapping[str, Any]) -> ModelConfig:
                   mlm_head_act="gelu")
   if model_type == "roberta":
     fields["mlm_head_act"] = "gelu"  # RobertaLMHead hard-codes exact GELU.
+  fields["pruned_heads"] = _pruned_heads_from_hf(d.get("pruned_heads") or {},
+                                                 d["num_hidden_layers"], model_type)
   return ModelConfig(**fields)
+
+
+def _pruned_heads_from_hf(pruned: Mapping[Any, Any], layers: int, model_type: str):
+  """HF's {layer: [original head numbers]} -> one tuple per layer (() when nothing is pruned)."""
+  if not pruned:
+    return ()
+  if model_type == "albert":
+    fail("an ALBERT checkpoint with pruned_heads has per-layer heads in shared layers; "
+         "bertjax cannot represent it")
+  try:
+    by_layer = {int(k): tuple(int(h) for h in v) for k, v in pruned.items()}
+  except (TypeError, ValueError):
+    fail(f"pruned_heads={pruned!r} in config.json is not {{layer: [heads]}}")
+  return tuple(by_layer.get(i, ()) for i in range(layers))
 
 
 def model_config_to_hf_config(cfg: ModelConfig, architectures: list[str] | None = None
@@ -110,4 +145,10 @@ def model_config_to_hf_config(cfg: ModelConfig, architectures: list[str] | None 
     d.update(embedding_size=cfg.embed_size, num_hidden_groups=cfg.num_groups, inner_group_num=1)
   if t == "electra":
     d["embedding_size"] = cfg.embed_size  # ElectraConfig's default (128) would be wrong otherwise.
+  if t == "albert" and any(cfg.pruned_heads):
+    fail("exporting a pruned ALBERT model is not supported; export BERT, RoBERTa or ELECTRA")
+  if any(cfg.pruned_heads):
+    # transformers prunes these heads (original numbers) when it builds the model, so the saved
+    # tensors load with their pruned shapes.
+    d["pruned_heads"] = {str(i): list(h) for i, h in enumerate(cfg.pruned_heads) if h}
   return d

@@ -64,13 +64,14 @@ def encoder_entries(cfg: ModelConfig) -> list[Entry]:
   def layer(names: dict[str, str], g: int) -> list[Entry]:
     path = ("encoder", f"layer_{g}")
     att = path + ("attention",)
+    width = cfg.layer_heads(g) * cfg.head_dim  # a pruned layer's heads are fewer
     res = []
     for proj in ("query", "key", "value"):
-      res += [Entry(names[proj] + ".weight", att + (proj, "kernel"), "qkv_kernel", (hidden, hidden),
+      res += [Entry(names[proj] + ".weight", att + (proj, "kernel"), "qkv_kernel", (width, hidden),
                     "encoder"),
-              Entry(names[proj] + ".bias", att + (proj, "bias"), "qkv_bias", (hidden,), "encoder")]
+              Entry(names[proj] + ".bias", att + (proj, "bias"), "qkv_bias", (width,), "encoder")]
     res += [Entry(names["attn_out"] + ".weight", att + ("output", "kernel"), "attn_out_kernel",
-                  (hidden, hidden), "encoder"),
+                  (hidden, width), "encoder"),
             Entry(names["attn_out"] + ".bias", att + ("output", "bias"), "copy", (hidden,),
                   "encoder")]
     res += _layer_norm(names["attn_ln"], path + ("attention_layer_norm",), hidden, "encoder")
@@ -136,6 +137,27 @@ def head_entries(cfg: ModelConfig, head: str) -> list[Entry]:
   raise ValueError(f"unknown head {head!r}")
 
 
+# Task heads (fine-tuning): our top-level name -> the Hugging Face prefix of its linear layer.
+TASK_HEADS = {"sequence": ("classifier", "classifier"), "token": ("classifier", "classifier"),
+              "qa": ("qa_outputs", "qa_outputs")}
+
+
+def task_head_entries(cfg: ModelConfig, kind: str, num_labels: int) -> list[Entry]:
+  """The linear layer of a fine-tuning head ("sequence", "token" or "qa"); RoBERTa's sequence
+  classifier is `classifier.out_proj` (our pooler is its `classifier.dense`, see
+  `roberta_classifier_dense`)."""
+  ours, hf = TASK_HEADS[kind]
+  if kind == "sequence" and cfg.architecture == "roberta":
+    hf = "classifier.out_proj"
+  return _linear(hf, (ours, "classifier"), num_labels, cfg.hidden_size, ours)
+
+
+def roberta_classifier_dense(cfg: ModelConfig) -> list[Entry]:
+  """Our pooler (dense + tanh on <s>) as RobertaClassificationHead's dense layer."""
+  return _linear("classifier.dense", ("encoder", "pooler"), cfg.hidden_size, cfg.hidden_size,
+                 "pooler")
+
+
 def architecture_heads(architecture: str, part: str | None = None) -> tuple[str, ...]:
   """The heads a converted model of this architecture carries (ELECTRA: per network)."""
   if architecture == "electra":
@@ -144,15 +166,16 @@ def architecture_heads(architecture: str, part: str | None = None) -> tuple[str,
 
 
 def _to_ours(kind: str, x: np.ndarray, cfg: ModelConfig) -> np.ndarray:
-  heads, head_dim, hidden = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size
+  # The head count is the tensor's own (-1): a pruned layer has fewer heads.
+  head_dim, hidden = cfg.head_dim, cfg.hidden_size
   if kind == "linear":
     return x.T
   if kind == "qkv_kernel":
-    return x.T.reshape(hidden, heads, head_dim)
+    return x.T.reshape(hidden, -1, head_dim)
   if kind == "qkv_bias":
-    return x.reshape(heads, head_dim)
+    return x.reshape(-1, head_dim)
   if kind == "attn_out_kernel":
-    return x.T.reshape(heads, head_dim, hidden)
+    return x.T.reshape(-1, head_dim, hidden)
   return x
 
 
@@ -161,11 +184,11 @@ def _to_hf(kind: str, x: np.ndarray, cfg: ModelConfig) -> np.ndarray:
   if kind == "linear":
     return x.T
   if kind == "qkv_kernel":
-    return x.reshape(hidden, hidden).T
+    return x.reshape(hidden, -1).T
   if kind == "qkv_bias":
-    return x.reshape(hidden)
+    return x.reshape(-1)
   if kind == "attn_out_kernel":
-    return x.reshape(hidden, hidden).T
+    return x.reshape(-1, hidden).T
   return x
 
 
@@ -244,14 +267,16 @@ def hf_to_params(state_dict: Mapping[str, np.ndarray], cfg: ModelConfig,
   return params, missing, ignored
 
 
-def params_to_hf(params: Params, cfg: ModelConfig, heads: tuple[str, ...]
-                 ) -> dict[str, np.ndarray]:
+def params_to_hf(params: Params, cfg: ModelConfig, heads: tuple[str, ...],
+                 entries: list[Entry] | None = None) -> dict[str, np.ndarray]:
   """Our tree -> an HF state dict (float32 numpy) for the class `_HF_CLASSES` names.
 
   With no heads the names lose the base-model prefix, as a bare `BertModel` saves them; tied
-  decoder weights are left out, as transformers itself leaves them out.
+  decoder weights are left out, as transformers itself leaves them out. `entries` replaces the
+  default list (the encoder's and the heads').
   """
-  entries = encoder_entries(cfg) + [e for h in heads for e in head_entries(cfg, h)]
+  if entries is None:
+    entries = encoder_entries(cfg) + [e for h in heads for e in head_entries(cfg, h)]
   out = {}
   for e in entries:
     x = _to_hf(e.kind, np.asarray(_get(params, e.path), dtype=np.float32), cfg)

@@ -13,12 +13,10 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 import orbax.checkpoint as ocp
-from safetensors.numpy import save_file
 
-from bertjax.convert.hf_configs import (ELECTRA_PARTS, TOKENIZER_FILES, _HEAD_ORDER, _HF_CLASSES,
-                                        hf_config_to_model_config, model_config_to_hf_config)
+from bertjax.convert.hf_configs import ELECTRA_PARTS, TOKENIZER_FILES, hf_config_to_model_config
 from bertjax.convert.models import _check_tree, _fresh_part
-from bertjax.convert.names import architecture_heads, hf_to_params, params_to_hf
+from bertjax.convert.names import architecture_heads, hf_to_params
 from bertjax.convert.readers import _one_line, read_hf_config, read_hf_weights
 from bertjax.errors import fail
 from bertjax.models.config import ModelConfig
@@ -203,6 +201,9 @@ def load_workdir(workdir: PathLike) -> Converted:
   except Exception as e:  # pylint: disable=broad-except
     fail(f"cannot restore {d / 'params'}: {_one_line(e)}; re-run the conversion")
   params = _to_numpy(params)
+  # A task's own head (a pruned classifier's "classifier", bertjax.prune) is not one Hugging Face
+  # export carries: the encoder and the listed heads are what this folder converts.
+  params = {k: v for k, v in params.items() if k in ("encoder", "generator", *heads)}
   generator = None
   if "generator" in meta:
     gen_cfg = ModelConfig.from_dict({**meta["generator"]["model"], "kernels": "auto"})
@@ -217,56 +218,3 @@ def load_workdir(workdir: PathLike) -> Converted:
   _check_tree(params, cfg, heads, str(d / "params"))
   return Converted(cfg, params, heads, tuple(meta.get("missing", ())), (),
                    meta.get("hf_model_type", cfg.architecture), meta.get("part"), generator)
-
-
-def _hf_heads(c: Converted, log: Callable[[str], Any]) -> tuple[str, ...]:
-  """The heads Hugging Face can hold for this architecture, in `_HF_CLASSES` order."""
-  heads = tuple(h for h in _HEAD_ORDER if h in c.heads)
-  while (c.config.architecture, heads) not in _HF_CLASSES:
-    log(f"Hugging Face {c.config.architecture} has no class with heads {', '.join(heads)}; "
-        f"leaving out {heads[-1]}")
-    heads = heads[:-1]
-  return heads
-
-
-def _write_hf(c: Converted, out: pathlib.Path, tokenizer: pathlib.Path,
-              log: Callable[[str], Any]) -> str:
-  cfg = c.config
-  heads = _hf_heads(c, log)
-  if "mlm" in heads:
-    head_act = cfg.mlm_head_act or cfg.hidden_act
-    hf_act = "gelu" if cfg.architecture in ("roberta", "electra") else cfg.hidden_act
-    if head_act != hf_act:
-      fail(f"the MLM head uses {head_act!r} but Hugging Face {cfg.architecture} hard-codes "
-           f"{hf_act!r}; this model cannot be exported with its MLM head")
-  if cfg.use_pooler and cfg.architecture == "electra":
-    log("Hugging Face ELECTRA has no pooler; leaving out encoder/pooler")
-  if not cfg.use_pooler and cfg.architecture != "electra":
-    log("this model has no pooler; transformers will initialize its pooler fresh")
-  cls = _HF_CLASSES[(cfg.architecture, heads)]
-  hf_config = model_config_to_hf_config(cfg, [cls])
-  tensors = params_to_hf(c.params, cfg, heads)
-  out.mkdir(parents=True, exist_ok=True)
-  (out / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
-  save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-  _copy_tokenizer(tokenizer, out)
-  return cls
-
-
-def convert_to_hf(workdir: PathLike, output: PathLike, log: Callable[[str], Any] = print) -> None:
-  """Workdir (model.json + params/) -> Hugging Face folder(s) transformers can load."""
-  out = _check_target(pathlib.Path(output), "--output")
-  c = load_workdir(workdir)
-  tokenizer = pathlib.Path(workdir) / "tokenizer"
-  # Validate everything HF cannot express before writing anything.
-  model_config_to_hf_config(c.config)
-  if c.generator is not None:
-    model_config_to_hf_config(c.generator.config)
-  with _staging_dir(out) as tmp:
-    if c.generator is None:
-      cls = _write_hf(c, tmp, tokenizer, log)
-      log(f"wrote {cls} to {out}")
-    else:
-      cls = _write_hf(c, tmp / "discriminator", tokenizer, log)
-      gen_cls = _write_hf(c.generator, tmp / "generator", tokenizer, log)
-      log(f"wrote {cls} to {out / 'discriminator'} and {gen_cls} to {out / 'generator'}")

@@ -22,6 +22,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from bertjax import paths
 from bertjax.errors import fail, read_text
 
 SPLITS = ("train", "dev", "test")
@@ -418,12 +419,12 @@ def write_predictions_tsv(path: str | os.PathLike, predictions: Any, task: str,
     indices = range(len(preds))
   elif len(indices) != len(preds):
     fail(f"{len(indices)} indices for {len(preds)} predictions; give one index per prediction")
-  with open(path, "w", encoding="utf-8", newline="") as f:
-    f.write("index\tprediction\n")
-    for i, p in zip(indices, preds.tolist()):
-      # repr of a Python float round-trips exactly, so re-reading scores the same numbers.
-      value = repr(float(p)) if t.is_regression else t.labels[p]
-      f.write(f"{int(i)}\t{value}\n")
+  lines = ["index\tprediction\n"]
+  for i, p in zip(indices, preds.tolist()):
+    # repr of a Python float round-trips exactly, so re-reading scores the same numbers.
+    value = repr(float(p)) if t.is_regression else t.labels[p]
+    lines.append(f"{int(i)}\t{value}\n")
+  paths.as_path(path).write_bytes("".join(lines).encode("utf-8"))  # local or remote (gs://...)
 
 
 def read_predictions_tsv(path: str | os.PathLike, task: str) -> tuple[np.ndarray, np.ndarray]:

@@ -19,6 +19,7 @@ import io
 import os
 from typing import Iterable, Sequence
 
+from bertjax import paths
 from bertjax.errors import fail, read_text
 
 DOCSTART = "-DOCSTART-"
@@ -96,13 +97,13 @@ def write_ner_predictions(path: str | os.PathLike, tokens: Sequence[Sequence[str
   """Writes `token tag` lines, a blank line after each sentence."""
   if len(tokens) != len(tags):
     fail(f"{len(tokens)} sentences of tokens but {len(tags)} of tags; give one tag list each")
-  with open(path, "w", encoding="utf-8") as f:
-    for n, (toks, ts) in enumerate(zip(tokens, tags), start=1):
-      if len(toks) != len(ts):
-        fail(f"sentence {n}: {len(toks)} tokens but {len(ts)} tags; give one tag per token")
-      for tok, tag in zip(toks, ts):
-        f.write(f"{tok} {tag}\n")
-      f.write("\n")
+  lines = []
+  for n, (toks, ts) in enumerate(zip(tokens, tags), start=1):
+    if len(toks) != len(ts):
+      fail(f"sentence {n}: {len(toks)} tokens but {len(ts)} tags; give one tag per token")
+    lines.extend(f"{tok} {tag}\n" for tok, tag in zip(toks, ts))
+    lines.append("\n")
+  paths.as_path(path).write_bytes("".join(lines).encode("utf-8"))  # local or remote (gs://...)
 
 
 def read_ner_predictions(path: str | os.PathLike) -> list[Sentence]:

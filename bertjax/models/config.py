@@ -66,8 +66,17 @@ class ModelConfig:
   # Which device's implementation choices the encoder uses (bertjax.models.kernels): "auto" takes
   # the backend JAX runs on; "cpu" | "gpu" | "tpu" force one (to measure them elsewhere).
   kernels: str = "auto"
+  # Structured pruning (bertjax.prune): per layer, the attention heads removed, by their original
+  # numbering (Hugging Face's `pruned_heads`); () or an empty tuple for a layer: none. A layer
+  # keeps num_attention_heads - len(pruned_heads[i]) heads of head_dim each.
+  pruned_heads: tuple[tuple[int, ...], ...] = ()
 
   def __post_init__(self):
+    try:  # config.json holds lists; a frozen (hashable) config holds tuples
+      pruned = tuple(tuple(sorted(int(h) for h in layer)) for layer in self.pruned_heads or ())
+    except (TypeError, ValueError):
+      fail(f"model.pruned_heads={self.pruned_heads!r} must be one list of head numbers per layer")
+    object.__setattr__(self, "pruned_heads", pruned)
     if self.architecture not in ARCHITECTURES:
       fail(f"unknown model architecture {self.architecture!r}; use one of {', '.join(ARCHITECTURES)}")
     for name in ("hidden_act", "mlm_head_act"):
@@ -86,10 +95,39 @@ class ModelConfig:
       fail(f"unknown model.kernels={self.kernels!r}; use one of {', '.join(KERNEL_SETTINGS)}")
     if self.scan_layers and self.num_hidden_groups not in (None, self.num_hidden_layers):
       fail("model.scan_layers needs one parameter set per layer; turn it off for ALBERT sharing")
+    self._check_pruned_heads()
     groups = self.num_groups
     if not 1 <= groups <= self.num_hidden_layers or self.num_hidden_layers % groups:
       fail(f"model.num_hidden_groups={groups} must divide model.num_hidden_layers="
            f"{self.num_hidden_layers}")
+
+  def _check_pruned_heads(self) -> None:
+    if not self.pruned_heads:
+      return
+    if len(self.pruned_heads) != self.num_hidden_layers:
+      fail(f"model.pruned_heads lists {len(self.pruned_heads)} layers, the model has "
+           f"{self.num_hidden_layers}; give one (possibly empty) list per layer")
+    if self.num_groups != self.num_hidden_layers:
+      fail("model.pruned_heads needs one parameter set per layer; ALBERT's shared layers cannot "
+           "lose heads layer by layer")
+    for i, layer in enumerate(self.pruned_heads):
+      if len(set(layer)) != len(layer) or any(not 0 <= h < self.num_attention_heads for h in layer):
+        fail(f"model.pruned_heads[{i}]={list(layer)} must name distinct heads in 0.."
+             f"{self.num_attention_heads - 1}")
+      if len(layer) == self.num_attention_heads:
+        fail(f"model.pruned_heads[{i}] removes every head of layer {i}; remove the layer instead")
+    if self.scan_layers and len({len(layer) for layer in self.pruned_heads}) > 1:
+      fail("model.scan_layers needs the same head count in every layer, and model.pruned_heads "
+           "differs by layer; set --config.model.scan_layers=False")
+
+  def layer_heads(self, layer: int) -> int:
+    """How many attention heads layer `layer` has (fewer than num_attention_heads if pruned)."""
+    return self.num_attention_heads - (len(self.pruned_heads[layer]) if self.pruned_heads else 0)
+
+  def kept_heads(self, layer: int) -> tuple[int, ...]:
+    """The original numbers of the heads layer `layer` keeps, in the order its weights hold them."""
+    pruned = set(self.pruned_heads[layer]) if self.pruned_heads else set()
+    return tuple(h for h in range(self.num_attention_heads) if h not in pruned)
 
   @property
   def embed_size(self) -> int:
@@ -116,7 +154,13 @@ class ModelConfig:
     return dataclasses.replace(self, **kwargs)
 
   def to_dict(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)
+    """The fields as JSON holds them: pruned_heads as lists, and only when some head is pruned
+    (so unpruned models' records, and the runs that resume them, are as before)."""
+    d = dataclasses.asdict(self)
+    d["pruned_heads"] = [list(layer) for layer in self.pruned_heads]
+    if not any(self.pruned_heads):
+      del d["pruned_heads"]
+    return d
 
   @classmethod
   def from_dict(cls, d: Mapping[str, Any]) -> "ModelConfig":

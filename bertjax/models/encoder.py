@@ -52,8 +52,15 @@ class EncoderOutput:
 
 class SelfAttention(nn.Module):
   """Multi-head self-attention. Returns <float>[batch, seq, hidden], or with `output_attentions`
-  (hidden, <float>[batch, heads, q, k] pre-softmax scores before masking)."""
+  (hidden, <float>[batch, heads, q, k] pre-softmax scores before masking).
+
+  `num_heads`: this layer's heads (a pruned layer has fewer; None: config.num_attention_heads),
+  each of config.head_dim. A `head_mask` <float>[heads] parameter, when the caller's params hold
+  one (bertjax.models.pruning.with_head_masks; never created by init), multiplies each head's
+  output before the output projection: Michel et al.'s xi_h.
+  """
   config: ModelConfig
+  num_heads: int | None = None
 
   @nn.compact
   def __call__(self, x, mask: AttentionMask, deterministic: bool, output_attentions: bool = False,
@@ -62,7 +69,7 @@ class SelfAttention(nn.Module):
     of the positions (see `TransformerLayer`); None: `x` itself."""
     cfg = self.config
     keys = x if keys is None else keys
-    heads = (cfg.num_attention_heads, cfg.head_dim)
+    heads = (self.num_heads or cfg.num_attention_heads, cfg.head_dim)
     q = _dense(heads, ("embed", "heads", "kv"), "query", cfg)(x)
     k = _dense(heads, ("embed", "heads", "kv"), "key", cfg)(keys)
     v = _dense(heads, ("embed", "heads", "kv"), "value", cfg)(keys)
@@ -80,6 +87,8 @@ class SelfAttention(nn.Module):
     else:
       drop = lambda p: Dropout(rate)(p, deterministic=deterministic)
       out, raw_scores = explicit_attention(q, k, v, mask.keys, drop)
+    if self.has_variable("params", "head_mask"):
+      out = out * self.get_variable("params", "head_mask").astype(out.dtype)[:, None]
     out = _dense(cfg.hidden_size, ("heads", "kv", "embed"), "output", cfg, axis=(-2, -1))(out)
     return (out, raw_scores) if output_attentions else out
 
@@ -103,8 +112,10 @@ def last_layer_rows(cfg: ModelConfig, num_outputs: int, seq_len: int) -> int | N
 
 
 class TransformerLayer(nn.Module):
-  """Self-attention + feed-forward, each with a residual and LayerNorm (post-LN or pre-LN)."""
+  """Self-attention + feed-forward, each with a residual and LayerNorm (post-LN or pre-LN).
+  `num_heads`: this layer's attention heads (None: config.num_attention_heads)."""
   config: ModelConfig
+  num_heads: int | None = None
 
   @nn.compact
   def __call__(self, x, mask, deterministic: bool, output_attentions: bool = False,
@@ -131,7 +142,7 @@ class TransformerLayer(nn.Module):
         mask = mask.replace(keys=jnp.take_along_axis(mask.keys, rows, axis=2))
     act_names = ("act_batch", "act_len", "act_embed")
     drop = lambda y: Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
-    attention = SelfAttention(cfg, name="attention")
+    attention = SelfAttention(cfg, self.num_heads, name="attention")
     attn_ln = _layer_norm(cfg, "attention_layer_norm")
     out_ln = _layer_norm(cfg, "output_layer_norm")
     intermediate = _dense(cfg.intermediate_size, ("embed", "mlp"), "intermediate", cfg)
@@ -175,7 +186,9 @@ class _ScanBody(nn.Module):
 
   @nn.compact
   def __call__(self, x, mask, deterministic: bool):
-    x = self.layer_cls(self.config, name="layer")(x, mask, deterministic, False)
+    # Every scanned layer has the same head count (ModelConfig refuses pruned_heads otherwise).
+    x = self.layer_cls(self.config, self.config.layer_heads(0), name="layer")(x, mask,
+                                                                              deterministic, False)
     return x, x
 
 
@@ -212,7 +225,8 @@ class Encoder(nn.Module):
           in_axes=(nn.broadcast, nn.broadcast), length=cfg.num_hidden_layers,
           metadata_params={nn.PARTITION_NAME: "layers"})(cfg, layer_cls, name="layers")
     else:
-      self.layers = [layer_cls(cfg, name=f"layer_{g}") for g in range(cfg.num_groups)]
+      self.layers = [layer_cls(cfg, cfg.layer_heads(g) if cfg.pruned_heads else None,
+                               name=f"layer_{g}") for g in range(cfg.num_groups)]
     if cfg.pre_layer_norm:
       self.final_layer_norm = _layer_norm(cfg, "final_layer_norm")
     if cfg.use_pooler:

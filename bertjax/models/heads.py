@@ -48,12 +48,15 @@ class MLMHead(nn.Module):
 
 
 class PairHead(nn.Module):
-  """NSP (BERT) or SOP (ALBERT): two logits from the pooled [CLS] output."""
+  """NSP (BERT) or SOP (ALBERT): two logits from the pooled [CLS] output.
+
+  No dropout on the pooled output, as BERT's and ALBERT's pretraining code and transformers'
+  BertForPreTraining (fine-tuning's ClassificationHead does drop out, as BERT's run_classifier).
+  """
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, pooled, deterministic: bool = True):
-    pooled = Dropout(self.config.hidden_dropout_prob)(pooled, deterministic=deterministic)
+  def __call__(self, pooled):
     return _dense(2, ("embed", None), "classifier", self.config)(pooled).astype(jnp.float32)
 
 

@@ -34,5 +34,5 @@ class PretrainingModel(nn.Module):
     if masked_positions is not None:
       result["mlm_logits"] = self.mlm(out.last_hidden_state, self.encoder)
     if self.pair_head:
-      result["pair_logits"] = self.pair(out.pooler_output, deterministic)
+      result["pair_logits"] = self.pair(out.pooler_output)
     return result

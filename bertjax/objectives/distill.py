@@ -221,6 +221,10 @@ class DistillGlue(_Distillation, Objective):
   data_kind = "task"
   head = "classifier"
 
+  @classmethod
+  def main_metric(cls, settings) -> str:
+    return glue_task.GlueTask.main_metric(settings)
+
   def __init__(self, config):
     super().__init__(config)
     self.task = glue_task.GlueTask(config)

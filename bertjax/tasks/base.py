@@ -32,7 +32,7 @@ from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import checkpoints, config_checks, inputs
+from bertjax import checkpoints, config_checks, inputs, paths
 from bertjax.data import tokenizers
 from bertjax.errors import fail
 from bertjax.models.config import ModelConfig
@@ -272,18 +272,19 @@ class TaskObjective(Objective):
   (per-row loss and predictions, used both by `loss` and by evaluation) and `evaluate`.
   """
   data_kind = "task"
+  feature_heads = True  # config.head and config.freeze apply (models/features.py, freezing.py)
 
   def __init__(self, config):
     super().__init__(config)
     self.tokenizer: tokenizers.Tokenizer | None = None
     self.eval_sets: list[EvalSet] = []
     self.model: nn.Module | None = None
-    self.workdir: pathlib.Path | None = None
+    self.workdir: paths.Path | None = None
     self._forward = None
 
   # -- what subclasses define ------------------------------------------------------------------
 
-  def prepare(self, config, workdir: pathlib.Path) -> tuple[dict[str, np.ndarray], list[EvalSet]]:
+  def prepare(self, config, workdir: paths.Path) -> tuple[dict[str, np.ndarray], list[EvalSet]]:
     raise NotImplementedError
 
   def build_model(self, model_config: ModelConfig) -> nn.Module:
@@ -316,6 +317,13 @@ class TaskObjective(Objective):
                                   f"init_from={config.init_from}" if config.init_from else "")
     return cfg
 
+  def head_options(self) -> dict[str, Any]:
+    """`config.head` as the classifiers' fields: what the head reads and how it pools."""
+    head = self.config.get("head") if self.config is not None else None
+    if head is None:
+      return {}
+    return {"features": head.features, "layers": tuple(head.layers), "pooling": head.pooling}
+
   def make_model(self, model_config: ModelConfig) -> nn.Module:
     self.model = self.build_model(model_config)
     self._forward = None
@@ -341,7 +349,7 @@ class TaskObjective(Objective):
 
   def build_inputs(self, config, workdir) -> inputs.Inputs:
     self.config = config
-    self.workdir = pathlib.Path(workdir)
+    self.workdir = paths.as_path(workdir)
     train_arrays, self.eval_sets = self.prepare(config, self.workdir)
     for s in self.eval_sets:
       if s.num_rows == 0:
@@ -351,25 +359,26 @@ class TaskObjective(Objective):
     train = FeatureIterator(train_arrays, config.batch_size, config.seed, jax.process_index(),
                             jax.process_count(), int(config.get("pad_to_multiple_of", 0)))
     micro_batch = config.batch_size // config.grad_accum_steps
+    size = int(config.get("eval_batch_size", 0) or micro_batch)
 
     def eval_batches() -> Iterator[dict[str, np.ndarray]]:
       # The generic view of the eval rows (the trainer's default evaluation reads these);
       # this task's own `evaluate` decodes EvalSets directly.
-      size = int(config.get("eval_batch_size", 0) or micro_batch)
       for s in self.eval_sets:
         for batch, _ in padded_batches(s.arrays, size, jax.process_index(), jax.process_count()):
           yield batch
 
     return inputs.Inputs(train=train, eval_batches=eval_batches,
                          vocab_size=self.tokenizer.vocab_size, tokenizer=self.tokenizer,
-                         num_train_rows=n)
+                         num_train_rows=n,
+                         num_eval_batches=sum(-(-s.num_rows // size) for s in self.eval_sets))
 
   def schedule(self, config, data: inputs.Inputs) -> Schedule:
     return derive_schedule(config, data.num_train_rows, self.name)
 
   # -- helpers for subclasses ------------------------------------------------------------------
 
-  def load_tokenizer(self, config, workdir: pathlib.Path,
+  def load_tokenizer(self, config, workdir: paths.Path,
                      train_texts: Callable[[], Iterable[str]]) -> tokenizers.Tokenizer:
     """data.tokenizer, else init_from's tokenizer/, else one trained on the task's text."""
     if config.data.tokenizer:
@@ -377,7 +386,7 @@ class TaskObjective(Objective):
     elif config.init_from:
       tok = tokenizers.load_tokenizer(checkpoints.tokenizer_dir(config.init_from))
     elif (workdir / "tokenizer").is_dir():  # a resumed run keeps the vocabulary it trained
-      tok = tokenizers.load_tokenizer(workdir / "tokenizer")
+      tok = tokenizers.load_tokenizer(paths.reading(workdir / "tokenizer"))
     else:
       texts = iter(train_texts())
       first = next((t for t in texts if t.strip()), None)
@@ -407,19 +416,22 @@ class TaskObjective(Objective):
     """`outputs` of every row of `eval_set`, in row order (padding rows removed)."""
     size = config_checks.eval_batch_size(self.config, context.mesh)
     chunks: list[dict[str, np.ndarray]] = []
+    lines = context.progress(f"eval {eval_set.name} at step {context.step}:",
+                             -(-eval_set.num_rows // size))
     for batch, valid in padded_batches(eval_set.arrays, size, jax.process_index(),
                                        jax.process_count()):
-      out = self.forward(params, batch, context)
+      out = self.forward(params, batch, context)  # on the host: the line times finished work
       chunks.append({k: v[valid] for k, v in out.items()})
+      lines.update(len(chunks))
     result = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
     if num_rows(result) != eval_set.num_rows:  # a bug, not a user error: never drop rows
       raise RuntimeError(f"{eval_set.name}: {num_rows(result)} predictions for "
                          f"{eval_set.num_rows} rows")
     return result
 
-  def output_dir(self, context) -> pathlib.Path:
+  def output_dir(self, context) -> paths.Path:
     """WORKDIR/predictions/step_<N>: this evaluation's prediction files and metrics.json."""
-    path = pathlib.Path(context.workdir) / "predictions" / f"step_{context.step}"
+    path = paths.as_path(context.workdir) / "predictions" / f"step_{context.step}"
     if jax.process_index() == 0:
       path.mkdir(parents=True, exist_ok=True)
     return path
@@ -445,7 +457,7 @@ def derive_schedule(config, num_train: int, what: str) -> Schedule:
   return Schedule(total_steps, eval_every)
 
 
-def write_json(path: pathlib.Path, obj: Any) -> None:
+def write_json(path: paths.Path, obj: Any) -> None:
   if jax.process_index() == 0:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False, default=_json_default) + "\n",
                     encoding="utf-8")

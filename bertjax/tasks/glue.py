@@ -173,6 +173,12 @@ class GlueTask(base.TaskObjective):
   """Sequence classification (regression for stsb) on one GLUE task (`config.task`)."""
   name = "glue"
 
+  @classmethod
+  def main_metric(cls, settings) -> str:
+    """The GLUE score: the mean of the task's metrics over the whole dev set."""
+    del settings
+    return "score"
+
   def __init__(self, config):
     super().__init__(config)
     task = config.get("task", "")
@@ -220,7 +226,8 @@ class GlueTask(base.TaskObjective):
   # -- model and loss ------------------------------------------------------------------------------
 
   def build_model(self, model_config):
-    return classifiers.SequenceClassifier(model_config, num_labels=self.task.num_labels)
+    return classifiers.SequenceClassifier(model_config, num_labels=self.task.num_labels,
+                                          **self.head_options())
 
   def feature_spec(self, seq_len):
     return {"label": ((), jnp.float32 if self.regression else jnp.int32)}

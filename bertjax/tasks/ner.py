@@ -151,6 +151,11 @@ class TaggingTask(base.TaskObjective):
   """NER or POS tagging on CoNLL-2003 (`config.task`: ner | pos)."""
   name = "ner"
 
+  @classmethod
+  def main_metric(cls, settings) -> str:
+    """Entity F1 for NER, token accuracy for POS, over the whole dev set."""
+    return "f1" if settings.get("task", "ner") == "ner" else "accuracy"
+
   def __init__(self, config):
     super().__init__(config)
     task = config.get("task", "ner")
@@ -185,7 +190,8 @@ class TaggingTask(base.TaskObjective):
                               "source": source})
 
   def build_model(self, model_config):
-    return classifiers.TokenClassifier(model_config, num_labels=len(self.labels))
+    return classifiers.TokenClassifier(model_config, num_labels=len(self.labels),
+                                       **self.head_options())
 
   def feature_spec(self, seq_len):
     return {"labels": ((seq_len,), jnp.int32), "label_weights": ((seq_len,), jnp.float32)}
@@ -242,7 +248,7 @@ class TaggingTask(base.TaskObjective):
     path = out_dir / "dev_predictions.txt"
     if jax.process_index() == 0:
       ner_eval.write_ner_predictions(path, [w for w, _ in dev.meta["sentences"]], tags)
-    main = "f1" if self.task == "ner" else "accuracy"
+    main = self.main_metric(self.config)
     lines = [f"{self.task} dev {main} {metrics[main]:.4f} ({metrics['sentences']} sentences) "
              f"-> {path}"]
     record = {"step": context.step, "task": self.task, "dev": metrics}

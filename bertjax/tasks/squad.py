@@ -341,6 +341,12 @@ class SquadTask(base.TaskObjective):
   """Extractive QA on SQuAD v1.1 or v2.0 (`config.version`)."""
   name = "squad"
 
+  @classmethod
+  def main_metric(cls, settings) -> str:
+    """SQuAD's F1 over every dev question (v2.0: at the configured null threshold)."""
+    del settings
+    return "f1"
+
   def __init__(self, config):
     super().__init__(config)
     self.version = squad_eval.normalize_version(config.get("version", "1.1"))
@@ -388,7 +394,8 @@ class SquadTask(base.TaskObjective):
     return train, [dev]
 
   def build_model(self, model_config):
-    return classifiers.TokenClassifier(model_config, num_labels=2, head_name="qa_outputs")
+    return classifiers.TokenClassifier(model_config, num_labels=2, head_name="qa_outputs",
+                                       **self.head_options())
 
   def feature_spec(self, seq_len):
     return {"start_position": ((), jnp.int32), "end_position": ((), jnp.int32)}

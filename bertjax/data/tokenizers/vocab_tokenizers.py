@@ -55,6 +55,10 @@ class _HFTokenizer(Tokenizer):
   def token_to_id(self, token: str) -> int | None:
     return self._tok.token_to_id(token)
 
+  def backend(self) -> hf_tokenizers.Tokenizer:
+    """A copy of the `tokenizers.Tokenizer` behind this one (for writing tokenizer.json)."""
+    return hf_tokenizers.Tokenizer.from_str(self._tok.to_str())
+
 
 class WordPieceTokenizer(_HFTokenizer):
   """BERT's WordPiece from a vocab.txt, matching `transformers.BertTokenizer`.

@@ -1,0 +1,195 @@
+"""What a folder to export holds: any bertjax workdir read into one `Source`.
+
+Four kinds of folder:
+  converted    model.json + params/ (+ tokenizer/), written by `from-hf`
+  pretraining  config.json + checkpoints/<step>/ of a pretraining run (mlm_nsp, mlm, mlm_sop,
+               span_sbo, rtd)
+  fine-tuning  config.json + checkpoints/<step>/ of a glue, squad or ner run
+  best         WORKDIR/best/ (params/ + best.json) kept by a fine-tuning run with best_metric;
+               its config.json and tokenizer/ are the run's, one folder up
+
+A `Source` also says which parts were never trained: heads (and a pooler) that `from-hf`
+initialized fresh (model.json "missing"), and a pooler that a pretraining objective without a
+pair head never trained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+from typing import Any
+
+import numpy as np
+
+from bertjax import checkpoints
+from bertjax.convert.models import _check_tree
+from bertjax.convert.readers import _one_line
+from bertjax.convert.workdirs import Converted, _to_numpy, load_workdir
+from bertjax.errors import UserError, fail
+from bertjax.metrics import glue
+from bertjax.models.config import ModelConfig
+from bertjax.models.electra import generator_config
+from bertjax.tasks.ner import LABELS as TAGGING_LABELS
+
+PathLike = str | os.PathLike
+
+PRETRAINING = ("mlm_nsp", "mlm", "mlm_sop", "span_sbo", "rtd")
+TASKS = ("glue", "squad", "ner")
+# Heads of our pretraining trees that no transformers class holds.
+NO_HF_HEAD = {"sbo": "no transformers class holds SpanBERT's span boundary head"}
+
+
+@dataclasses.dataclass
+class TaskHead:
+  """A fine-tuning head: `kind` "sequence" (GLUE), "token" (NER/POS) or "qa" (SQuAD start/end),
+  stored under params[`name`]; `labels` names the outputs when known."""
+  kind: str
+  name: str
+  num_labels: int
+  labels: tuple[str, ...] | None = None
+  regression: bool = False
+  task: str = ""
+
+
+@dataclasses.dataclass
+class Source:
+  """A model to export or load: the converted tree, its task head, what was never trained.
+
+  converted.params holds {"encoder", *pretraining heads} plus the task head's tree;
+  converted.heads lists the pretraining heads (mlm, pair, rtd) only. `untrained` names parts
+  never trained ("mlm", "pair", "rtd", "pooler"); `left_out` maps parts no export can hold to
+  the reason.
+  """
+  converted: Converted
+  kind: str
+  task: TaskHead | None = None
+  untrained: tuple[str, ...] = ()
+  left_out: dict[str, str] = dataclasses.field(default_factory=dict)
+  tokenizer: pathlib.Path | None = None
+  step: int | None = None
+  path: pathlib.Path = pathlib.Path(".")
+  objective: str = ""
+
+
+def read_source(path: PathLike, step: int | None = None) -> Source:
+  """Reads a converted folder, a training workdir or a best/ folder (see the module doc)."""
+  d = pathlib.Path(path).absolute()
+  if not d.is_dir():
+    fail(f"{d} does not exist; pass a training workdir, its best/ folder or a folder written by "
+         "`python -m bertjax.convert from-hf`")
+  if (d / "model.json").is_file():
+    _no_step(step, d, "a converted folder")
+    c = load_workdir(d)
+    tok = d / "tokenizer"
+    return Source(c, "converted", untrained=tuple(c.missing), step=None, path=d,
+                  tokenizer=tok if tok.is_dir() else None)
+  if (d / "best.json").is_file() and (d / "params").is_dir():
+    _no_step(step, d, "a best/ folder")
+    config = _read_config(d.parent)
+    params = _restore(d / "params")
+    return _from_training(config, params, "best", _best_step(d), d, d.parent)
+  if (d / "config.json").is_file() and (d / "checkpoints").is_dir():
+    config = _read_config(d)
+    found, params = checkpoints.restore_checkpoint_params(d, step)
+    return _from_training(config, _to_numpy(params), "training", found, d, d)
+  fail(f"{d} is not a bertjax model folder: it has no model.json (from-hf), config.json + "
+       "checkpoints/ (a training workdir) or best.json + params/ (a best/ folder)")
+
+
+def _no_step(step: int | None, d: pathlib.Path, what: str) -> None:
+  if step is not None:
+    fail(f"--step applies to training workdirs; {d} is {what}: drop --step")
+
+
+def _read_config(d: pathlib.Path) -> dict[str, Any]:
+  path = d / "config.json"
+  if not path.is_file():
+    fail(f"{path} not found; a best/ folder is read inside the workdir of its run")
+  try:
+    config = json.loads(path.read_text(encoding="utf-8"))
+    ModelConfig.from_dict({**config["model"], "kernels": "auto"})
+  except (ValueError, KeyError, TypeError) as e:
+    fail(f"cannot read {path} ({_one_line(e)}); it may be truncated: copy it again from where "
+         "the run was made")
+  return config
+
+
+def _restore(path: pathlib.Path) -> dict[str, Any]:
+  try:
+    return _to_numpy(checkpoints.restore_params(path.parent))
+  except UserError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    fail(f"cannot restore {path}: {_one_line(e)}; the folder is damaged")
+
+
+def _best_step(d: pathlib.Path) -> int | None:
+  try:
+    return int(json.loads((d / "best.json").read_text())["step"])
+  except (ValueError, KeyError, TypeError):
+    return None
+
+
+def _task_head(config: dict[str, Any], params: dict[str, Any]) -> TaskHead:
+  objective = config["objective"]
+  if objective == "squad":
+    return TaskHead("qa", "qa_outputs", 2, ("start", "end"), task="squad")
+  kernel = np.shape(params["classifier"]["classifier"]["kernel"])
+  if objective == "ner":
+    task = config.get("task", "ner")
+    return TaskHead("token", "classifier", kernel[1], TAGGING_LABELS.get(task), task=task)
+  t = glue.get_task(config.get("task", ""))
+  labels = t.label_names if len(t.label_names) == kernel[1] else None
+  return TaskHead("sequence", "classifier", kernel[1], labels, t.is_regression, f"glue/{t.name}")
+
+
+def _from_training(config: dict[str, Any], params: dict[str, Any], kind: str, step: int | None,
+                   d: pathlib.Path, run: pathlib.Path) -> Source:
+  objective = config.get("objective")
+  cfg = ModelConfig.from_dict({**config["model"], "kernels": "auto"})
+  tok = run / "tokenizer"
+  source = Source(Converted(cfg, params, (), hf_model_type=cfg.architecture), kind, step=step,
+                  path=d, tokenizer=tok if tok.is_dir() else None, objective=objective)
+  if objective in TASKS:
+    source.task = _task_head(config, params)
+    source.kind = "fine-tuning" if kind == "training" else kind
+    where = f"{d} [{objective} model]"
+    # The task model's tree: encoder + its head, checked like a converted one.
+    _check_tree({"encoder": params["encoder"]}, cfg, (), where)
+    extra = sorted(set(params) - {"encoder", source.task.name})
+    if extra:
+      fail(f"{where}: unexpected parameters {', '.join(extra)}; is this a bertjax run?")
+    return source
+  if objective not in PRETRAINING:
+    fail(f"{d} was trained with objective {objective!r}; export supports the pretraining "
+         f"objectives {', '.join(PRETRAINING)} and the tasks {', '.join(TASKS)}")
+  source.kind = "pretraining" if kind == "training" else kind
+  heads = tuple(h for h in ("mlm", "pair", "rtd") if h in params)
+  for name, reason in NO_HF_HEAD.items():
+    if name in params:
+      source.left_out[name] = reason
+      params.pop(name)
+  generator = params.pop("generator", None)
+  source.converted.heads = heads
+  if cfg.use_pooler and "pair" not in heads:
+    source.untrained = ("pooler",)  # no loss of this objective reads it
+  _check_tree(params, cfg, heads, str(d))
+  if generator is not None:
+    source.converted.generator = _generator(config, cfg, params, generator, d)
+    source.converted.part = "both"
+  return source
+
+
+def _generator(config: dict[str, Any], cfg: ModelConfig, params: dict[str, Any],
+               generator: dict[str, Any], d: pathlib.Path) -> Converted:
+  """ELECTRA's generator as a model of its own: its encoder reads the discriminator's
+  embeddings in training, so the exported generator gets a copy of them."""
+  e = config.get("electra", {})
+  gen_cfg = generator_config(cfg, e.get("generator_hidden_fraction", 0.25),
+                             e.get("generator_layer_fraction", 1.0))
+  tree = {"encoder": {**generator["encoder"], "embeddings": params["encoder"]["embeddings"]},
+          "mlm": generator["mlm"]}
+  _check_tree(tree, gen_cfg, ("mlm",), str(d) + " [generator]")
+  return Converted(gen_cfg, tree, ("mlm",), hf_model_type="electra", part="generator")

@@ -1,0 +1,143 @@
+"""Workdir paths, local or remote (gs://, s3://, ...): one type, `etils.epath.Path`.
+
+A local path goes through the os (the same bytes plain `open` writes); a remote one through
+epath's backend (fsspec: gcsfs for gs://; tf.io.gfile where TensorFlow is installed), which orbax
+uses too. What object stores lack is done here, once:
+- appending: an object cannot grow, so `append_text` reads it, adds, and writes it whole;
+- libraries that read or write only local files (ArrayRecord, sentencepiece, tokenizers,
+  tensorboardX) get a local folder: `writing` uploads it when done, `reading` downloads a
+  remote folder into a local cache (kept while its files' sizes are unchanged).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+from typing import Iterator
+
+from etils import epath
+
+from bertjax.errors import fail
+
+Path = epath.Path
+CACHE_ENV = "BERTJAX_REMOTE_CACHE"  # where `reading` keeps local copies (default: the temp dir)
+
+
+def as_path(path: str | os.PathLike) -> epath.Path:
+  try:
+    return epath.Path(path)
+  except KeyError:  # a URL scheme epath has no class for
+    fail(f"{path}: etils.epath reads no {os.fspath(path).split('://')[0]}:// paths; fix: use a "
+         "local path or gs://, s3://, az://")
+
+
+def is_remote(path: str | os.PathLike) -> bool:
+  """True for a URL (gs://bucket/run), False for a local path."""
+  return "://" in os.fspath(path)
+
+
+def absolute(path: str | os.PathLike) -> epath.Path:
+  path = as_path(path)
+  return path if is_remote(path) else path.absolute()
+
+
+def append_text(path: epath.Path, text: str) -> None:
+  """Adds `text` at the end of the file (created if absent)."""
+  if not is_remote(path):
+    with open(path, "a", encoding="utf-8") as f:
+      f.write(text)
+    return
+  old = path.read_text() if path.exists() else ""
+  path.write_text(old + text)
+
+
+def replace_text(path: epath.Path, text: str) -> None:
+  """Writes the whole file so a reader sees the old or the new one, never a part: locally a
+  temporary file renamed over it; an object store's single write already is."""
+  if is_remote(path):
+    path.write_text(text)
+    return
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_text(text, encoding="utf-8")
+  os.replace(tmp, path)
+
+
+def rmtree(path: epath.Path) -> None:
+  """Removes a folder and what it holds; nothing when it is absent."""
+  if path.exists():
+    path.rmtree()
+
+
+def upload(local: pathlib.Path, remote: epath.Path, last: tuple[str, ...] = ()) -> None:
+  """Copies the folder `local` into `remote` (files named in `last` after all the others, so
+  their presence marks the copy complete)."""
+  files = sorted(p for p in pathlib.Path(local).rglob("*") if p.is_file())
+  files = ([p for p in files if p.name not in last] + [p for p in files if p.name in last])
+  for src in files:
+    dst = remote / src.relative_to(local).as_posix()
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_bytes(src.read_bytes())
+
+
+@contextlib.contextmanager
+def writing(folder: epath.Path, last: tuple[str, ...] = (), replace: bool = False
+            ) -> Iterator[pathlib.Path]:
+  """A local folder to write `folder`'s files in: `folder` itself when local, else a temporary
+  one uploaded to it on success (with `replace`, what `folder` held is removed first)."""
+  if not is_remote(folder):
+    yield pathlib.Path(folder)
+    return
+  with tempfile.TemporaryDirectory(prefix="bertjax-upload-") as tmp:
+    yield pathlib.Path(tmp)
+    if replace:
+      rmtree(folder)
+    upload(pathlib.Path(tmp), folder, last)
+
+
+def reading(folder: epath.Path) -> pathlib.Path:
+  """`folder` as a local path: itself when local, else a local copy of it, copied again when a
+  file's size or modification time differs from the copy's record (or the copy is partial)."""
+  if not is_remote(folder):
+    return pathlib.Path(folder)
+  root = pathlib.Path(os.environ.get(CACHE_ENV) or tempfile.gettempdir()) / "bertjax-remote"
+  local = root / hashlib.sha256(os.fspath(folder).encode()).hexdigest()[:20]
+  listing = _listing(folder)
+  record = local / _LISTING
+  if record.is_file() and json.loads(record.read_text()) == listing:
+    return local
+  partial = local.with_name(local.name + f".partial-{os.getpid()}")
+  shutil.rmtree(partial, ignore_errors=True)
+  for name in listing:
+    dst = partial / name
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_bytes((folder / name).read_bytes())
+  partial.mkdir(parents=True, exist_ok=True)
+  (partial / _LISTING).write_text(json.dumps(listing))
+  shutil.rmtree(local, ignore_errors=True)
+  try:
+    os.replace(partial, local)
+  except OSError:  # another process of this host placed its copy first
+    shutil.rmtree(partial, ignore_errors=True)
+    if not (record.is_file() and json.loads(record.read_text()) == listing):
+      raise
+  return local
+
+
+_LISTING = ".bertjax-listing.json"  # in a local copy: the remote files' [size, mtime] it was made from
+
+
+def _listing(folder: epath.Path, prefix: str = "") -> dict[str, list[int]]:
+  """Relative file name -> [size, modification time] of every file under `folder`."""
+  out = {}
+  for path in sorted(folder.iterdir()):
+    if path.is_dir():
+      out.update(_listing(path, f"{prefix}{path.name}/"))
+    else:
+      stat = path.stat()
+      out[prefix + path.name] = [stat.length, stat.mtime]
+  return out

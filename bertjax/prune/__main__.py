@@ -1,0 +1,71 @@
+"""Prunes a fine-tuned model in steps: `python -m bertjax.prune --workdir RUN --output OUT ...`.
+
+  python -m bertjax.prune --workdir runs/sst2 --output runs/sst2_pruned --target-heads 0.5 \
+      --steps 4 --finetune-steps 100          # heads, Michel et al.'s importance, global ranking
+  python -m bertjax.prune ... --target-layers 0.5       # also (or only) whole layers
+  python -m bertjax.prune ... --target-sparsity 0.6 --sparsity-scope layer   # weights, magnitude
+
+RUN is a fine-tuning workdir (launch.py with a GLUE/SQuAD/CoNLL config); its latest checkpoint
+is pruned, scored and evaluated on its own dev set. OUT (new) receives per step the pruned model
+(OUT/step_<j>/pruned: model.json, params/, tokenizer/; `--config.init_from` and
+`python -m bertjax.convert to-hf` read it) and its brief re-fine-tuning (OUT/step_<j>/finetuned),
+and pruning.md / pruning.csv / pruning.png / summary.json: the dev metric against the heads (or
+sparsity) kept. `--override key=value` changes the re-fine-tuning's config (e.g.
+learning_rate=1e-4).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import shlex
+import sys
+from typing import Sequence
+
+from bertjax import checkpoints
+from bertjax.errors import ArgumentParser, fail, run_cli
+from bertjax.prune import flow, magnitude, table
+from bertjax.prune.session import Session
+
+
+def _parser() -> ArgumentParser:
+  p = ArgumentParser(prog="python -m bertjax.prune", description=__doc__.splitlines()[0])
+  p.add_argument("--workdir", required=True, help="a fine-tuning run to prune")
+  p.add_argument("--output", required=True, help="a new folder for the pruned models and report")
+  p.add_argument("--target-heads", type=float, default=1.0, help="fraction of heads kept")
+  p.add_argument("--target-layers", type=float, default=1.0, help="fraction of layers kept")
+  p.add_argument("--target-sparsity", type=float, default=0.0,
+                 help="fraction of the encoder layers' kernel weights set to zero")
+  p.add_argument("--sparsity-scope", choices=magnitude.SCOPES, default="global")
+  p.add_argument("--steps", type=int, default=1, help="prune in this many equal steps")
+  p.add_argument("--finetune-steps", type=int, default=0, help="fine-tuning steps after each")
+  p.add_argument("--ranking", choices=flow.RANKINGS, default="importance",
+                 help="which heads/layers go first: Michel et al.'s importance, or random (a control)")
+  p.add_argument("--seed", type=int, default=0, help="the random ranking's seed")
+  p.add_argument("--metric", default=None, help="dev metric to report (default: the run's best_metric)")
+  p.add_argument("--override", action="append", default=[], help="key=value for the fine-tuning")
+  return p
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  args = _parser().parse_args(argv)
+  plan = flow.Plan(args.target_heads, args.target_layers, args.target_sparsity,
+                   args.sparsity_scope, args.steps, args.finetune_steps, args.ranking, args.seed)
+  plan.check()
+  out = pathlib.Path(args.output).absolute()
+  if out.exists() and any(out.iterdir()):
+    fail(f"--output {out} exists and is not empty; give a new folder")
+  params = checkpoints.restore_params(args.workdir)  # fails with one line before OUT is made
+  out.mkdir(parents=True, exist_ok=True)
+  session = Session.open(args.workdir, out, args.metric)
+  tokenizer = pathlib.Path(args.workdir) / "tokenizer"
+  rows = flow.run(session, plan, params, tokenizer if tokenizer.is_dir() else None, args.override)
+  command = "python -m bertjax.prune " + " ".join(shlex.quote(a) for a in argv)
+  text = table.write_all(out, rows, session.metric, command, not plan.structured)
+  print(text)
+  print(f"wrote {out / 'pruning.md'}, pruning.csv, pruning.png, summary.json")
+  return rows
+
+
+if __name__ == "__main__":
+  run_cli(main)

@@ -1,0 +1,69 @@
+"""The record of a pruning run: pruning.csv, pruning.md, pruning.png and summary.json in OUT."""
+
+from __future__ import annotations
+
+import csv
+import json
+import pathlib
+from typing import Any, Sequence
+
+from matplotlib.figure import Figure
+
+COLUMNS = ("step", "heads", "heads_kept", "layers", "sparsity", "encoder_params", "dev_pruned",
+           "dev_finetuned")
+
+
+def _fmt(value: Any) -> str:
+  if value is None:
+    return "-"
+  return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def write_csv(rows: Sequence[dict], path: pathlib.Path) -> None:
+  with path.open("w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+
+
+def markdown(rows: Sequence[dict], metric: str, command: str) -> str:
+  lines = [f"# Pruning: dev {metric} against what is kept", "", f"    {command}", "",
+           "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+  lines += ["| " + " | ".join(_fmt(r[c]) for c in COLUMNS) + " |" for r in rows]
+  lines += ["", "dev_pruned: right after pruning; dev_finetuned: after the brief fine-tuning "
+            "that follows (step 0: the model as given). Removed per step:", ""]
+  lines += [f"- step {r['step']}: " + json.dumps({k: v for k, v in r["removed"].items()
+                                                   if k != "scores"})
+            for r in rows if r["removed"]]
+  return "\n".join(lines) + "\n"
+
+
+def plot(rows: Sequence[dict], metric: str, path: pathlib.Path, unstructured: bool) -> None:
+  """Dev metric against the fraction of heads kept (or the sparsity): after pruning and after
+  the brief fine-tuning. Figure API only (no pyplot, nothing global)."""
+  fig = Figure(figsize=(6, 4), dpi=100)
+  ax = fig.subplots()
+  x = [r["sparsity"] if unstructured else r["heads_kept"] for r in rows]
+  ax.plot(x, [r["dev_pruned"] for r in rows], marker="o", label="pruned")
+  tuned = [(xi, r["dev_finetuned"]) for xi, r in zip(x, rows) if r["dev_finetuned"] is not None]
+  if len(tuned) > 1:
+    ax.plot(*zip(*tuned), marker="s", label="pruned + fine-tuned")
+  ax.set_xlabel("sparsity of the encoder layers' kernels" if unstructured else "fraction of heads kept")
+  ax.set_ylabel(f"dev {metric}")
+  if not unstructured:
+    ax.invert_xaxis()
+  ax.grid(alpha=0.3)
+  ax.legend(loc="best")
+  fig.tight_layout()
+  fig.savefig(path)
+
+
+def write_all(out: pathlib.Path, rows: Sequence[dict], metric: str, command: str,
+              unstructured: bool) -> str:
+  write_csv(rows, out / "pruning.csv")
+  text = markdown(rows, metric, command)
+  (out / "pruning.md").write_text(text)
+  plot(rows, metric, out / "pruning.png", unstructured)
+  (out / "summary.json").write_text(json.dumps({"metric": metric, "command": command,
+                                                "rows": list(rows)}, indent=2))
+  return text
