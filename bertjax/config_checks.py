@@ -121,6 +121,8 @@ RULES: tuple[tuple[str, Range, str, Any], ...] = (
     ("model.max_position_embeddings", AT_LEAST_1, "rows of the position table", 512),
     ("model.type_vocab_size", AT_LEAST_1, "token types", 2),
     ("model.layer_norm_eps", POSITIVE, "LayerNorm's epsilon", 1e-12),
+    ("data.generated_families", Range(1), "language families of the generated corpus", 1),
+    ("data.generated_tokens", Range(3), "tokens per language of the generated corpus", 8),
     ("model.pad_token_id", NON_NEGATIVE, "the padding id", 0),
     ("model.embedding_size", Range(1, also=(None,)), "the embedding width; None: hidden_size", 128),
     ("model.num_hidden_groups", Range(1, also=(None,)), "ALBERT's layer groups; None: one per layer",
@@ -132,6 +134,7 @@ CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("best_mode", ("max", "min")),
     ("optimizer.name", optim.OPTIMIZERS),
     ("optimizer.decay", optim.DECAYS),
+    ("data.generated", ("", "context")),   # bertjax/data/synthetic.py
     ("head.features", features.FEATURES),
     ("head.pooling", features.POOLINGS),
 )

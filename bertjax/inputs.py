@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from bertjax import paths
-from bertjax.data import packing, pipeline, prepare, records, sources, tokenizers
+from bertjax.data import packing, pipeline, prepare, records, sources, synthetic, tokenizers
 from bertjax.data.masking import SpecialIds
 from bertjax.errors import fail
 
@@ -171,15 +171,38 @@ def build(config, workdir: paths.Path, objective) -> Inputs:
 
   if config.data.pack:  # refuse before a tokenizer is trained or a corpus prepared
     packing.check_packing(objective.data_kind, config.data.pack_bins)
+  if config.data.generated:
+    return _generated(config, objective, per_process)
   corpus = prepare.PreparedCorpus(prepared_corpus_dir(config, workdir))
   tokenizer = corpus.tokenizer
   n = len(corpus)
   n_eval = min(config.data.eval_documents, n // 5) if config.eval_every else 0
-  train_docs = DocumentSlice(corpus, 0, n - n_eval)
-  eval_docs = DocumentSlice(corpus, n - n_eval, n)
-  special = SpecialIds.from_tokenizer(tokenizer)
+  return _pretraining_inputs(
+      config, objective, per_process, DocumentSlice(corpus, 0, n - n_eval),
+      DocumentSlice(corpus, n - n_eval, n), SpecialIds.from_tokenizer(tokenizer),
+      tokenizer.word_start_mask(), tokenizer.vocab_size, tokenizer)
+
+
+def _generated(config, objective, per_process: int) -> Inputs:
+  """The generated corpus `config.data.generated` names (bertjax/data/synthetic.py): training
+  documents from seed `config.seed`, held-out ones from another seed, of the same language."""
+  if config.data.generated != "context":
+    fail(f"data.generated={config.data.generated!r} is not a generated corpus; use 'context' "
+         "(bertjax/data/synthetic.py) or leave it empty")
+  language = synthetic.CycleLanguage(families=config.data.generated_families,
+                                     tokens_per_language=config.data.generated_tokens)
+  train = synthetic.CycleDocuments(language, synthetic.TRAIN_DOCUMENTS, seed=config.seed)
+  held_out = synthetic.CycleDocuments(language, config.data.eval_documents if config.eval_every
+                                      else 0, seed=config.seed + synthetic.TRAIN_DOCUMENTS)
+  return _pretraining_inputs(config, objective, per_process, train, held_out,
+                             language.special_ids(), language.word_start_mask(),
+                             language.vocab_size, None)
+
+
+def _pretraining_inputs(config, objective, per_process: int, train_docs, eval_docs, special,
+                        word_start_mask, vocab_size: int, tokenizer) -> Inputs:
   kw = dict(kind=objective.data_kind, max_seq_length=config.max_seq_length, special=special,
-            word_start_mask=tokenizer.word_start_mask(), short_seq_prob=config.data.short_seq_prob,
+            word_start_mask=word_start_mask, short_seq_prob=config.data.short_seq_prob,
             pack=config.data.pack, pack_bins=config.data.pack_bins,
             **objective.masking_kwargs(config))
   train = pipeline.make_pretraining_iterator(
@@ -187,7 +210,7 @@ def build(config, workdir: paths.Path, objective) -> Inputs:
       shard_count=jax.process_count(), **kw)
 
   def eval_batches() -> Iterator[dict]:
-    if not n_eval:
+    if not len(eval_docs):
       return
     it = pipeline.make_pretraining_iterator(
         eval_docs, batch_size=per_process, seed=config.seed + 1, shard_index=jax.process_index(),
@@ -195,5 +218,6 @@ def build(config, workdir: paths.Path, objective) -> Inputs:
     for _ in range(config.data.eval_batches):
       yield next(it)
 
-  return Inputs(train=train, eval_batches=eval_batches, vocab_size=tokenizer.vocab_size,
-                tokenizer=tokenizer, num_eval_batches=config.data.eval_batches if n_eval else 0)
+  return Inputs(train=train, eval_batches=eval_batches, vocab_size=vocab_size,
+                tokenizer=tokenizer,
+                num_eval_batches=config.data.eval_batches if len(eval_docs) else 0)

@@ -53,6 +53,9 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.data = ml_collections.ConfigDict()
   c.data.synthetic = False         # random token batches instead of a corpus (benchmarks, layout tests)
+  c.data.generated = ""            # "context": a generated corpus whose words follow from context (bertjax/data/synthetic.py)
+  c.data.generated_families = 1    # its language families (NSP's random B is of another family half the time)
+  c.data.generated_tokens = 8      # its tokens per language (the length of each cycle)
   c.data.corpus = ""               # raw text glob(s), comma separated, prepared into workdir at first run
   c.data.format = "bert"           # bert (sentence per line, blank line between documents) | doc_per_line | wikitext
   c.data.tokenizer = ""            # tokenizer folder; empty: train sentencepiece on the corpus
