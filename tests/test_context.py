@@ -6,8 +6,9 @@ On WikiText the loss of a tiny model first falls to the unigram plateau whether 
 objective is right. Here the bounds come from the eval batches themselves: the best context-free
 masked-token accuracy (`synthetic.context_free_accuracy`), the majority label for NSP, and for
 ELECTRA the accuracy of always answering "original" (`rtd_baseline_accuracy`); SOP passes chance
-on short rows (configs/context_check.py:objective=mlm_sop). Each fault is one that removes the information the criterion needs (a shifted or consistently permuted input would
-be learned around), injected by monkeypatching a model or data function for one run.
+on short rows (configs/context_check.py:objective=mlm_sop). Each fault is one that removes the
+information the criterion needs (a shifted or consistently permuted input would be learned
+around), injected by monkeypatching a model or data function for one run.
 """
 
 from __future__ import annotations
