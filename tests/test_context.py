@@ -5,11 +5,10 @@ context-free statistics allow; a twin with one fault injected does not.
 On WikiText the loss of a tiny model first falls to the unigram plateau whether or not its
 objective is right. Here the bounds come from the eval batches themselves: the best context-free
 masked-token accuracy (`synthetic.context_free_accuracy`), the majority label for NSP, and for
-ELECTRA the accuracy of always answering "original" (`rtd_baseline_accuracy`). Not yet checked
-(no setting found that passes reliably within a CI budget; experiments/context_checks.md): SOP
-above chance. Each fault is one
-that removes the information the criterion needs (a shifted or consistently permuted input would
-be learned around), injected by monkeypatching a model or data function for one run.
+ELECTRA the accuracy of always answering "original" (`rtd_baseline_accuracy`); SOP passes chance
+on short rows (configs/context_check.py:objective=mlm_sop). Each fault is one that removes the
+information the criterion needs (a shifted or consistently permuted input would be learned
+around), injected by monkeypatching a model or data function for one run.
 """
 
 from __future__ import annotations
@@ -80,7 +79,8 @@ def self_only_attention(monkeypatch):
 
 
 class _RolledLabels:
-  """The training stream with each row's masked labels taken from the row half a batch away."""
+  """The training stream with each row's masked labels and pair label (NSP/SOP; 0 for one-segment
+  objectives) taken from the row half a batch away."""
 
   def __init__(self, stream):
     self.stream = stream
@@ -90,7 +90,9 @@ class _RolledLabels:
 
   def __next__(self):
     batch = dict(next(self.stream))
-    batch["masked_ids"] = np.roll(batch["masked_ids"], len(batch["masked_ids"]) // 2, axis=0)
+    half = len(batch["masked_ids"]) // 2
+    for key in ("masked_ids", "next_sentence_label"):
+      batch[key] = np.roll(batch[key], half, axis=0)
     return batch
 
   def get_state(self):
@@ -172,11 +174,10 @@ def test_mlm_nsp_with_self_only_attention_does_not(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_mlm_sop_beats_context_free_bound(tmp_path):
-  # SOP itself is not checked: in 300-400 steps it passed chance on one draw of the language
-  # (0.79) and stayed at 0.51 on two others (experiments/context_checks.md).
+def test_mlm_sop_beats_context_free_bound_and_chance(tmp_path):
   metrics, bounds = run("mlm_sop", tmp_path / "run")
   assert beats_context_free(metrics, bounds), (metrics, bounds)
+  assert beats_chance(metrics, bounds, "sop_accuracy"), (metrics, bounds)
 
 
 @pytest.mark.slow
@@ -184,6 +185,7 @@ def test_mlm_sop_with_labels_of_other_rows_does_not(tmp_path, monkeypatch):
   labels_from_other_rows(monkeypatch)
   metrics, bounds = run("mlm_sop", tmp_path / "run")
   assert not beats_context_free(metrics, bounds), (metrics, bounds)
+  assert not beats_chance(metrics, bounds, "sop_accuracy"), (metrics, bounds)
 
 
 @pytest.mark.slow
