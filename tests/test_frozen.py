@@ -275,7 +275,8 @@ def test_runs_recorded_before_freeze_existed_resume():
   config = task_config()
   recorded = workdir_lib.flatten(workdir_lib.as_recorded(config.to_dict()))
   for key in ("freeze.encoder", "freeze.train_top_layers", "freeze.train_embeddings",
-              "head.features", "head.layers", "head.pooling", "optimizer.keep_pruned"):
+              "head.features", "head.layers", "head.pooling", "optimizer.keep_pruned", "data.generated",
+              "data.generated_families", "data.generated_tokens"):
     assert workdir_lib.allowed(key, workdir_lib._ABSENT, recorded[key]) is None, key
   assert workdir_lib.allowed("optimizer.keep_pruned", workdir_lib._ABSENT, True) is not None
   assert workdir_lib.allowed("freeze.encoder", workdir_lib._ABSENT, True) is not None
