@@ -14,7 +14,8 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 import orbax.checkpoint as ocp
 
-from bertjax.convert.hf_configs import ELECTRA_PARTS, TOKENIZER_FILES, hf_config_to_model_config
+from bertjax.convert.hf_configs import ELECTRA_PARTS, hf_config_to_model_config
+from bertjax.convert import hf_tokenizer
 from bertjax.convert.models import _check_tree, _fresh_part
 from bertjax.convert.names import architecture_heads, hf_to_params
 from bertjax.convert.readers import _one_line, read_hf_config, read_hf_weights
@@ -126,16 +127,6 @@ def _staging_dir(target: pathlib.Path) -> Iterator[pathlib.Path]:
     raise
 
 
-def _copy_tokenizer(src: pathlib.Path, dst: pathlib.Path) -> list[str]:
-  copied = []
-  for name in TOKENIZER_FILES:
-    if (src / name).is_file():
-      dst.mkdir(parents=True, exist_ok=True)
-      shutil.copy2(src / name, dst / name)
-      copied.append(name)
-  return copied
-
-
 def _save_params(path: pathlib.Path, params: Params) -> None:
   checkpointer = ocp.StandardCheckpointer()
   checkpointer.save(path, params)
@@ -161,7 +152,7 @@ def convert_from_hf(model_dir: PathLike, workdir: PathLike, part: str | None = N
   with _staging_dir(out) as tmp:
     _save_params(tmp / "params", params)
     tok_src = src / "discriminator" if c.part == "both" else src
-    copied = _copy_tokenizer(tok_src, tmp / "tokenizer")
+    copied = hf_tokenizer.copy_files(tok_src, tmp / "tokenizer")
     (tmp / "model.json").write_text(json.dumps(meta, indent=2) + "\n")
   log(f"converted {c.hf_model_type} checkpoint {model_dir} -> {out} "
       f"(heads: {', '.join(c.heads) or 'none'}"
