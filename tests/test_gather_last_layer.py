@@ -65,7 +65,9 @@ def assert_trees_close(a, b, what):
 
 @pytest.mark.parametrize("kw", [{}, {"pre_layer_norm": True}, {"remat": True},
                                 {"num_hidden_groups": 1, "architecture": "albert",
-                                 "embedding_size": 16}])
+                                 "embedding_size": 16},
+                                # the GPU set: 5 gathered rows padded to 8 with [CLS] rows
+                                {"kernels": "gpu"}])
 @pytest.mark.slow
 def test_pretraining_model_same_outputs_and_gradients(kw):
   ids, mask, types, positions = inputs()
@@ -77,6 +79,13 @@ def test_pretraining_model_same_outputs_and_gradients(kw):
   np.testing.assert_allclose(out_on["output"].last_hidden_state, out_off["output"].last_hidden_state,
                              rtol=2e-5, atol=2e-6)
   assert_trees_close(g_on, g_off, "gradient")
+
+
+def test_gathered_rows_are_padded_to_the_kernel_sets_multiple():
+  from bertjax.models.encoder import last_layer_rows
+  assert last_layer_rows(config(kernels="cpu"), 20, 128) == 21
+  assert last_layer_rows(config(kernels="gpu"), 20, 128) == 24  # cuDNN: even; 8 for tensor cores
+  assert last_layer_rows(config(kernels="gpu"), 20, 24) is None  # nothing saved
 
 
 def test_output_positions_match_the_full_encoder_rows():

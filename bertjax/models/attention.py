@@ -53,8 +53,32 @@ def attention_mask_for(cfg: ModelConfig, attention_mask: Array,
   return AttentionMask(keys, lengths, jnp.all(prefix == real))
 
 
+def round_up(n: int, multiple: int) -> int:
+  return -(-n // multiple) * multiple
+
+
+def pad_odd_lengths(q: Array, k: Array, v: Array, mask: AttentionMask, multiple: int
+                    ) -> tuple[Array, Array, Array, AttentionMask]:
+  """q, k, v and the mask with an odd query or key length padded up to a multiple of `multiple`
+  (at least 2), what cuDNN's fused kernel needs in training. Padded keys are hidden from every
+  query (past every row's length, and False in the boolean mask); padded query rows see every
+  key, so they stay finite, and are sliced off by the caller. Even lengths are left alone."""
+  q_len, k_len = q.shape[1], k.shape[1]
+  multiple = max(multiple, 2)
+  q_pad = round_up(q_len, multiple) - q_len if q_len % 2 else 0
+  k_pad = round_up(k_len, multiple) - k_len if k_len % 2 else 0
+  if not (q_pad or k_pad):
+    return q, k, v, mask
+  along_seq = lambda x, n: jnp.pad(x, ((0, 0), (0, n), (0, 0), (0, 0)))
+  keys = jnp.pad(mask.keys, ((0, 0), (0, 0), (0, 0), (0, k_pad)), constant_values=False)
+  if keys.shape[2] > 1:  # a mask per query (packed rows)
+    keys = jnp.pad(keys, ((0, 0), (0, 0), (0, q_pad), (0, 0)), constant_values=True)
+  return (along_seq(q, q_pad), along_seq(k, k_pad), along_seq(v, k_pad),
+          mask.replace(keys=keys))
+
+
 def fused_attention(q: Array, k: Array, v: Array, mask: AttentionMask, implementation: str,
-                    deterministic: bool = True) -> Array:
+                    deterministic: bool = True, row_multiple: int = 1) -> Array:
   """softmax(q.k / sqrt(d)) v through `jax.nn.dot_product_attention`.
 
   With key lengths (cuDNN's padding mask; a [batch, 1, 1, k] boolean mask makes cuDNN refuse),
@@ -62,16 +86,22 @@ def fused_attention(q: Array, k: Array, v: Array, mask: AttentionMask, implement
   Lengths stand for the mask only on right-padded rows: in inference (`deterministic`) a mask of
   another shape (left padding, holes) is detected and takes XLA's attention with the mask; in
   training the rows come from bertjax's input builders, which all pad on the right.
+  For cuDNN, odd query or key lengths are padded up to a multiple of `row_multiple`
+  (`pad_odd_lengths`) and the padded rows sliced off: its backward pass refuses odd lengths.
   """
+  q_len = q.shape[1]
+  if implementation == "cudnn":
+    q, k, v, mask = pad_odd_lengths(q, k, v, mask, row_multiple)
   if mask.lengths is None:
-    return jax.nn.dot_product_attention(q, k, v, mask=mask.keys, implementation=implementation)
+    out = jax.nn.dot_product_attention(q, k, v, mask=mask.keys, implementation=implementation)
+    return out[:, :q_len]
   by_lengths = lambda q, k, v: jax.nn.dot_product_attention(
       q, k, v, key_value_seq_lengths=mask.lengths, implementation=implementation)
   if not deterministic:
-    return by_lengths(q, k, v)
+    return by_lengths(q, k, v)[:, :q_len]
   by_mask = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask.keys,
                                                          implementation="xla")
-  return jax.lax.cond(mask.right_padded, by_lengths, by_mask, q, k, v)
+  return jax.lax.cond(mask.right_padded, by_lengths, by_mask, q, k, v)[:, :q_len]
 
 
 def explicit_attention(q: Array, k: Array, v: Array, keys: Array, dropout: Callable[[Array], Array]
@@ -95,17 +125,15 @@ def cudnn_available() -> bool:
     return False
 
 
-def attention_implementation(cfg: ModelConfig, head_dim: int, dtype, cudnn: bool | None = None,
-                             per_query_mask: bool = False, q_len: int = 2, k_len: int = 2) -> str:
+def attention_implementation(cfg: ModelConfig, head_dim: int, dtype, cudnn: bool | None = None
+                             ) -> str:
   """The fused implementation for this model: cuDNN where the platform's kernels ask for it and
   it applies (it runs here, `cudnn`, by default `cudnn_available()`; half precision, head size a
-  multiple of 8 up to 128; a per-query mask, which cuDNN takes as a bias, needs even query and key
-  lengths in training), else XLA's."""
+  multiple of 8 up to 128), else XLA's. Odd lengths are padded for cuDNN (`fused_attention`)."""
   impl = kernels.for_model(cfg).attention
   if impl != "cudnn":
     return impl
   if (not (cudnn_available() if cudnn is None else cudnn) or head_dim % 8 or head_dim > 128
-      or jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16)
-      or (per_query_mask and (q_len % 2 or k_len % 2))):
+      or jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16)):
     return "xla"
   return impl

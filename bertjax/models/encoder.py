@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from bertjax.errors import fail
 from bertjax.models import kernels
 from bertjax.models.attention import (AttentionMask, attention_implementation, attention_mask_for,
-                                      explicit_attention, fused_attention)
+                                      explicit_attention, fused_attention, round_up)
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
 from bertjax.models.embeddings import Embeddings, position_ids_for
@@ -78,12 +78,11 @@ class SelfAttention(nn.Module):
     if (deterministic or rate == 0.0) and not output_attentions:
       # No dropout inside the fused kernels (cuDNN's takes only a fixed seed), so they serve
       # inference and training without attention dropout; bertjax.models.kernels picks which.
-      impl = attention_implementation(cfg, cfg.head_dim, q.dtype,
-                                      per_query_mask=mask.keys.shape[2] > 1, q_len=q.shape[1],
-                                      k_len=k.shape[1])
+      impl = attention_implementation(cfg, cfg.head_dim, q.dtype)
       if impl != "cudnn":  # lengths are what cuDNN takes; XLA reads the mask
         mask = AttentionMask(mask.keys)
-      out = fused_attention(q, k, v, mask, impl, deterministic)
+      out = fused_attention(q, k, v, mask, impl, deterministic,
+                            kernels.for_model(cfg).row_multiple)
     else:
       drop = lambda p: Dropout(rate)(p, deterministic=deterministic)
       out, raw_scores = explicit_attention(q, k, v, mask.keys, drop)
@@ -104,11 +103,14 @@ def gather_positions(x: Array, positions: Array) -> Array:
 
 
 def last_layer_rows(cfg: ModelConfig, num_outputs: int, seq_len: int) -> int | None:
-  """Rows the last layer computes when asked for `num_outputs` positions: those and [CLS], or
-  None (every row: gathering is off, layers are scanned, or it would not save anything)."""
-  if not cfg.gather_last_layer or cfg.scan_layers or num_outputs + 1 >= seq_len:
+  """Rows the last layer computes when asked for `num_outputs` positions: those and [CLS], padded
+  with more [CLS] rows up to the kernel set's `row_multiple` (cuDNN refuses an odd query length in
+  training), or None (every row: gathering is off, layers are scanned, or it would not save
+  anything)."""
+  rows = round_up(num_outputs + 1, kernels.for_model(cfg).row_multiple)
+  if not cfg.gather_last_layer or cfg.scan_layers or rows >= seq_len:
     return None
-  return num_outputs + 1
+  return rows
 
 
 class TransformerLayer(nn.Module):
@@ -260,11 +262,13 @@ class Encoder(nn.Module):
     # The last layer at [CLS] and the output positions only. Not under scan (one body for every
     # layer), nor when every layer's full states or scores are asked for.
     last_positions = None
-    if (output_positions is not None and not output_hidden_states and not output_attentions
-        and last_layer_rows(cfg, output_positions.shape[1], input_ids.shape[1]) is not None):
+    rows = (None if output_positions is None or output_hidden_states or output_attentions
+            else last_layer_rows(cfg, output_positions.shape[1], input_ids.shape[1]))
+    if rows is not None:  # [CLS], the output positions, [CLS] again up to `rows`
       output_positions = jnp.asarray(output_positions, jnp.int32)
-      last_positions = jnp.concatenate([jnp.zeros_like(output_positions[:, :1]), output_positions],
-                                       axis=1)
+      cls = jnp.zeros_like(output_positions[:, :1])
+      last_positions = jnp.concatenate(
+          [cls, output_positions] + [cls] * (rows - 1 - output_positions.shape[1]), axis=1)
     states, attentions = [x], []
     if cfg.scan_layers:
       if output_attentions:
@@ -287,7 +291,7 @@ class Encoder(nn.Module):
       states[-1] = x
     pooled = jnp.tanh(self.pooler(x[:, 0])) if cfg.use_pooler else None
     if last_positions is not None:
-      x = x[:, 1:]
+      x = x[:, 1:1 + output_positions.shape[1]]
     elif output_positions is not None:
       x = gather_positions(x, output_positions)
     return EncoderOutput(last_hidden_state=x, pooler_output=pooled,

@@ -41,6 +41,10 @@ class Kernels:
   one_hot_rows: embedding tables of at most this many rows (token types) are looked up as a
     one-hot product, whose gradient is a small matrix product instead of a scatter-add of every
     token into a few rows (0: never).
+  row_multiple: the fused attention's query and key lengths, when odd, are padded up to a multiple
+    of this (padded keys hidden from every real query, padded rows sliced off), and so are the
+    gathered last layer's query rows (`model.gather_last_layer`): cuDNN's fused kernel has no
+    backward pass for odd lengths. 1: nothing padded.
   """
   platform: str
   flat_dense: bool
@@ -49,6 +53,7 @@ class Kernels:
   attention: str
   attention_lengths: bool
   one_hot_rows: int
+  row_multiple: int = 1
 
 
 # CPU (XLA:CPU, measured on 2-core x86 machines; PERFORMANCE.md):
@@ -70,8 +75,11 @@ CPU = Kernels(platform="cpu", flat_dense=True, layer_norm_vjp=True, remat_activa
 # float32 one, 0.07 ms as a one-hot product). The CPU layout choices are unmeasured on a GPU, so
 # the ordinary formulation is kept there: XLA:GPU picks its own layouts for dot_general and
 # fuses LayerNorm's autodiff.
+# row_multiple 8: cuDNN refuses odd query or key lengths in training ("Unsupported sequence length
+# Q 21, KV 128" on the H100 for the gathered layer's 20 predictions + [CLS]); 8 rather than 2
+# because tensor cores take rows in eights (unmeasured against 2).
 GPU = Kernels(platform="gpu", flat_dense=False, layer_norm_vjp=False, remat_activation=False,
-              attention="cudnn", attention_lengths=True, one_hot_rows=16)
+              attention="cudnn", attention_lengths=True, one_hot_rows=16, row_multiple=8)
 
 # TPU: unmeasured; the ordinary formulation and XLA's attention. Reshapes that merge the tiled minor
 # dimensions can cost a relayout there, so Dense stays a dot_general over the kernel's axes. Small
