@@ -208,7 +208,9 @@ def test_implementation_follows_platform_dtype_and_head_size():
   assert pick(gpu, 64, jnp.bfloat16, False) == "xla"  # the GPU set where cuDNN does not run
   assert attention_implementation(gpu, 64, jnp.bfloat16) == "xla"  # here: a CPU
   assert pick(ModelConfig(kernels="cpu"), 64, jnp.bfloat16) == "xla"
-  assert pick(ModelConfig(kernels="tpu"), 64, jnp.bfloat16) == "xla"
+  assert pick(ModelConfig(kernels="tpu"), 64, jnp.bfloat16) == "splash"  # any dtype
+  assert pick(ModelConfig(kernels="tpu"), 64, jnp.float32) == "splash"
+  assert pick(ModelConfig(kernels="tpu-xla"), 64, jnp.bfloat16) == "xla"
   assert kernels.for_model(ModelConfig()) == kernels.for_platform(jax.default_backend())
   assert kernels.for_platform("cuda") == kernels.GPU
 
