@@ -7,6 +7,7 @@
 - Every attention path (fused by key lengths, by a boolean mask, by a packed per-query mask, with
   gathered queries, the explicit path for output_attentions) gives the explicit path's outputs and
   gradients; the GPU choices (run here with XLA's implementation) give the CPU choices' results.
+  The TPU set's splash kernel: tests/test_splash_attention.py.
 """
 
 import re
@@ -79,7 +80,8 @@ def test_scatter_check_sees_a_bf16_embedding_gradient():
 @pytest.mark.parametrize("spec,kernel_set", [
     ("configs/quickstart.py", "cpu"), ("configs/quickstart.py", "gpu"),
     ("configs/albert.py:runlocal", "cpu"), ("configs/spanbert.py:runlocal", "gpu"),
-    ("configs/electra.py:runlocal", "cpu"), ("configs/roberta.py:runlocal", "gpu")])
+    ("configs/electra.py:runlocal", "cpu"), ("configs/roberta.py:runlocal", "gpu"),
+    pytest.param("configs/quickstart.py", "tpu", marks=pytest.mark.slow)])  # splash, interpreted
 def test_bf16_train_step_scatters_nothing_in_bf16(spec, kernel_set):
   hlo = lowered_step_text(spec, **{"model.dtype": "bfloat16", "model.kernels": kernel_set})
   assert scatter_types(hlo), "expected the word-embedding gradient's float32 scatter"

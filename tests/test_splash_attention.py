@@ -143,18 +143,33 @@ def encoder_inputs(packed, seq=32):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("packed", [False, True])
-def test_encoder_on_the_tpu_set_gives_the_cpu_sets_outputs(packed):
-  """The quickstart model, tiny, under `model.kernels=tpu` (splash, interpreted) and `cpu`."""
+def test_encoder_on_the_tpu_set_gives_the_cpu_sets_results(packed):
+  """The quickstart model, tiny, under `model.kernels=tpu` (splash, interpreted) and `cpu`: the
+  same outputs at real tokens and the same parameter gradients, in a training pass (quickstart
+  has no attention dropout, so training takes the fused path too)."""
   config = load_config("configs/quickstart.py", **{
       "model.hidden_size": 32, "model.intermediate_size": 64, "model.num_attention_heads": 2,
-      "model.num_hidden_layers": 2, "max_seq_length": 32})
+      "model.num_hidden_layers": 1, "max_seq_length": 32})
   cfg = get_objective(config).model_config(config)
+  assert cfg.attention_probs_dropout_prob == 0.0
   ids, mask, seg = encoder_inputs(packed)
-  outputs = {}
+  rows = jnp.asarray(mask, jnp.float32)[:, :, None]
+  results = {}
   for kernel_set in ("cpu", "tpu"):
     model = Encoder(cfg.replace(kernels=kernel_set))
-    params = model.init(jax.random.key(0), ids)
-    apply = jax.jit(lambda p: model.apply(p, ids, mask, segment_ids=seg).last_hidden_state)
-    outputs[kernel_set] = np.asarray(apply(params))
+    params = model.init(jax.random.key(0), ids)["params"]
+
+    def loss(p):
+      out = model.apply({"params": p}, ids, mask, segment_ids=seg, deterministic=False,
+                        rngs={"dropout": jax.random.key(1)}).last_hidden_state
+      return jnp.sum(jnp.sin(out) * rows), out
+    results[kernel_set] = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+  (_, out_cpu), grads_cpu = results["cpu"]
+  (_, out_tpu), grads_tpu = results["tpu"]
   real = mask.astype(bool)
-  np.testing.assert_allclose(outputs["tpu"][real], outputs["cpu"][real], rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(np.asarray(out_tpu)[real], np.asarray(out_cpu)[real], rtol=2e-5,
+                             atol=2e-5)
+  for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(grads_tpu),
+                               jax.tree_util.tree_leaves(grads_cpu)):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5,
+                               err_msg=jax.tree_util.keystr(path))
