@@ -4,6 +4,11 @@ packed rows and a length that is not a multiple of the kernel's 128-row tile; th
 `model.kernels=tpu` against the CPU set. Its speed on a TPU is unmeasured.
 """
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -18,7 +23,7 @@ from bertjax.models.attention import (attention_implementation, attention_mask_f
 from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import Encoder
 from bertjax.registry import get_objective
-from tests.helpers import load_config
+from tests.helpers import REPO, load_config
 
 B, H, D = 2, 2, 16
 
@@ -126,6 +131,37 @@ def test_splash_under_a_mesh_gives_the_explicit_outputs():
     got = np.asarray(fn(q, k, v))
   np.testing.assert_allclose(got[real], np.asarray(explicit_fn(mask, seg)(q, k, v))[real],
                              rtol=1e-5, atol=1e-5)
+
+
+SHARDED = textwrap.dedent("""
+    import flax.linen as nn, jax, jax.numpy as jnp, numpy as np
+    from bertjax import sharding
+    from tests.test_splash_attention import explicit_fn, qkv, rows_case, splash_fn, value_and_grads
+    assert len(jax.devices()) == 4
+    mask, seg = rows_case("packed")
+    q, k, v = qkv(128, seed=5)
+    want, want_grads = value_and_grads(explicit_fn(mask, seg), q, k, v, mask)
+    with jax.set_mesh(sharding.make_mesh((2, 1, 2))), nn.logical_axis_rules(sharding.DEFAULT_RULES):
+      hlo = jax.jit(splash_fn(mask, seg)).lower(q, k, v).as_text()
+      out, grads = value_and_grads(splash_fn(mask, seg), q, k, v, mask)
+    # Each device runs the kernel on its batch row and head: [1, seq, 1, head_dim].
+    assert 'manual_axes={"data", "fsdp", "tensor"}' in hlo and "tensor<1x128x1x16xf32>" in hlo
+    real = mask.astype(bool)
+    np.testing.assert_allclose(out[real], want[real], rtol=1e-5, atol=1e-5)
+    for got, ref in zip(grads, want_grads):
+      np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    """)
+
+
+@pytest.mark.slow
+def test_splash_sharded_over_batch_and_heads_gives_the_explicit_results():
+  """On 4 fake devices, a (data 2, tensor 2) mesh: the kernel runs on each device's batch rows and
+  heads (the trainer's logical rules), with the explicit path's outputs and gradients."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO),
+             XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  r = subprocess.run([sys.executable, "-c", SHARDED], cwd=REPO, env=env, capture_output=True,
+                     text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
 
 
 def encoder_inputs(packed, seq=32):

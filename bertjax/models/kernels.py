@@ -3,14 +3,16 @@
 The model code (`encoder.py`, `heads.py`) reads like ordinary Flax and asks `for_model(cfg)`
 which implementation to use where the fastest one differs by device. Each choice below is
 either measured on the device it is made for (with the figure and where it is recorded) or
-marked unmeasured, in which case the ordinary formulation is the one used.
+marked unmeasured, in which case the ordinary formulation is the one used. One exception, said
+where it is made: the TPU set's splash attention, unmeasured, chosen as the accelerator issue
+directs.
 
 `model.kernels` picks the set: "auto" (the default) takes the backend JAX runs on; "cpu",
 "gpu" or "tpu" force one, so that, say, the CPU choices can be measured on a GPU with
 `python -m bertjax.benchmark ... --override model.kernels=cpu`; "tpu-xla" is the TPU set with
-XLA's attention instead of the splash kernel (to compare the two on a TPU). Parameters and checkpoints are the
-same under every set, and so are outputs and gradients to float rounding
-(tests/test_accelerator_paths.py); only speed and memory differ. One condition: the GPU set's
+XLA's attention instead of the splash kernel (to compare the two on a TPU). Parameters and
+checkpoints are the same under every set, and so are outputs and gradients to float rounding
+(tests/test_accelerator_paths.py, tests/test_splash_attention.py); only speed and memory differ. One condition: the GPU set's
 attention reads key lengths, which stand for the mask only when rows are right-padded; inference
 detects other masks and falls back, training relies on bertjax's input builders (all pad right).
 """
