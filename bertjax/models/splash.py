@@ -2,7 +2,9 @@
 
 `splash_attention` takes the encoder's layout, <T>[batch, seq, heads, head_dim], and its masks:
 padding (`attention_mask`) and packed rows (`segment_ids`, 0 = padding) both become the kernel's
-segment ids over a full, non-causal mask. Its speed on a TPU is unmeasured.
+segment ids over a full, non-causal mask. Its speed on a TPU is unmeasured, and it has not yet
+run on one: interpret mode checks the kernel's arithmetic and masking, not its Mosaic compile
+(head sizes other than 128, say).
 
 Off a TPU the kernel runs in Pallas's TPU interpret mode (`pltpu.InterpretParams`): a correctness
 check on the CPU, far slower than XLA's attention. That interpreter (jax 0.10.2) does not take the
