@@ -7,6 +7,7 @@
 - Every attention path (fused by key lengths, by a boolean mask, by a packed per-query mask, with
   gathered queries, the explicit path for output_attentions) gives the explicit path's outputs and
   gradients; the GPU choices (run here with XLA's implementation) give the CPU choices' results.
+  The TPU set's splash kernel: tests/test_splash_attention.py.
 """
 
 import re
@@ -79,7 +80,8 @@ def test_scatter_check_sees_a_bf16_embedding_gradient():
 @pytest.mark.parametrize("spec,kernel_set", [
     ("configs/quickstart.py", "cpu"), ("configs/quickstart.py", "gpu"),
     ("configs/albert.py:runlocal", "cpu"), ("configs/spanbert.py:runlocal", "gpu"),
-    ("configs/electra.py:runlocal", "cpu"), ("configs/roberta.py:runlocal", "gpu")])
+    ("configs/electra.py:runlocal", "cpu"), ("configs/roberta.py:runlocal", "gpu"),
+    pytest.param("configs/quickstart.py", "tpu", marks=pytest.mark.slow)])  # splash, interpreted
 def test_bf16_train_step_scatters_nothing_in_bf16(spec, kernel_set):
   hlo = lowered_step_text(spec, **{"model.dtype": "bfloat16", "model.kernels": kernel_set})
   assert scatter_types(hlo), "expected the word-embedding gradient's float32 scatter"
@@ -208,7 +210,9 @@ def test_implementation_follows_platform_dtype_and_head_size():
   assert pick(gpu, 64, jnp.bfloat16, False) == "xla"  # the GPU set where cuDNN does not run
   assert attention_implementation(gpu, 64, jnp.bfloat16) == "xla"  # here: a CPU
   assert pick(ModelConfig(kernels="cpu"), 64, jnp.bfloat16) == "xla"
-  assert pick(ModelConfig(kernels="tpu"), 64, jnp.bfloat16) == "xla"
+  assert pick(ModelConfig(kernels="tpu"), 64, jnp.bfloat16) == "splash"  # any dtype
+  assert pick(ModelConfig(kernels="tpu"), 64, jnp.float32) == "splash"
+  assert pick(ModelConfig(kernels="tpu-xla"), 64, jnp.bfloat16) == "xla"
   assert kernels.for_model(ModelConfig()) == kernels.for_platform(jax.default_backend())
   assert kernels.for_platform("cuda") == kernels.GPU
 

@@ -11,7 +11,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from bertjax.models import kernels
+from bertjax.models import kernels, splash
 from bertjax.models.config import ModelConfig
 
 Array = jax.Array
@@ -21,10 +21,14 @@ Array = jax.Array
 class AttentionMask:
   """Which keys each query sees. keys: <bool>[batch, 1, 1 or q, k]; lengths: <int32>[batch], each
   row's real tokens (what the fused cuDNN kernel takes), or None; right_padded: <bool>[], whether
-  every row is ones then zeros, so that the lengths say the same as `keys`."""
+  every row is ones then zeros, so that the lengths say the same as `keys`. tokens: <int32>[batch,
+  k], 1 at real tokens, and segment_ids: <int32>[batch, k] of packed rows (else None), what the
+  splash kernel takes (its segment ids), or None where the platform's attention is not splash."""
   keys: Array
   lengths: Array | None = None
   right_padded: Array | None = None
+  tokens: Array | None = None
+  segment_ids: Array | None = None
 
 
 def make_attention_mask(attention_mask: Array, segment_ids: Array | None = None) -> Array:
@@ -43,8 +47,12 @@ def make_attention_mask(attention_mask: Array, segment_ids: Array | None = None)
 def attention_mask_for(cfg: ModelConfig, attention_mask: Array,
                        segment_ids: Array | None = None) -> AttentionMask:
   """The mask in the forms the platform's attention reads: key lengths as well (GPU), for rows
-  without segments."""
+  without segments; the tokens and segment ids (TPU's splash kernel)."""
   keys = make_attention_mask(attention_mask, segment_ids)
+  if kernels.for_model(cfg).attention == "splash":
+    return AttentionMask(keys, tokens=jnp.asarray(attention_mask).astype(jnp.int32),
+                         segment_ids=None if segment_ids is None
+                         else jnp.asarray(segment_ids).astype(jnp.int32))
   if segment_ids is not None or not kernels.for_model(cfg).attention_lengths:
     return AttentionMask(keys)
   real = attention_mask.astype(bool)
@@ -79,7 +87,8 @@ def pad_odd_lengths(q: Array, k: Array, v: Array, mask: AttentionMask, multiple:
 
 def fused_attention(q: Array, k: Array, v: Array, mask: AttentionMask, implementation: str,
                     deterministic: bool = True, row_multiple: int = 1) -> Array:
-  """softmax(q.k / sqrt(d)) v through `jax.nn.dot_product_attention`.
+  """softmax(q.k / sqrt(d)) v through `jax.nn.dot_product_attention`, or the splash kernel
+  (`implementation` "splash": reads the mask's tokens and segment ids; interpreted off a TPU).
 
   With key lengths (cuDNN's padding mask; a [batch, 1, 1, k] boolean mask makes cuDNN refuse),
   else with the boolean mask ([batch, 1, q, k] for packed rows, which cuDNN takes as a bias).
@@ -89,6 +98,10 @@ def fused_attention(q: Array, k: Array, v: Array, mask: AttentionMask, implement
   For cuDNN, odd query or key lengths are padded up to a multiple of `row_multiple`
   (`pad_odd_lengths`) and the padded rows sliced off: its backward pass refuses odd lengths.
   """
+  if implementation == "splash":
+    return splash.splash_attention(q, k, v, segment_ids=mask.segment_ids,
+                                   attention_mask=mask.tokens,
+                                   interpret=splash.interpret_here())
   q_len = q.shape[1]
   if implementation == "cudnn":
     q, k, v, mask = pad_odd_lengths(q, k, v, mask, row_multiple)
@@ -125,12 +138,17 @@ def cudnn_available() -> bool:
     return False
 
 
-def attention_implementation(cfg: ModelConfig, head_dim: int, dtype, cudnn: bool | None = None
-                             ) -> str:
+def attention_implementation(cfg: ModelConfig, head_dim: int, dtype, cudnn: bool | None = None,
+                             q_len: int = 2, k_len: int = 2, splash_mask: bool = True) -> str:
   """The fused implementation for this model: cuDNN where the platform's kernels ask for it and
   it applies (it runs here, `cudnn`, by default `cudnn_available()`; half precision, head size a
-  multiple of 8 up to 128), else XLA's. Odd lengths are padded for cuDNN (`fused_attention`)."""
+  multiple of 8 up to 128; odd lengths are padded for it in `fused_attention`); splash where they
+  ask for it and it applies (queries at every key's position, `q_len == k_len`: gathered queries
+  would be padded to a 128-row tile for a few rows; `splash_mask`, the mask carries tokens and
+  segment ids); else XLA's."""
   impl = kernels.for_model(cfg).attention
+  if impl == "splash":
+    return impl if q_len == k_len and splash_mask else "xla"
   if impl != "cudnn":
     return impl
   if (not (cudnn_available() if cudnn is None else cudnn) or head_dim % 8 or head_dim > 128

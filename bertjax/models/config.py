@@ -64,7 +64,8 @@ class ModelConfig:
   # Not with scan_layers (one body for every layer).
   gather_last_layer: bool = True
   # Which device's implementation choices the encoder uses (bertjax.models.kernels): "auto" takes
-  # the backend JAX runs on; "cpu" | "gpu" | "tpu" force one (to measure them elsewhere).
+  # the backend JAX runs on; "cpu" | "gpu" | "tpu" force one (to measure them elsewhere);
+  # "tpu-xla": the TPU set with XLA's attention instead of the splash kernel.
   kernels: str = "auto"
   # Structured pruning (bertjax.prune): per layer, the attention heads removed, by their original
   # numbering (Hugging Face's `pruned_heads`); () or an empty tuple for a layer: none. A layer

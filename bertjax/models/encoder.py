@@ -76,10 +76,12 @@ class SelfAttention(nn.Module):
     rate = cfg.attention_probs_dropout_prob
     raw_scores = None
     if (deterministic or rate == 0.0) and not output_attentions:
-      # No dropout inside the fused kernels (cuDNN's takes only a fixed seed), so they serve
-      # inference and training without attention dropout; bertjax.models.kernels picks which.
-      impl = attention_implementation(cfg, cfg.head_dim, q.dtype)
-      if impl != "cudnn":  # lengths are what cuDNN takes; XLA reads the mask
+      # No dropout inside the fused kernels (cuDNN's takes only a fixed seed; splash has none),
+      # so they serve inference and training without attention dropout; bertjax.models.kernels
+      # picks which.
+      impl = attention_implementation(cfg, cfg.head_dim, q.dtype, q_len=q.shape[1],
+                                      k_len=k.shape[1], splash_mask=mask.tokens is not None)
+      if impl == "xla":  # lengths are what cuDNN takes, tokens what splash takes; XLA the mask
         mask = AttentionMask(mask.keys)
       out = fused_attention(q, k, v, mask, impl, deterministic,
                             kernels.for_model(cfg).row_multiple)

@@ -3,13 +3,16 @@
 The model code (`encoder.py`, `heads.py`) reads like ordinary Flax and asks `for_model(cfg)`
 which implementation to use where the fastest one differs by device. Each choice below is
 either measured on the device it is made for (with the figure and where it is recorded) or
-marked unmeasured, in which case the ordinary formulation is the one used.
+marked unmeasured, in which case the ordinary formulation is the one used. One exception, said
+where it is made: the TPU set's splash attention, unmeasured, chosen as the accelerator issue
+directs.
 
 `model.kernels` picks the set: "auto" (the default) takes the backend JAX runs on; "cpu",
 "gpu" or "tpu" force one, so that, say, the CPU choices can be measured on a GPU with
-`python -m bertjax.benchmark ... --override model.kernels=cpu`. Parameters and checkpoints are the
-same under every set, and so are outputs and gradients to float rounding
-(tests/test_accelerator_paths.py); only speed and memory differ. One condition: the GPU set's
+`python -m bertjax.benchmark ... --override model.kernels=cpu`; "tpu-xla" is the TPU set with
+XLA's attention instead of the splash kernel (to compare the two on a TPU). Parameters and
+checkpoints are the same under every set, and so are outputs and gradients to float rounding
+(tests/test_accelerator_paths.py, tests/test_splash_attention.py); only speed and memory differ. One condition: the GPU set's
 attention reads key lengths, which stand for the mask only when rows are right-padded; inference
 detects other masks and falls back, training relies on bertjax's input builders (all pad right).
 """
@@ -21,7 +24,7 @@ import dataclasses
 import jax
 
 PLATFORMS = ("cpu", "gpu", "tpu")
-KERNEL_SETTINGS = ("auto",) + PLATFORMS
+KERNEL_SETTINGS = ("auto",) + PLATFORMS + ("tpu-xla",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,9 +36,11 @@ class Kernels:
   layer_norm_vjp: LayerNorm with its backward pass written out (keeps x, the row mean and the
     inverse deviation only), instead of autodiff through the forward pass.
   remat_activation: the feed-forward activation recomputed in the backward pass.
-  attention: the `implementation` handed to `jax.nn.dot_product_attention` for training steps
-    without attention dropout and for inference ("cudnn": the fused flash kernel; "xla": the
-    composed softmax(QK^T)V). Half-precision only for cudnn; float32 always takes "xla".
+  attention: the fused attention for training steps without attention dropout and for inference:
+    an `implementation` of `jax.nn.dot_product_attention` ("cudnn": the fused flash kernel,
+    half precision only, float32 takes "xla"; "xla": the composed softmax(QK^T)V), or "splash"
+    (JAX's Pallas splash kernel, `bertjax.models.splash`; any float dtype; queries gathered at
+    some positions take "xla").
   attention_lengths: describe right-padded rows by their key lengths (what the cuDNN kernel
     takes; a [batch, 1, 1, seq] mask makes it refuse) rather than by a boolean mask.
   one_hot_rows: embedding tables of at most this many rows (token types) are looked up as a
@@ -81,18 +86,24 @@ CPU = Kernels(platform="cpu", flat_dense=True, layer_norm_vjp=True, remat_activa
 GPU = Kernels(platform="gpu", flat_dense=False, layer_norm_vjp=False, remat_activation=False,
               attention="cudnn", attention_lengths=True, one_hot_rows=16, row_multiple=8)
 
-# TPU: unmeasured; the ordinary formulation and XLA's attention. Reshapes that merge the tiled minor
-# dimensions can cost a relayout there, so Dense stays a dot_general over the kernel's axes. Small
-# tables as one-hot products, as on GPUs: a gradient of every token added into a few rows is the
-# operation the GPU measurement found slow; on a TPU, unmeasured.
+# TPU: unmeasured; the ordinary formulation. Reshapes that merge the tiled minor dimensions can
+# cost a relayout there, so Dense stays a dot_general over the kernel's axes. Small tables as
+# one-hot products, as on GPUs: a gradient of every token added into a few rows is the operation
+# the GPU measurement found slow; on a TPU, unmeasured. Attention through the splash kernel
+# (padding and packed rows as its segment ids): unmeasured on a TPU, chosen as the accelerator
+# issue directs, the TPU counterpart of the GPU set's fused kernel; off a TPU it runs in Pallas's
+# interpret mode, a correctness check (tests/test_splash_attention.py). XLA's attention stays
+# one setting away: `model.kernels=tpu-xla`.
 TPU = Kernels(platform="tpu", flat_dense=False, layer_norm_vjp=False, remat_activation=False,
-              attention="xla", attention_lengths=False, one_hot_rows=16)
+              attention="splash", attention_lengths=False, one_hot_rows=16)
+TPU_XLA = dataclasses.replace(TPU, attention="xla")
 
-_BY_PLATFORM = {"cpu": CPU, "gpu": GPU, "tpu": TPU}
+_BY_PLATFORM = {"cpu": CPU, "gpu": GPU, "tpu": TPU, "tpu-xla": TPU_XLA}
 
 
 def for_platform(platform: str) -> Kernels:
-  """The choices for `platform` ("cpu", "gpu", "tpu"; "cuda" and "rocm" count as gpu)."""
+  """The choices for `platform` ("cpu", "gpu", "tpu", or the "tpu-xla" variant; "cuda" and
+  "rocm" count as gpu)."""
   platform = {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
   return _BY_PLATFORM.get(platform, CPU)
 
