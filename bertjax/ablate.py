@@ -92,7 +92,7 @@ def _check_entry(entry, allowed: dict, where: str) -> None:
     if key in ("overrides", "xla_flags", "command", "references", "reference_command") and \
         not all(isinstance(x, str) for x in value):
       fail(f"ablation spec: {where}: {key} must be a list of strings")
-    if key == "env" and not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+    if key == "env" and not all(isinstance(x, str) for item in value.items() for x in item):
       fail(f"ablation spec: {where}: env must map names to string values")
   bad = [o for o in entry.get("overrides") or [] if "=" not in o]
   if bad:
@@ -353,7 +353,8 @@ def format_table(title: str, base: dict, references: list[dict], rows: list[dict
       peak = row.get("peak_memory_bytes")
       cells += [_fmt(row["tokens_per_s"], ",.0f"), _fmt(row.get("mfu"), ".3f"),
                 _fmt(row["step_time_s"] * 1e3 if row.get("step_time_s") else None, ".1f"),
-                _fmt(peak / 2**20 if peak else None, ",.0f"), _fmt(row.get("compile_time_s"), ".1f")]
+                _fmt(peak / 2**20 if peak else None, ",.0f"),
+                _fmt(row.get("compile_time_s"), ".1f")]
       cells += [f"{row['tokens_per_s'] / r['tokens_per_s']:.2f}x" if r in ok_refs else "-"
                 for r in references]
       note = f"MFU from {row['mfu_from']}'s FLOPs" if row.get("mfu_from") else ""

@@ -125,7 +125,8 @@ def teacher(platform, tmp_path_factory):
     ("configs/albert.py:runlocal", "mlm_sop"), ("configs/spanbert.py:runlocal", "span_sbo"),
     ("configs/electra.py:runlocal", "rtd"), ("configs/distill.py:runlocal", "distill")])
 def test_every_objective_trains_bf16_steps(platform, tmp_path, request, config, objective):
-  extra = [f"distill.teacher='{request.getfixturevalue('teacher')}'"] if objective == "distill" else []
+  extra = ([f"distill.teacher='{request.getfixturevalue('teacher')}'"]
+           if objective == "distill" else [])
   rows = launch(platform, tmp_path / "run", config, *PRETRAIN, *extra)
   assert [r["step"] for r in rows] == [1, 2, 3]
   assert all(math.isfinite(r["loss"]) for r in rows), rows
@@ -134,8 +135,8 @@ def test_every_objective_trains_bf16_steps(platform, tmp_path, request, config, 
 
 
 @DEVICE
-@pytest.mark.parametrize("config", ["configs/glue.py:task=sst2,runlocal", "configs/squad.py:runlocal",
-                                    "configs/ner.py:runlocal"])
+@pytest.mark.parametrize("config", ["configs/glue.py:task=sst2,runlocal",
+                                    "configs/squad.py:runlocal", "configs/ner.py:runlocal"])
 def test_every_task_trains_bf16_steps(platform, data_dir, tmp_path, config):
   rows = launch(platform, tmp_path / "run", config, "max_train_examples=64", "num_epochs=1.0")
   assert rows and all(math.isfinite(r["loss"]) for r in rows), rows
