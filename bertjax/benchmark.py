@@ -4,11 +4,14 @@ side with transformers' PyTorch BertForPreTraining at the same shapes.
   python -m bertjax.benchmark --preset bert-mini --batch_size 16 --seq_len 128 --objective mlm_nsp \
       --steps 20 --compare hf-torch
   python -m bertjax.benchmark --config configs/quickstart.py --steps 10
+  python -m bertjax.benchmark --ablate h100-bert-base --output ablate.md   # bertjax/ablate.py
 
 The step timed is the real one (`bertjax.train.make_train_step`: forward, backward, optimizer)
 on synthetic batches, after compilation; the step time is the median of `--steps` runs. The last
 line printed is one JSON object holding every figure. `--rounds N` (with `--compare`) alternates
 the two sides N times in fresh processes and reports the median of the per-round ratios.
+The reference runs before this process touches a device: JAX preallocates most of an
+accelerator's memory when it starts, and the reference would then run out of it.
 
 FLOPs: model FLOPs per token = 6 * N_matmul + 12 * L * S * H (attention scores and values),
 where N_matmul counts the weights a token passes through as matrix multiplies (not embedding
@@ -33,7 +36,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax import config_checks, config_lib, inputs, profiling, sharding, train
+from bertjax import ablate, config_checks, config_lib, inputs, profiling, sharding, train
 from bertjax.errors import ArgumentParser, fail, run_cli
 from bertjax.host_memory import host_peak_rss_bytes
 from bertjax.models import encoder
@@ -272,12 +275,13 @@ def _without(argv: list[str], flags: tuple[str, ...]) -> list[str]:
 
 
 def _alternate(config, args, argv: list[str]) -> dict:
-  """bertjax, then the reference, `args.rounds` times, each in a fresh process so that each peak
+  """The reference, then bertjax, `args.rounds` times, each in a fresh process so that each peak
   memory is its own. The reference's speed drifts by tens of percent over a session on a shared
   machine; ratios from adjacent runs, and their median, are the comparable figures."""
   ours_argv = _without(argv, ("--rounds", "--compare", "--profile"))
   rounds = []
   for r in range(args.rounds):
+    ref = _torch_subprocess(config, args.steps, args.compare == "hf-torch-compile")
     p = subprocess.run([sys.executable, "-m", "bertjax.benchmark", *ours_argv],
                        capture_output=True, text=True, timeout=3600,
                        cwd=REPO)
@@ -285,7 +289,6 @@ def _alternate(config, args, argv: list[str]) -> dict:
       fail(f"the bertjax run of round {r + 1} failed: "
            f"{(p.stderr.strip().splitlines() or ['no output'])[-1]}")
     ours = json.loads(p.stdout.strip().splitlines()[-1])
-    ref = _torch_subprocess(config, args.steps, args.compare == "hf-torch-compile")
     rounds.append({"tokens_per_s": ours["tokens_per_s"], "reference_tokens_per_s": ref["tokens_per_s"],
                    "speedup": ours["tokens_per_s"] / ref["tokens_per_s"],
                    "peak_memory_bytes": ours["peak_memory_bytes"],
@@ -306,7 +309,7 @@ def _alternate(config, args, argv: list[str]) -> dict:
   return result
 
 
-def main(argv=None) -> dict:
+def parse_args(argv):
   parser = ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--preset", default="bert-mini", help="a model preset (bertjax.models.presets)")
   parser.add_argument("--config", help="any experiment config (data is replaced by synthetic batches)")
@@ -330,8 +333,32 @@ def main(argv=None) -> dict:
                       help="with --compare: alternate bertjax and the reference this many times, "
                            "each in its own process, and report the median of the per-round ratios")
   parser.add_argument("--override", action="append", help="extra config override key=value")
-  args = parser.parse_args(argv)
+  parser.add_argument("--reference_only", action="store_true",
+                      help="with --compare: time the reference only (its JSON on the last line)")
+  parser.add_argument("--ablate", metavar="SPEC",
+                      help="run a set of variants, each in its own process, after the PyTorch "
+                           f"reference: a spec file (.py, .json) or one of "
+                           f"{', '.join(ablate.NAMED_SETS)} (bertjax/ablate.py)")
+  parser.add_argument("--output", help="with --ablate: write the table here (and its figures to "
+                                       "the same name with .json)")
+  parser.add_argument("--timeout", type=float,
+                      help="with --ablate: seconds each variant's process may run (default 900)")
+  return parser.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+  args = parse_args(argv)
+  if args.ablate:
+    return ablate.run_ablation(args.ablate, args.output, args.timeout)
+  if args.output or args.timeout:
+    fail("--output and --timeout go with --ablate SPEC")
   config = build_config(args)
+  if args.reference_only:
+    if not args.compare:
+      fail("--reference_only needs --compare hf-torch or hf-torch-compile")
+    ref = _torch_subprocess(config, args.steps, args.compare == "hf-torch-compile")
+    print(json.dumps(ref))
+    return ref
   if args.steps < 0:
     fail(f"--steps {args.steps}: give 0 (compile only) or more")
   if args.steps == 0 and (args.rounds > 1 or args.compare or args.profile):
@@ -344,6 +371,9 @@ def main(argv=None) -> dict:
     result = _alternate(config, args, sys.argv[1:] if argv is None else list(argv))
     print(json.dumps(result))
     return result
+  # The reference first, while this process holds no device memory (see the module docstring).
+  ref = (_torch_subprocess(config, args.steps, args.compare == "hf-torch-compile")
+         if args.compare else None)
   result = bench_jax(config, args.steps, profile_dir=args.profile)
   if args.steps == 0:
     temp = result["xla_temp_bytes"]
@@ -354,8 +384,7 @@ def main(argv=None) -> dict:
   print(f"bertjax: {result['tokens_per_s']:.0f} tokens/s, step {result['step_time_s'] * 1e3:.1f} ms, "
         f"compile {result['compile_time_s']:.1f} s, MFU {result['mfu'] or float('nan'):.3f} "
         f"({result['peak_source']}), peak memory {result['peak_memory_bytes'] / 2**20:.0f} MiB")
-  if args.compare:
-    ref = _torch_subprocess(config, args.steps, args.compare == "hf-torch-compile")
+  if ref:
     result["reference"] = ref
     result["speedup_vs_reference"] = result["tokens_per_s"] / ref["tokens_per_s"]
     result["memory_ratio_vs_reference"] = result["peak_memory_bytes"] / ref["peak_memory_bytes"]

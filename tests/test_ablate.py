@@ -1,0 +1,170 @@
+"""`python -m bertjax.benchmark --ablate SPEC`: the reference first, one row per variant, failures
+and timeouts reported in their rows; the spec reader refuses malformed specs in one line."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from bertjax import ablate, benchmark
+from bertjax.errors import UserError
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+# A stand-in for the PyTorch reference: its own clock reading and fixed figures.
+FAKE_REFERENCE = """
+import json, sys, time
+started = time.time()
+time.sleep(0.5)
+print(json.dumps({"framework": sys.argv[-1], "tokens_per_s": 100.0, "step_time_s": 0.32,
+                  "peak_memory_bytes": 2**20, "own_start": started, "own_end": time.time()}))
+"""
+# A variant that is not the benchmark: it reports its own clock reading and fixed figures.
+CLOCK_VARIANT = ("import json, time; print(json.dumps({'tokens_per_s': 400.0, "
+                 "'step_time_s': 0.08, 'own_start': time.time()}))")
+
+
+def write_spec(path, variants, **base):
+  spec = {"base": {"preset": "bert-tiny", "batch_size": 2, "seq_len": 16, "steps": 1,
+                   "overrides": ["max_predictions_per_seq=4"], **base}, "variants": variants}
+  path.write_text(json.dumps(spec))
+  return path
+
+
+@pytest.mark.parametrize("spec,message", [
+    ({"variants": []}, "variants must be a non-empty list"),
+    ({"variants": [{"overrides": []}]}, "variant 0 has no name"),
+    ({"variants": [{"name": "a"}, {"name": "a"}]}, "two variants are named 'a'"),
+    ({"variants": [{"name": "a", "batchsize": 8}]}, "unknown key 'batchsize'"),
+    ({"variants": [{"name": "a", "overrides": "x=1"}]}, "overrides='x=1' must be list"),
+    ({"variants": [{"name": "a", "overrides": ["model.dtype"]}]}, "has no value"),
+    ({"variants": [{"name": "a", "kind": "loop"}]}, "kind='loop'; use one of step"),
+    ({"variants": [{"name": "a", "remat": "some"}]}, "remat='some'"),
+    ({"variants": [{"name": "a", "env": {"X": 1}}]}, "env must map names to string values"),
+    ({"variants": [{"name": "a", "kind": "command"}]}, "needs a command list"),
+    ({"base": {"references": ["hf-jax"]}, "variants": [{"name": "a"}]}, "reference 'hf-jax'"),
+    ({"base": {"name": "a"}, "variants": [{"name": "b"}]}, "unknown key 'name' in"),
+    ([{"name": "a"}], "give a base dict and a variants list"),
+])
+def test_malformed_specs_fail_in_one_line(tmp_path, spec, message):
+  path = tmp_path / "spec.json"
+  path.write_text(json.dumps(spec))
+  with pytest.raises(UserError, match=message) as e:
+    ablate.load_spec(str(path))
+  assert "\n" not in str(e.value)
+
+
+def test_spec_files_that_do_not_parse_fail_in_one_line(tmp_path):
+  (tmp_path / "bad.json").write_text("{base: }")
+  (tmp_path / "bad.py").write_text("BASE = {}\n")
+  (tmp_path / "broken.py").write_text("VARIANTS = [\n")
+  for name, message in (("bad.json", "not valid JSON"), ("bad.py", "define VARIANTS"),
+                        ("broken.py", "SyntaxError"), ("nope", "no such file or named set")):
+    with pytest.raises(UserError, match=message) as e:
+      ablate.load_spec(str(tmp_path / name) if name != "nope" else name)
+    assert "\n" not in str(e.value)
+
+
+def test_named_sets_load_and_python_specs_merge_with_their_base(tmp_path):
+  for name in ablate.NAMED_SETS:
+    spec = ablate.load_spec(name)
+    assert len({v["name"] for v in spec["variants"]}) == len(spec["variants"]) >= 2
+  path = tmp_path / "spec.py"
+  path.write_text("BASE = {'overrides': ['a=1'], 'env': {'X': '1'}, 'xla_flags': ['--f=1']}\n"
+                  "VARIANTS = [{'name': 'v', 'overrides': ['b=2'], 'env': {'Y': '2'},\n"
+                  "             'xla_flags': ['--g=2'], 'batch_size': 8, 'remat': 'dots'}]\n")
+  spec = ablate.load_spec(str(path))
+  s = ablate.settings(spec["base"], spec["variants"][0])
+  assert s["overrides"] == ["a=1", "b=2"] and s["env"] == {"X": "1", "Y": "2"}
+  args = ablate.benchmark_args(s)
+  assert args[:2] == ["--preset", "bert-base"] and "--batch_size" in args
+  assert args[args.index("--remat") + 1] == "dots"
+  assert [args[i + 1] for i, a in enumerate(args) if a == "--override"] == ["a=1", "b=2"]
+  assert ablate.environment(s)["XLA_FLAGS"].split()[-2:] == ["--f=1", "--g=2"]
+  trainer = ablate.trainer_args(s, "/tmp/w")
+  assert trainer[1:4] == ["launch.py", "--config", "configs/bert.py:size=base"]
+  assert "--config.batch_size=8" in trainer and "--config.b=2" in trainer
+
+
+def test_trainer_rows_skip_the_first_window_and_borrow_flops(tmp_path):
+  rows = [{"step": 20, "split": "train", "tokens_per_s": 10.0, "steps_per_s": 1.0},
+          {"step": 40, "split": "train", "tokens_per_s": 300.0, "steps_per_s": 3.0},
+          {"step": 40, "split": "eval", "loss": 1.0},
+          {"step": 60, "split": "train", "tokens_per_s": 500.0, "steps_per_s": 5.0}]
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  figures = ablate.trainer_figures(tmp_path)
+  assert figures["tokens_per_s"] == 400.0 and figures["step_time_s"] == pytest.approx(0.25)
+  trainer = {"kind": "trainer", "tokens_per_s": 400.0, "settings": {"batch_size": 8}}
+  steps = [{"name": "other", "kind": "step", "status": "ok", "settings": {"batch_size": 4},
+            "model_flops_per_token": 1.0, "peak_flops": 1.0},
+           {"name": "same", "kind": "step", "status": "ok", "settings": {"batch_size": 8},
+            "model_flops_per_token": 5.0, "peak_flops": 1e4}]
+  ablate.trainer_mfu(trainer, steps)
+  assert trainer["mfu"] == pytest.approx(0.2) and trainer["mfu_from"] == "same"
+
+
+def test_compare_times_the_reference_before_the_jax_step(monkeypatch):
+  """--compare: the reference's process has finished before this process builds its step (and
+  so before JAX takes the device's memory); --reference_only never builds it."""
+  order = []
+  reference = {"framework": "hf-torch", "tokens_per_s": 10.0, "step_time_s": 1.0,
+               "peak_memory_bytes": 1}
+  monkeypatch.setattr(benchmark, "_torch_subprocess",
+                      lambda *a, **k: order.append("reference") or reference)
+  monkeypatch.setattr(benchmark, "bench_jax", lambda *a, **k: order.append("jax") or {
+      "tokens_per_s": 20.0, "step_time_s": 0.5, "compile_time_s": 1.0, "mfu": 0.1,
+      "peak_source": "x", "peak_memory_bytes": 2})
+  flags = ["--preset", "bert-tiny", "--batch_size", "2", "--seq_len", "16", "--steps", "1",
+           "--compare", "hf-torch"]
+  result = benchmark.main(flags)
+  assert order == ["reference", "jax"] and result["speedup_vs_reference"] == 2.0
+  order.clear()
+  assert benchmark.main(flags + ["--reference_only"]) == reference and order == ["reference"]
+
+
+@pytest.mark.slow
+def test_ablate_writes_one_row_per_variant_after_the_reference(tmp_path):
+  """One real benchmark variant, one with a bad override, one that outlives its timeout and one
+  command; the fake reference runs first. The parent runs with JAX_PLATFORMS naming no platform:
+  had it touched a device it would have failed; the variants run on the CPU."""
+  (tmp_path / "reference.py").write_text(FAKE_REFERENCE)
+  spec = write_spec(tmp_path / "spec.json", [
+      {"name": "tiny"},
+      {"name": "bad override", "overrides": ["model.no_such_key=1"]},
+      {"name": "sleeper", "kind": "command", "timeout": 3,
+       "command": ["{python}", "-c", "import time; time.sleep(60)"]},
+      {"name": "clock", "kind": "command", "command": ["{python}", "-c", CLOCK_VARIANT]},
+  ], env={"JAX_PLATFORMS": "cpu"}, references=["hf-torch", "hf-torch-compile"],
+      reference_command=["{python}", str(tmp_path / "reference.py")])
+  out = tmp_path / "out" / "table.md"
+  env = dict(os.environ, JAX_PLATFORMS="no_such_platform")
+  r = subprocess.run([sys.executable, "-m", "bertjax.benchmark", "--ablate", str(spec),
+                      "--output", str(out), "--timeout", "300"],
+                     cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  table = out.read_text()
+  assert table in r.stdout and sorted(p.name for p in out.parent.iterdir()) == [
+      "table.json", "table.md"]  # no temporary file left
+  rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()
+          if line.startswith("| ") and " | " in line}
+  assert set(rows) == {"variant", "hf-torch", "hf-torch-compile", "tiny", "bad override",
+                       "sleeper", "clock"}
+  assert "failed: error: unknown config key 'model.no_such_key'" in rows["bad override"]
+  assert "timed out: timed out after 3 s" in rows["sleeper"]
+  assert "| clock | command | 400 |" in rows["clock"] and "4.00x" in rows["clock"]
+  record = json.loads(out.with_suffix(".json").read_text())
+  by_name = {x["name"]: x for x in record["references"] + record["rows"]}
+  tiny = by_name["tiny"]
+  assert tiny["status"] == "ok" and tiny["tokens_per_s"] > 0 and tiny["device"] == "cpu"
+  assert f"| tiny | step | {tiny['tokens_per_s']:,.0f} | {tiny['mfu']:.3f} |" in rows["tiny"]
+  assert by_name["sleeper"]["ended"] - by_name["sleeper"]["started"] < 60  # killed, not awaited
+  # The order, from the recorded clocks: both references ended before any variant started, and
+  # the reference processes' own readings precede the variant's own.
+  refs, variants = record["references"], record["rows"]
+  assert [x["name"] for x in refs] == ["hf-torch", "hf-torch-compile"]
+  assert max(x["ended"] for x in refs) <= min(x["started"] for x in variants)
+  assert refs[0]["own_end"] <= refs[1]["own_start"]
+  assert max(x["own_end"] for x in refs) < by_name["clock"]["own_start"]
