@@ -55,7 +55,8 @@ INERT_DEFAULTS = {"freeze.encoder": False, "freeze.train_top_layers": 0,
                   "freeze.train_embeddings": False, "head.features": "standard",
                   "head.layers": [-4, -3, -2, -1], "head.pooling": "cls",
                   "optimizer.keep_pruned": False, "data.generated": "",
-                  "data.generated_families": 1, "data.generated_tokens": 8}
+                  "data.generated_families": 1, "data.generated_tokens": 8,
+                  "model.attention_dropout_kernel": "auto"}
 _SHOWN = 6  # changed keys shown with their values in a refusal
 
 _held: set[str] = set()  # the locks this process holds (a pid of ours in a lock may be a past run's)

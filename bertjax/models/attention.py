@@ -1,6 +1,7 @@
 """Self-attention's inner product: the explicit path and the fused kernels, and the mask forms
 each reads. Which one runs is chosen per platform (`bertjax.models.kernels`, `attention` and
-`attention_lengths`) and per call (dropout and `output_attentions` need the explicit path).
+`attention_lengths`) and per call (`output_attentions` needs the explicit path, and so does
+attention dropout unless `model.attention_dropout_kernel` picks the Pallas flash kernel).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 
 from bertjax.models import kernels, splash
 from bertjax.models.config import ModelConfig
+from bertjax.models.flash_attention import dropout_seed, flash_attention
 
 Array = jax.Array
 
@@ -23,12 +25,17 @@ class AttentionMask:
   row's real tokens (what the fused cuDNN kernel takes), or None; right_padded: <bool>[], whether
   every row is ones then zeros, so that the lengths say the same as `keys`. tokens: <int32>[batch,
   k], 1 at real tokens, and segment_ids: <int32>[batch, k] of packed rows (else None), what the
-  splash kernel takes (its segment ids), or None where the platform's attention is not splash."""
+  splash kernel takes (its segment ids), or None where the platform's attention is not splash.
+  Packed rows also carry q_segments <int32>[batch, q] (the segment ids) and kv_segments
+  <int32>[batch, k] (the ids, -1 at padding): a query sees the keys of its own id, what the flash
+  kernel reads."""
   keys: Array
   lengths: Array | None = None
   right_padded: Array | None = None
   tokens: Array | None = None
   segment_ids: Array | None = None
+  q_segments: Array | None = None
+  kv_segments: Array | None = None
 
 
 def make_attention_mask(attention_mask: Array, segment_ids: Array | None = None) -> Array:
@@ -49,11 +56,17 @@ def attention_mask_for(cfg: ModelConfig, attention_mask: Array,
   """The mask in the forms the platform's attention reads: key lengths as well (GPU), for rows
   without segments; the tokens and segment ids (TPU's splash kernel)."""
   keys = make_attention_mask(attention_mask, segment_ids)
+  packed = {}
+  if segment_ids is not None:
+    segments = jnp.asarray(segment_ids, jnp.int32)
+    packed = dict(q_segments=segments,
+                  kv_segments=jnp.where(attention_mask.astype(bool), segments, -1))
   if kernels.for_model(cfg).attention == "splash":
     return AttentionMask(keys, tokens=jnp.asarray(attention_mask).astype(jnp.int32),
-                         segment_ids=None if segment_ids is None
-                         else jnp.asarray(segment_ids).astype(jnp.int32))
-  if segment_ids is not None or not kernels.for_model(cfg).attention_lengths:
+                         segment_ids=packed.get("q_segments"), **packed)
+  if segment_ids is not None:
+    return AttentionMask(keys, **packed)
+  if not kernels.for_model(cfg).attention_lengths:
     return AttentionMask(keys)
   real = attention_mask.astype(bool)
   lengths = jnp.sum(real.astype(jnp.int32), axis=-1)
@@ -125,6 +138,27 @@ def explicit_attention(q: Array, k: Array, v: Array, keys: Array, dropout: Calla
   scores = jnp.where(keys, raw_scores, jnp.finfo(raw_scores.dtype).min)
   probs = dropout(jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(q.dtype))
   return jnp.einsum("bhqk,bkhd->bqhd", probs, v), raw_scores
+
+
+def flash_segments(mask: AttentionMask, q_len: int) -> tuple[Array, Array] | None:
+  """(query ids, key ids) that say what `mask` says, for the flash kernel; None where they cannot
+  (a per-query mask without segment ids). Unpacked rows: every query 1, real keys 1, padding 0
+  (padding queries see the real keys, as on the explicit path)."""
+  if mask.q_segments is not None:
+    return mask.q_segments, mask.kv_segments
+  if mask.keys.shape[2] != 1:
+    return None
+  keys = mask.keys[:, 0, 0, :]
+  return jnp.ones((keys.shape[0], q_len), jnp.int32), keys.astype(jnp.int32)
+
+
+def flash_dropout_attention(q: Array, k: Array, v: Array, segments: tuple[Array, Array],
+                            rate: float, rng: Array) -> Array:
+  """The explicit path's output (dropout at `rate` after the softmax) from the Pallas flash
+  kernel, its keep mask hashed from `rng` (the layer's dropout key). Interpreted off GPUs."""
+  interpret = jax.default_backend() not in ("gpu", "cuda", "rocm")
+  return flash_attention(q, k, v, segment_ids=segments, dropout_rate=rate,
+                         seed=dropout_seed(rng), interpret=interpret)
 
 
 def cudnn_available() -> bool:

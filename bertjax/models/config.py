@@ -13,7 +13,7 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 
 from bertjax.errors import fail
-from bertjax.models.kernels import KERNEL_SETTINGS
+from bertjax.models.kernels import ATTENTION_DROPOUT_SETTINGS, KERNEL_SETTINGS
 
 ARCHITECTURES = ("bert", "roberta", "albert", "electra")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh")
@@ -67,6 +67,12 @@ class ModelConfig:
   # the backend JAX runs on; "cpu" | "gpu" | "tpu" force one (to measure them elsewhere);
   # "tpu-xla": the TPU set with XLA's attention instead of the splash kernel.
   kernels: str = "auto"
+  # The path of training steps with attention dropout: "auto" the kernel set's ("explicit" in
+  # every set); "explicit" softmax then dropout in XLA; "pallas" the fused flash kernel with
+  # counter-based dropout (bertjax.models.flash_attention; its device speed is unmeasured; on the
+  # CPU it runs in Pallas interpret mode, for tests). Its masks are another stream than the
+  # explicit path's: a different run, not a different layout. Parameters are the same.
+  attention_dropout_kernel: str = "auto"
   # Structured pruning (bertjax.prune): per layer, the attention heads removed, by their original
   # numbering (Hugging Face's `pruned_heads`); () or an empty tuple for a layer: none. A layer
   # keeps num_attention_heads - len(pruned_heads[i]) heads of head_dim each.
@@ -94,6 +100,9 @@ class ModelConfig:
            f"{', '.join(REMAT_POLICIES)}")
     if self.kernels not in KERNEL_SETTINGS:
       fail(f"unknown model.kernels={self.kernels!r}; use one of {', '.join(KERNEL_SETTINGS)}")
+    if self.attention_dropout_kernel not in ATTENTION_DROPOUT_SETTINGS:
+      fail(f"unknown model.attention_dropout_kernel={self.attention_dropout_kernel!r}; use one of "
+           f"{', '.join(ATTENTION_DROPOUT_SETTINGS)}")
     if self.scan_layers and self.num_hidden_groups not in (None, self.num_hidden_layers):
       fail("model.scan_layers needs one parameter set per layer; turn it off for ALBERT sharing")
     self._check_pruned_heads()

@@ -19,7 +19,8 @@ import jax.numpy as jnp
 from bertjax.errors import fail
 from bertjax.models import kernels
 from bertjax.models.attention import (AttentionMask, attention_implementation, attention_mask_for,
-                                      explicit_attention, fused_attention, round_up)
+                                      explicit_attention, flash_dropout_attention, flash_segments,
+                                      fused_attention, round_up)
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
 from bertjax.models.embeddings import Embeddings, position_ids_for
@@ -85,6 +86,11 @@ class SelfAttention(nn.Module):
         mask = AttentionMask(mask.keys)
       out = fused_attention(q, k, v, mask, impl, deterministic,
                             kernels.for_model(cfg).row_multiple)
+    elif (not output_attentions and rate < 1.0 and kernels.attention_dropout_for(cfg) == "pallas"
+          and flash_segments(mask, q.shape[1]) is not None):
+      # Softmax and dropout inside the flash kernel; its mask is hashed from this layer's key.
+      out = flash_dropout_attention(q, k, v, flash_segments(mask, q.shape[1]), rate,
+                                    self.make_rng("dropout"))
     else:
       drop = lambda p: Dropout(rate)(p, deterministic=deterministic)
       out, raw_scores = explicit_attention(q, k, v, mask.keys, drop)
@@ -144,6 +150,9 @@ class TransformerLayer(nn.Module):
       if mask.keys.shape[2] > 1:  # per-query masks (packed rows): keep the chosen queries' rows
         rows = query_positions[:, None, :, None].astype(jnp.int32)
         mask = mask.replace(keys=jnp.take_along_axis(mask.keys, rows, axis=2))
+        if mask.q_segments is not None:
+          mask = mask.replace(q_segments=jnp.take_along_axis(
+              mask.q_segments, query_positions.astype(jnp.int32), axis=1))
     act_names = ("act_batch", "act_len", "act_embed")
     drop = lambda y: Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
     attention = SelfAttention(cfg, self.num_heads, name="attention")

@@ -15,6 +15,9 @@ checkpoints are the same under every set, and so are outputs and gradients to fl
 (tests/test_accelerator_paths.py, tests/test_splash_attention.py); only speed and memory differ. One condition: the GPU set's
 attention reads key lengths, which stand for the mask only when rows are right-padded; inference
 detects other masks and falls back, training relies on bertjax's input builders (all pad right).
+The attention-dropout kernel is the exception: the Pallas kernel draws its keep masks from a hash
+of the layer's dropout key, another stream than the explicit path's (same distribution), so it is
+"explicit" in every set and picked only by `model.attention_dropout_kernel`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import jax
 
 PLATFORMS = ("cpu", "gpu", "tpu")
 KERNEL_SETTINGS = ("auto",) + PLATFORMS + ("tpu-xla",)
+ATTENTION_DROPOUT_KERNELS = ("explicit", "pallas")
+ATTENTION_DROPOUT_SETTINGS = ("auto",) + ATTENTION_DROPOUT_KERNELS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +51,9 @@ class Kernels:
   one_hot_rows: embedding tables of at most this many rows (token types) are looked up as a
     one-hot product, whose gradient is a small matrix product instead of a scatter-add of every
     token into a few rows (0: never).
+  attention_dropout: the path of training steps with attention dropout ("explicit": scores,
+    softmax and dropout as separate XLA operations, `explicit_attention`; "pallas": the fused
+    flash kernel with counter-based dropout, `bertjax.models.flash_attention`).
   row_multiple: the fused attention's query and key lengths, when odd, are padded up to a multiple
     of this (padded keys hidden from every real query, padded rows sliced off), and so are the
     gathered last layer's query rows (`model.gather_last_layer`): cuDNN's fused kernel has no
@@ -58,6 +66,7 @@ class Kernels:
   attention: str
   attention_lengths: bool
   one_hot_rows: int
+  attention_dropout: str = "explicit"
   row_multiple: int = 1
 
 
@@ -71,20 +80,24 @@ class Kernels:
 # - attention "xla" with a boolean mask: the only implementation XLA:CPU has.
 # - one_hot_rows: the 2-row token-type lookup as a one-hot product against the float32
 #   scatter-add of its gradient (fifth round).
+# - attention_dropout "explicit": the Pallas kernel runs only interpreted on a CPU (for tests).
 CPU = Kernels(platform="cpu", flat_dense=True, layer_norm_vjp=True, remat_activation=True,
-              attention="xla", attention_lengths=False, one_hot_rows=2)
+              attention="xla", attention_lengths=False, one_hot_rows=2,
+              attention_dropout="explicit")
 
 # GPU: the fused cuDNN attention kernel with key lengths (the issue's H100 measurement: attention
 # forward+backward at [32, 512, 16 heads] 0.61 ms against 2.2 ms composed by XLA) and token types
 # as a one-hot product (their gradient on the H100: 89 ms as a bf16 scatter-add, 0.22 ms as a
 # float32 one, 0.07 ms as a one-hot product). The CPU layout choices are unmeasured on a GPU, so
 # the ordinary formulation is kept there: XLA:GPU picks its own layouts for dot_general and
-# fuses LayerNorm's autodiff.
+# fuses LayerNorm's autodiff. Attention dropout stays explicit: the Pallas flash kernel with
+# dropout is written for Triton but its speed (and lowering) on a GPU is unmeasured.
 # row_multiple 8: cuDNN refuses odd query or key lengths in training ("Unsupported sequence length
 # Q 21, KV 128" on the H100 for the gathered layer's 20 predictions + [CLS]); 8 rather than 2
 # because tensor cores take rows in eights (unmeasured against 2).
 GPU = Kernels(platform="gpu", flat_dense=False, layer_norm_vjp=False, remat_activation=False,
-              attention="cudnn", attention_lengths=True, one_hot_rows=16, row_multiple=8)
+              attention="cudnn", attention_lengths=True, one_hot_rows=16,
+              attention_dropout="explicit", row_multiple=8)
 
 # TPU: unmeasured; the ordinary formulation. Reshapes that merge the tiled minor dimensions can
 # cost a relayout there, so Dense stays a dot_general over the kernel's axes. Small tables as
@@ -93,9 +106,11 @@ GPU = Kernels(platform="gpu", flat_dense=False, layer_norm_vjp=False, remat_acti
 # (padding and packed rows as its segment ids): unmeasured on a TPU, chosen as the accelerator
 # issue directs, the TPU counterpart of the GPU set's fused kernel; off a TPU it runs in Pallas's
 # interpret mode, a correctness check (tests/test_splash_attention.py). XLA's attention stays
-# one setting away: `model.kernels=tpu-xla`.
+# one setting away: `model.kernels=tpu-xla`. Attention dropout explicit: the Pallas flash kernel
+# is untried on TPUs (it would run interpreted there).
 TPU = Kernels(platform="tpu", flat_dense=False, layer_norm_vjp=False, remat_activation=False,
-              attention="splash", attention_lengths=False, one_hot_rows=16)
+              attention="splash", attention_lengths=False, one_hot_rows=16,
+              attention_dropout="explicit")
 TPU_XLA = dataclasses.replace(TPU, attention="xla")
 
 _BY_PLATFORM = {"cpu": CPU, "gpu": GPU, "tpu": TPU, "tpu-xla": TPU_XLA}
@@ -112,3 +127,9 @@ def for_model(cfg) -> Kernels:
   """The choices for a `ModelConfig`: its `kernels` setting, "auto" meaning JAX's backend."""
   setting = getattr(cfg, "kernels", "auto")
   return for_platform(jax.default_backend() if setting == "auto" else setting)
+
+
+def attention_dropout_for(cfg) -> str:
+  """"explicit" or "pallas": the model's `attention_dropout_kernel`, "auto" meaning its set's."""
+  setting = getattr(cfg, "attention_dropout_kernel", "auto")
+  return for_model(cfg).attention_dropout if setting == "auto" else setting
