@@ -53,3 +53,12 @@ def data_dir() -> pathlib.Path:
   if not DATA_DIR.is_dir():
     pytest.skip(f"shared data not found at {DATA_DIR}; set BERTJAX_DATA to its folder")
   return DATA_DIR
+
+
+@pytest.fixture
+def fake_gcs(tmp_path, monkeypatch):
+  """gs:// served from tmp_path/bucketroot (tests/fake_gcs.py); yields that folder, whose
+  `uploaded` counts the bytes written per object."""
+  from tests import fake_gcs as fake  # pylint: disable=import-outside-toplevel
+  with fake.serve(tmp_path / "bucketroot", tmp_path / "cache", monkeypatch) as root:
+    yield root

@@ -11,6 +11,7 @@ driver on the same folder) and orbax's hierarchical-namespace query (google-clou
 """
 
 import datetime
+import importlib
 import json
 import os
 import pathlib
@@ -18,13 +19,8 @@ import socket
 import subprocess
 import sys
 
-from fsspec.implementations.dirfs import DirFileSystem
-from fsspec.implementations.local import LocalFileSystem
 import jax
 import numpy as np
-from etils.epath import backend as epath_backend
-from orbax.checkpoint._src.path import gcs_utils
-from orbax.checkpoint._src.serialization import tensorstore_utils
 
 import pytest
 
@@ -34,39 +30,6 @@ from bertjax.errors import UserError
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 RUN = "gs://bucket/runs/remote"
-
-
-@pytest.fixture
-def fake_gcs(tmp_path, monkeypatch):
-  """gs:// served from tmp_path/bucketroot; returns that folder."""
-  root = tmp_path / "bucketroot"
-  root.mkdir()
-
-  class FakeGCS(DirFileSystem):
-    protocol = ("gs", "gcs")
-    cachable = False  # a new root per test
-
-    def __init__(self, finalize_on_close=False, **kwargs):  # gcsfs's argument, which epath passes
-      del finalize_on_close
-      super().__init__(path=str(root), fs=LocalFileSystem(), **kwargs)
-
-    def open(self, path, mode="rb", *args, **kwargs):
-      if "a" in mode:
-        raise NotImplementedError("an object cannot be appended to")
-      return super().open(path, mode, *args, **kwargs)
-
-  for name in FakeGCS.protocol:  # fsspec's registry of implementations, restored after the test
-    monkeypatch.setitem(sys.modules["fsspec.registry"]._registry, name, FakeGCS)  # pylint: disable=protected-access
-  epath_backend.fsspec_backend._get_filesystem.cache_clear()  # pylint: disable=protected-access
-  normalize = tensorstore_utils._normalize_path  # pylint: disable=protected-access
-  monkeypatch.setattr(tensorstore_utils, "_normalize_path", lambda p: normalize(
-      f"{root}/{p[len('gs://'):]}" if p.startswith("gs://") else p))
-  monkeypatch.setattr(gcs_utils, "is_hierarchical_namespace_enabled", lambda p: False)
-  # That query is orbax's only use of google-cloud-storage, which the run otherwise requires.
-  monkeypatch.setattr(config_checks, "GCS_CLIENT", "json")
-  monkeypatch.setenv(paths.CACHE_ENV, str(tmp_path / "cache"))
-  yield root
-  epath_backend.fsspec_backend._get_filesystem.cache_clear()  # pylint: disable=protected-access
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +156,8 @@ def test_gs_workdir_without_its_libraries_is_one_line(tmp_path, monkeypatch):
   with pytest.raises(UserError, match="orbax needs google-cloud-storage for gs:// checkpoints"):
     train.train_and_evaluate(config, "gs://bucket/run")
   monkeypatch.setattr(config_checks, "GCS_CLIENT", "json")
-  registry = sys.modules["fsspec.registry"]
+  from etils.epath import backend as epath_backend  # pylint: disable=import-outside-toplevel
+  registry = importlib.import_module("fsspec.registry")
   monkeypatch.delitem(registry._registry, "gcs", raising=False)  # pylint: disable=protected-access
   monkeypatch.setitem(registry.known_implementations, "gcs",
                       {"class": "no_such_module.GCSFileSystem", "err": "Please install gcsfs"})
