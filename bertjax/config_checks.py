@@ -27,7 +27,7 @@ import jax
 from bertjax import optim, paths, sharding
 from bertjax.data import tokenizers
 from bertjax.errors import fail
-from bertjax.models import features
+from bertjax.models import dropout, features
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +137,7 @@ CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("data.generated", ("", "context")),   # bertjax/data/synthetic.py
     ("head.features", features.FEATURES),
     ("head.pooling", features.POOLINGS),
+    ("model.dropout_impl", dropout.DROPOUT_SETTINGS),
 )
 
 _MISSING = object()

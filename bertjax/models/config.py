@@ -13,6 +13,7 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 
 from bertjax.errors import fail
+from bertjax.models.dropout import DROPOUT_SETTINGS
 from bertjax.models.kernels import KERNEL_SETTINGS
 
 ARCHITECTURES = ("bert", "roberta", "albert", "electra")
@@ -66,6 +67,11 @@ class ModelConfig:
   # Which device's implementation choices the encoder uses (bertjax.models.kernels): "auto" takes
   # the backend JAX runs on; "cpu" | "gpu" | "tpu" force one (to measure them elsewhere).
   kernels: str = "auto"
+  # How dropout draws and keeps its masks (bertjax.models.dropout): "auto" the kernel set's choice
+  # (bertjax.models.kernels); else a form, "packed32" | "mask32" | "bits16" | "recompute16",
+  # optionally with a generator suffix "+rbg" | "+unsafe_rbg". Same rate and parameters; other
+  # masks (and so other training noise) than another choice draws.
+  dropout_impl: str = "auto"
   # Structured pruning (bertjax.prune): per layer, the attention heads removed, by their original
   # numbering (Hugging Face's `pruned_heads`); () or an empty tuple for a layer: none. A layer
   # keeps num_attention_heads - len(pruned_heads[i]) heads of head_dim each.
@@ -93,6 +99,9 @@ class ModelConfig:
            f"{', '.join(REMAT_POLICIES)}")
     if self.kernels not in KERNEL_SETTINGS:
       fail(f"unknown model.kernels={self.kernels!r}; use one of {', '.join(KERNEL_SETTINGS)}")
+    if self.dropout_impl not in DROPOUT_SETTINGS:
+      fail(f"unknown model.dropout_impl={self.dropout_impl!r}; use one of "
+           f"{', '.join(DROPOUT_SETTINGS)}")
     if self.scan_layers and self.num_hidden_groups not in (None, self.num_hidden_layers):
       fail("model.scan_layers needs one parameter set per layer; turn it off for ALBERT sharing")
     self._check_pruned_heads()

@@ -8,10 +8,12 @@ marked unmeasured, in which case the ordinary formulation is the one used.
 `model.kernels` picks the set: "auto" (the default) takes the backend JAX runs on; "cpu",
 "gpu" or "tpu" force one, so that, say, the CPU choices can be measured on a GPU with
 `python -m bertjax.benchmark ... --override model.kernels=cpu`. Parameters and checkpoints are the
-same under every set, and so are outputs and gradients to float rounding
-(tests/test_accelerator_paths.py); only speed and memory differ. One condition: the GPU set's
-attention reads key lengths, which stand for the mask only when rows are right-padded; inference
-detects other masks and falls back, training relies on bertjax's input builders (all pad right).
+same under every set, and so are outputs and gradients to float rounding when both draw dropout
+masks the same way (tests/test_accelerator_paths.py pins `model.dropout_impl`; left at "auto",
+the sets draw different masks at the same rate); only speed and memory differ. One condition:
+the GPU set's attention reads key lengths, which stand for the mask only when rows are
+right-padded; inference detects other masks and falls back, training relies on bertjax's input
+builders (all pad right).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ class Kernels:
   one_hot_rows: embedding tables of at most this many rows (token types) are looked up as a
     one-hot product, whose gradient is a small matrix product instead of a scatter-add of every
     token into a few rows (0: never).
+  dropout: how dropout draws and keeps its masks (bertjax.models.dropout.IMPLEMENTATIONS), what
+    `model.dropout_impl="auto"` uses.
   """
   platform: str
   flat_dense: bool
@@ -49,6 +53,7 @@ class Kernels:
   attention: str
   attention_lengths: bool
   one_hot_rows: int
+  dropout: str
 
 
 # CPU (XLA:CPU, measured on 2-core x86 machines; PERFORMANCE.md):
@@ -61,24 +66,37 @@ class Kernels:
 # - attention "xla" with a boolean mask: the only implementation XLA:CPU has.
 # - one_hot_rows: the 2-row token-type lookup as a one-hot product against the float32
 #   scatter-add of its gradient (fifth round).
+# - dropout "packed32": the bit-packed mask let each layer's random words die after the forward
+#   pass, bert-base batch 8 temp 1231 -> 962 MB (bertjax/models/dropout.py). The other forms are
+#   unmeasured on a CPU.
 CPU = Kernels(platform="cpu", flat_dense=True, layer_norm_vjp=True, remat_activation=True,
-              attention="xla", attention_lengths=False, one_hot_rows=2)
+              attention="xla", attention_lengths=False, one_hot_rows=2, dropout="packed32")
 
-# GPU: the fused cuDNN attention kernel with key lengths (the issue's H100 measurement: attention
-# forward+backward at [32, 512, 16 heads] 0.61 ms against 2.2 ms composed by XLA) and token types
-# as a one-hot product (their gradient on the H100: 89 ms as a bf16 scatter-add, 0.22 ms as a
-# float32 one, 0.07 ms as a one-hot product). The CPU layout choices are unmeasured on a GPU, so
-# the ordinary formulation is kept there: XLA:GPU picks its own layouts for dot_general and
-# fuses LayerNorm's autodiff.
-GPU = Kernels(platform="gpu", flat_dense=False, layer_norm_vjp=False, remat_activation=False,
-              attention="cudnn", attention_lengths=True, one_hot_rows=16)
+# GPU (H100, jax 0.11.2, the issue's measurement: bf16 bert-base, seq 128, batch 256, MLM+NSP,
+# dropout 0.1; tokens/s, one H100):
+# - attention: the fused cuDNN kernel with key lengths, attention forward+backward at
+#   [32, 512, 16 heads] 0.61 ms against 2.2 ms composed by XLA.
+# - one_hot_rows: the token-type gradient 89 ms as a bf16 scatter-add, 0.22 ms as a float32 one,
+#   0.07 ms as a one-hot product.
+# - flat_dense and layer_norm_vjp: the former GPU set (both off) 414.6k; with flat_dense 427.5k;
+#   with layer_norm_vjp 440.8k. Each was measured alone; the two together are unmeasured.
+# - dropout: the masks' words from XLA's RngBitGenerator instead of threefry, 414.6k -> 429.6k
+#   (measured with JAX_DEFAULT_PRNG_IMPL=rbg, which makes every key rbg; "packed32+rbg" draws
+#   only the masks so, from a key derived per layer: that form itself unmeasured). The other
+#   forms (mask32, bits16, recompute16, +unsafe_rbg) are there to be measured, unmeasured so far;
+#   an older version with byte-resolution masks ran 482k, so fewer random bits a mask may pay.
+# - remat_activation stays off: unmeasured on a GPU. (The whole CPU set, remat included, ran
+#   454.1k on the H100: the activation remat's share of that is unmeasured.)
+GPU = Kernels(platform="gpu", flat_dense=True, layer_norm_vjp=True, remat_activation=False,
+              attention="cudnn", attention_lengths=True, one_hot_rows=16, dropout="packed32+rbg")
 
 # TPU: unmeasured; the ordinary formulation and XLA's attention. Reshapes that merge the tiled minor
 # dimensions can cost a relayout there, so Dense stays a dot_general over the kernel's axes. Small
 # tables as one-hot products, as on GPUs: a gradient of every token added into a few rows is the
-# operation the GPU measurement found slow; on a TPU, unmeasured.
+# operation the GPU measurement found slow; on a TPU, unmeasured. Dropout as on CPUs (threefry
+# draws, packed masks): unmeasured.
 TPU = Kernels(platform="tpu", flat_dense=False, layer_norm_vjp=False, remat_activation=False,
-              attention="xla", attention_lengths=False, one_hot_rows=16)
+              attention="xla", attention_lengths=False, one_hot_rows=16, dropout="packed32")
 
 _BY_PLATFORM = {"cpu": CPU, "gpu": GPU, "tpu": TPU}
 
@@ -93,3 +111,10 @@ def for_model(cfg) -> Kernels:
   """The choices for a `ModelConfig`: its `kernels` setting, "auto" meaning JAX's backend."""
   setting = getattr(cfg, "kernels", "auto")
   return for_platform(jax.default_backend() if setting == "auto" else setting)
+
+
+def dropout_for_model(cfg) -> str:
+  """The dropout implementation for a `ModelConfig`: its `dropout_impl`, "auto" meaning the
+  kernel set's."""
+  setting = getattr(cfg, "dropout_impl", "auto")
+  return for_model(cfg).dropout if setting == "auto" else setting
