@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from bertjax import ablate, config_checks, config_lib, inputs, profiling, sharding, train
 from bertjax.errors import ArgumentParser, fail, run_cli
 from bertjax.host_memory import host_peak_rss_bytes
-from bertjax.models import encoder
+from bertjax.models import encoder, kernels
 from bertjax.registry import get_objective, objective_class
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -190,7 +190,8 @@ def bench_jax(config, steps: int, profile_dir: str | None = None) -> dict:
         "num_devices": jax.device_count(), "objective": config.objective,
         "batch_size": config.batch_size, "seq_len": config.max_seq_length,
         "num_predictions": config.max_predictions_per_seq, "dtype": cfg.dtype,
-        "remat": cfg.remat and cfg.remat_policy, "num_params": int(n_params),
+        "remat": cfg.remat and cfg.remat_policy, "dropout": kernels.dropout_for_model(cfg),
+        "num_params": int(n_params),
         "compile_time_s": compile_s, "xla_temp_bytes": xla_temp,
         "xla_argument_bytes": int(memory.argument_size_in_bytes) if memory is not None else None,
         "xla_flops_per_token": xla_flops / tokens if xla_flops else None,

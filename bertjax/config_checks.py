@@ -27,7 +27,7 @@ import jax
 from bertjax import optim, paths, sharding
 from bertjax.data import tokenizers
 from bertjax.errors import fail
-from bertjax.models import features, kernels
+from bertjax.models import dropout, features, kernels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +138,7 @@ CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("head.features", features.FEATURES),
     ("head.pooling", features.POOLINGS),
     ("model.attention_dropout_kernel", kernels.ATTENTION_DROPOUT_SETTINGS),
+    ("model.dropout_impl", dropout.DROPOUT_SETTINGS),
 )
 
 _MISSING = object()

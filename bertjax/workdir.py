@@ -50,13 +50,16 @@ PLACEMENT = ("distributed", "mesh_shape", "logical_rules", "grad_accum_steps", "
 SCHEDULE = ("total_steps", "eval_every")
 _ABSENT = "(absent)"
 # Settings added after runs were recorded without them, at the value that trains as before: a
-# run recorded before they existed resumes with them at that value.
+# run recorded before they existed resumes with them at that value. (model.dropout_impl="auto" draws
+# the masks as before on CPUs and TPUs; a GPU run resumes with the GPU set's rbg draws, the same
+# rate from another generator, as a run moved between platforms does.)
 INERT_DEFAULTS = {"freeze.encoder": False, "freeze.train_top_layers": 0,
                   "freeze.train_embeddings": False, "head.features": "standard",
                   "head.layers": [-4, -3, -2, -1], "head.pooling": "cls",
                   "optimizer.keep_pruned": False, "data.generated": "",
                   "data.generated_families": 1, "data.generated_tokens": 8,
-                  "model.attention_dropout_kernel": "auto"}
+                  "model.attention_dropout_kernel": "auto",
+                  "model.dropout_impl": "auto"}
 _SHOWN = 6  # changed keys shown with their values in a refusal
 
 _held: set[str] = set()  # the locks this process holds (a pid of ours in a lock may be a past run's)

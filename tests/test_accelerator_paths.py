@@ -246,12 +246,15 @@ def tree_close(a, b, rtol=2e-5, atol=2e-6):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("packed", [False, True])
-@pytest.mark.parametrize("arch", ["bert", "roberta"])
-def test_gpu_choices_give_the_cpu_choices_results(packed, arch):
-  """The GPU set (2-D-free Dense, LayerNorm by autodiff, no activation remat, key lengths, one-hot
-  token types), run here with XLA's attention, against the CPU set: same outputs, same gradients.
-  With attention dropout on, training takes the explicit path on both."""
+@pytest.mark.parametrize("arch,packed,other", [
+    ("bert", False, "gpu"), ("bert", True, "gpu"), ("roberta", False, "gpu"),
+    ("roberta", True, "gpu"), ("bert", False, "tpu")])
+def test_accelerator_choices_give_the_cpu_choices_results(arch, packed, other):
+  """The GPU set (no activation remat, key lengths, one-hot token types), run here with XLA's
+  attention, and the TPU set (also Dense as a dot_general over the kernel's axes and LayerNorm by
+  autodiff) against the CPU set: same outputs, same gradients. With attention dropout on,
+  training takes the explicit path on both; both draw the masks the same way (the sets' own
+  dropout choices draw different masks at the same rate)."""
   ids, mask, types = encoder_inputs()
   seg = None
   if packed:
@@ -261,14 +264,14 @@ def test_gpu_choices_give_the_cpu_choices_results(packed, arch):
   base = ModelConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                      intermediate_size=64, max_position_embeddings=S + 2, architecture=arch,
                      pad_token_id=1 if arch == "roberta" else 0, hidden_dropout_prob=0.1,
-                     attention_probs_dropout_prob=0.1)
+                     attention_probs_dropout_prob=0.1, dropout_impl="packed32")
   for deterministic in (True, False):
     cpu = encoder_results(base.replace(kernels="cpu"), ids, mask, types, seg, deterministic)
-    gpu = encoder_results(base.replace(kernels="gpu"), ids, mask, types, seg, deterministic)
+    acc = encoder_results(base.replace(kernels=other), ids, mask, types, seg, deterministic)
     rows = np.asarray(mask, bool)
     np.testing.assert_allclose(np.asarray(cpu[0].last_hidden_state)[rows],
-                               np.asarray(gpu[0].last_hidden_state)[rows], rtol=2e-5, atol=2e-5)
-    tree_close(cpu[1], gpu[1], rtol=1e-4, atol=1e-5)
+                               np.asarray(acc[0].last_hidden_state)[rows], rtol=2e-5, atol=2e-5)
+    tree_close(cpu[1], acc[1], rtol=1e-4, atol=1e-5)
 
 
 def test_output_attentions_takes_the_explicit_path_with_the_same_outputs():

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 
 from bertjax.errors import fail
+from bertjax.models.dropout import DROPOUT_SETTINGS
 from bertjax.models.kernels import ATTENTION_DROPOUT_SETTINGS, KERNEL_SETTINGS
 
 ARCHITECTURES = ("bert", "roberta", "albert", "electra")
@@ -73,6 +74,11 @@ class ModelConfig:
   # CPU it runs in Pallas interpret mode, for tests). Its masks are another stream than the
   # explicit path's: a different run, not a different layout. Parameters are the same.
   attention_dropout_kernel: str = "auto"
+  # How dropout draws and keeps its masks (bertjax.models.dropout): "auto" the kernel set's choice
+  # (bertjax.models.kernels); else a form, "packed32" | "mask32" | "bits16" | "recompute16",
+  # optionally with a generator suffix "+rbg" | "+unsafe_rbg". Same rate and parameters; other
+  # masks (and so other training noise) than another choice draws.
+  dropout_impl: str = "auto"
   # Structured pruning (bertjax.prune): per layer, the attention heads removed, by their original
   # numbering (Hugging Face's `pruned_heads`); () or an empty tuple for a layer: none. A layer
   # keeps num_attention_heads - len(pruned_heads[i]) heads of head_dim each.
@@ -103,6 +109,9 @@ class ModelConfig:
     if self.attention_dropout_kernel not in ATTENTION_DROPOUT_SETTINGS:
       fail(f"unknown model.attention_dropout_kernel={self.attention_dropout_kernel!r}; use one of "
            f"{', '.join(ATTENTION_DROPOUT_SETTINGS)}")
+    if self.dropout_impl not in DROPOUT_SETTINGS:
+      fail(f"unknown model.dropout_impl={self.dropout_impl!r}; use one of "
+           f"{', '.join(DROPOUT_SETTINGS)}")
     if self.scan_layers and self.num_hidden_groups not in (None, self.num_hidden_layers):
       fail("model.scan_layers needs one parameter set per layer; turn it off for ALBERT sharing")
     self._check_pruned_heads()

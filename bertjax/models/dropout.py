@@ -1,15 +1,38 @@
-"""Dropout at exactly the configured rate, from one 32-bit draw per element.
+"""Dropout at the configured rate, in the forms `model.dropout_impl` chooses between.
 
-An element is kept when its 32-bit random word is >= round(rate * 2**32): the drop probability is
-the configured rate to within 2**-33, closer than float32 holds the rate itself (float32(0.1) is
-0.1 + 1.5e-9). Kept values are scaled by 1 / (1 - rate). Like Flax's, the mask is a pure function
-of the 'dropout' RNG stream, so it is the same on any mesh.
+Every form keeps an element when its random draw is at or above a threshold and scales kept
+values by 1 / (1 - rate); like Flax's, the mask is a pure function of the 'dropout' RNG stream.
+They differ in how many random bits an element costs and in what the backward pass keeps:
 
-The backward pass reads the mask packed eight elements a byte. Left to autodiff, XLA fused the
-comparison into the backward pass's consumers and kept every layer's random words alive until
-then (XLA:CPU draws them in a loop it cannot fuse): bert-base at batch 8 planned 1231 MB of
-temporaries instead of 962 MB (PERFORMANCE.md). Packing is a reduction, which XLA does not
-recompute in its consumers, so the words die right after the forward pass.
+  packed32     one 32-bit word per element, threshold round(rate * 2**32): the drop probability
+               is the rate to within 2**-33, closer than float32 holds the rate itself (float32(0.1)
+               is 0.1 + 1.5e-9). The backward pass reads the mask packed eight elements a byte. Left
+               to autodiff, XLA fused the comparison into the backward pass's consumers and kept
+               every layer's random words alive until then (XLA:CPU draws them in a loop it cannot
+               fuse): bert-base at batch 8 planned 1231 MB of temporaries instead of 962 MB
+               (PERFORMANCE.md). Packing is a reduction, which XLA does not recompute in its
+               consumers, so the words die right after the forward pass.
+  mask32       the same draws; autodiff keeps the boolean mask (a byte per element).
+  bits16       each 32-bit word gives two elements' 16-bit draws (half the random bits), threshold
+               round(rate * 2**16): the rate to within 2**-17 (0.1 drops 0.1000061); mask packed
+               for the backward pass as in packed32.
+  recompute16  the 16-bit draws of bits16; the backward pass keeps only the key and draws the mask
+               again, so no mask-sized array outlives the forward pass.
+
+A suffix picks the generator of the draws (none: the layer's key as Flax gives it, threefry unless
+JAX_DEFAULT_PRNG_IMPL says otherwise, and the same mask on any mesh):
+  +rbg         the layer's key hashed to four words that seed XLA's RngBitGenerator (JAX's "rbg").
+  +unsafe_rbg  the layer key's own words seed RngBitGenerator directly, repeated to four as JAX
+               seeds its rbg keys: one 4-word hash less per layer than +rbg.
+RngBitGenerator's draws are the backend's own: they may differ across backends, XLA versions and
+shardings (JAX's documentation of rbg). `bertjax.models.kernels` says which form each platform
+uses and what is measured.
+
+What XLA keeps is its own choice. XLA:CPU's plan for the gradient of 12 layers of
+tanh([32768, 256] @ W) each followed by dropout 0.1 (the activations alone: 32 MB a layer) held
+per layer: packed32 64 MB, mask32 96, bits16 40, recompute16 91 (XLA:CPU drops the optimization
+barrier and draws the backward's mask early), packed32+rbg 33, recompute16+rbg 64. On GPUs and
+TPUs, unmeasured.
 """
 
 from __future__ import annotations
@@ -20,22 +43,40 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-WORD = 2 ** 32
+from bertjax.errors import fail
+
+HALF = 2 ** 16
+FORMS = ("packed32", "mask32", "bits16", "recompute16")
+GENERATORS = ("rbg", "unsafe_rbg")
+IMPLEMENTATIONS = FORMS + tuple(f"{form}+{gen}" for form in FORMS for gen in GENERATORS)
+DROPOUT_SETTINGS = ("auto",) + IMPLEMENTATIONS  # "auto": the kernel set's choice
 
 
-def threshold(rate: float) -> int:
-  """The smallest kept 32-bit word for a drop probability `rate` in [0, 1)."""
-  return min(round(rate * WORD), WORD - 1)
+def threshold(rate: float, bits: int = 32) -> int:
+  """The smallest kept `bits`-bit draw for a drop probability `rate` in [0, 1)."""
+  return min(round(rate * 2 ** bits), 2 ** bits - 1)
 
 
-def effective_rate(rate: float) -> float:
-  """The drop probability applied for a configured `rate`: threshold / 2**32."""
-  return threshold(rate) / WORD
+def effective_rate(rate: float, bits: int = 32) -> float:
+  """The drop probability applied for a configured `rate` with `bits`-bit draws."""
+  return threshold(rate, bits) / 2 ** bits
 
 
 def keep_mask(rng: jax.Array, shape: tuple[int, ...], rate: float) -> jax.Array:
-  """<bool>[*shape]: True where an element is kept, each with probability 1 - rate."""
+  """<bool>[*shape]: True where an element is kept, each with probability 1 - rate (32-bit
+  draws)."""
   return jax.random.bits(rng, shape, jnp.uint32) >= jnp.uint32(threshold(rate))
+
+
+def keep_mask16(rng: jax.Array, shape: tuple[int, ...], rate: float) -> jax.Array:
+  """<bool>[*shape] from 16-bit draws: the last axis's first half from the low halves of
+  ceil(n / 2) words a row, the rest from their high halves."""
+  if not shape:
+    return keep_mask16(rng, (1,), rate)[0]
+  *lead, n = shape
+  words = jax.random.bits(rng, (*lead, -(-n // 2)), jnp.uint32)
+  draws = jnp.concatenate([words & jnp.uint32(HALF - 1), words >> 16], axis=-1)[..., :n]
+  return draws >= jnp.uint32(threshold(rate, 16))
 
 
 def pack_bits(keep: jax.Array) -> jax.Array:
@@ -56,30 +97,85 @@ def _scale(x, keep, rate):
   return jnp.where(keep, x * jnp.asarray(1.0 / (1.0 - rate), x.dtype), jnp.zeros((), x.dtype))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def dropout(x: jax.Array, key_data: jax.Array, rate: float, impl) -> jax.Array:
-  """x with each element dropped with probability `rate` (the mask from the key of
-  implementation `impl` whose raw bits are `key_data`), the rest scaled by 1 / (1 - rate).
+def _keep(key_data, impl, shape, rate, bits):
+  mask = keep_mask if bits == 32 else keep_mask16
+  return mask(jax.random.wrap_key_data(key_data, impl=impl), shape, rate)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def packed(x: jax.Array, key_data: jax.Array, rate: float, impl, bits: int) -> jax.Array:
+  """x with each element dropped with probability `rate` (the mask from `bits`-bit draws of the
+  key of implementation `impl` whose raw words are `key_data`), the rest scaled by
+  1 / (1 - rate); the backward pass reads the mask packed eight elements a byte.
   Reverse-mode only (custom VJP)."""
-  return _dropout_fwd(x, key_data, rate, impl)[0]
+  return _packed_fwd(x, key_data, rate, impl, bits)[0]
 
 
-def _dropout_fwd(x, key_data, rate, impl):
-  keep = keep_mask(jax.random.wrap_key_data(key_data, impl=impl), x.shape, rate)
+def _packed_fwd(x, key_data, rate, impl, bits):
+  keep = _keep(key_data, impl, x.shape, rate, bits)
   return _scale(x, keep, rate), pack_bits(keep)
 
 
-def _dropout_bwd(rate, impl, packed, g):
-  # None: no cotangent for the integer key bits.
-  return _scale(g, unpack_bits(packed, g.shape[-1]), rate), None
+def _packed_bwd(rate, impl, bits, packed_keep, g):
+  # None: no cotangent for the integer key words.
+  return _scale(g, unpack_bits(packed_keep, g.shape[-1]), rate), None
 
 
-dropout.defvjp(_dropout_fwd, _dropout_bwd)
+packed.defvjp(_packed_fwd, _packed_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def recomputed(x: jax.Array, key_data: jax.Array, rate: float, impl) -> jax.Array:
+  """`packed` with 16-bit draws whose backward pass keeps only `key_data` and draws the mask
+  again. Reverse-mode only (custom VJP)."""
+  return _scale(x, _keep(key_data, impl, x.shape, rate, 16), rate)
+
+
+def _recomputed_fwd(x, key_data, rate, impl):
+  return _scale(x, _keep(key_data, impl, x.shape, rate, 16), rate), key_data
+
+
+def _recomputed_bwd(rate, impl, key_data, g):
+  # Tied to g, the second draw cannot be merged with the forward pass's (XLA's CSE would then
+  # keep the forward's mask alive, the memory this form exists to save).
+  key_data, g = jax.lax.optimization_barrier((key_data, g))
+  return _scale(g, _keep(key_data, impl, g.shape, rate, 16), rate), None
+
+
+recomputed.defvjp(_recomputed_fwd, _recomputed_bwd)
+
+
+def generator_key(key: jax.Array, generator: str) -> jax.Array:
+  """The typed key the mask is drawn from: `key` itself (""), or an rbg key derived from it."""
+  if not generator:
+    return key
+  if generator == "rbg":
+    return jax.random.wrap_key_data(jax.random.bits(key, (4,), jnp.uint32), impl="rbg")
+  words = jax.random.key_data(key).reshape(-1)
+  return jax.random.wrap_key_data(jnp.resize(words, (4,)), impl=generator)
+
+
+def dropout(x: jax.Array, key: jax.Array, rate: float, implementation: str = "packed32"):
+  """x with each element dropped with probability `rate` in [0, 1), the rest scaled by
+  1 / (1 - rate), by `implementation` (one of IMPLEMENTATIONS) from the typed key `key`."""
+  if implementation not in IMPLEMENTATIONS:
+    fail(f"unknown dropout implementation {implementation!r}; use one of "
+         f"{', '.join(IMPLEMENTATIONS)}")
+  form, _, generator = implementation.partition("+")
+  key = generator_key(key, generator)
+  data, impl = jax.random.key_data(key), jax.random.key_impl(key)
+  if form == "mask32":
+    return _scale(x, keep_mask(key, x.shape, rate), rate)
+  if form == "recompute16":
+    return recomputed(x, data, rate, impl)
+  return packed(x, data, rate, impl, 16 if form == "bits16" else 32)
 
 
 class Dropout(nn.Module):
-  """Drop-in for `flax.linen.Dropout(rate)(x, deterministic)`."""
+  """Drop-in for `flax.linen.Dropout(rate)(x, deterministic)`; `implementation`: one of
+  IMPLEMENTATIONS (the encoder passes `kernels.dropout_for_model(cfg)`)."""
   rate: float
+  implementation: str = "packed32"
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
@@ -90,4 +186,4 @@ class Dropout(nn.Module):
     key = self.make_rng("dropout")
     if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):  # a raw uint32 PRNGKey
       key = jax.random.wrap_key_data(key)
-    return dropout(x, jax.random.key_data(key), self.rate, jax.random.key_impl(key))
+    return dropout(x, key, self.rate, self.implementation)

@@ -90,7 +90,7 @@ class Embeddings(nn.Module):
     self.position_embeddings = embed(cfg.max_position_embeddings, (None, "embed"))
     self.token_type_embeddings = embed(cfg.type_vocab_size, (None, "embed"), one_hot_rows=one_hot)
     self.layer_norm = _layer_norm(cfg, "layer_norm")
-    self.dropout = Dropout(cfg.hidden_dropout_prob)
+    self.dropout = Dropout(cfg.hidden_dropout_prob, kernels.dropout_for_model(cfg))
 
   def __call__(self, input_ids, token_type_ids, position_ids, deterministic: bool):
     """position_ids None: 0..seq-1 in every row."""

@@ -92,7 +92,7 @@ class SelfAttention(nn.Module):
       out = flash_dropout_attention(q, k, v, flash_segments(mask, q.shape[1]), rate,
                                     self.make_rng("dropout"))
     else:
-      drop = lambda p: Dropout(rate)(p, deterministic=deterministic)
+      drop = lambda p: Dropout(rate, kernels.dropout_for_model(cfg))(p, deterministic=deterministic)
       out, raw_scores = explicit_attention(q, k, v, mask.keys, drop)
     if self.has_variable("params", "head_mask"):
       out = out * self.get_variable("params", "head_mask").astype(out.dtype)[:, None]
@@ -154,7 +154,8 @@ class TransformerLayer(nn.Module):
           mask = mask.replace(q_segments=jnp.take_along_axis(
               mask.q_segments, query_positions.astype(jnp.int32), axis=1))
     act_names = ("act_batch", "act_len", "act_embed")
-    drop = lambda y: Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
+    drop = lambda y: Dropout(cfg.hidden_dropout_prob, kernels.dropout_for_model(cfg))(
+        y, deterministic=deterministic)
     attention = SelfAttention(cfg, self.num_heads, name="attention")
     attn_ln = _layer_norm(cfg, "attention_layer_norm")
     out_ln = _layer_norm(cfg, "output_layer_norm")

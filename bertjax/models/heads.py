@@ -10,6 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
 from bertjax.models.embeddings import Embed
@@ -78,7 +79,8 @@ class ClassificationHead(nn.Module):
 
   @nn.compact
   def __call__(self, pooled, deterministic: bool = True):
-    pooled = Dropout(self.config.hidden_dropout_prob)(pooled, deterministic=deterministic)
+    drop = Dropout(self.config.hidden_dropout_prob, kernels.dropout_for_model(self.config))
+    pooled = drop(pooled, deterministic=deterministic)
     return _dense(self.num_labels, ("embed", None), "classifier", self.config)(pooled).astype(jnp.float32)
 
 
@@ -89,7 +91,8 @@ class TokenHead(nn.Module):
 
   @nn.compact
   def __call__(self, x, deterministic: bool = True):
-    x = Dropout(self.config.hidden_dropout_prob)(x, deterministic=deterministic)
+    drop = Dropout(self.config.hidden_dropout_prob, kernels.dropout_for_model(self.config))
+    x = drop(x, deterministic=deterministic)
     return _dense(self.num_labels, ("embed", None), "classifier", self.config)(x).astype(jnp.float32)
 
 

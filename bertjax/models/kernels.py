@@ -11,10 +11,12 @@ directs.
 "gpu" or "tpu" force one, so that, say, the CPU choices can be measured on a GPU with
 `python -m bertjax.benchmark ... --override model.kernels=cpu`; "tpu-xla" is the TPU set with
 XLA's attention instead of the splash kernel (to compare the two on a TPU). Parameters and
-checkpoints are the same under every set, and so are outputs and gradients to float rounding
-(tests/test_accelerator_paths.py, tests/test_splash_attention.py); only speed and memory differ. One condition: the GPU set's
-attention reads key lengths, which stand for the mask only when rows are right-padded; inference
-detects other masks and falls back, training relies on bertjax's input builders (all pad right).
+checkpoints are the same under every set, and so are outputs and gradients to float rounding when
+both draw dropout masks the same way (tests/test_accelerator_paths.py pins `model.dropout_impl`;
+left at "auto", the sets draw different masks at the same rate; tests/test_splash_attention.py);
+only speed and memory differ. One condition: the GPU set's attention reads key lengths, which
+stand for the mask only when rows are right-padded; inference detects other masks and falls back,
+training relies on bertjax's input builders (all pad right).
 The attention-dropout kernel is the exception: the Pallas kernel draws its keep masks from a hash
 of the layer's dropout key, another stream than the explicit path's (same distribution), so it is
 "explicit" in every set and picked only by `model.attention_dropout_kernel`.
@@ -51,6 +53,8 @@ class Kernels:
   one_hot_rows: embedding tables of at most this many rows (token types) are looked up as a
     one-hot product, whose gradient is a small matrix product instead of a scatter-add of every
     token into a few rows (0: never).
+  dropout: how dropout draws and keeps its masks (bertjax.models.dropout.IMPLEMENTATIONS), what
+    `model.dropout_impl="auto"` uses.
   attention_dropout: the path of training steps with attention dropout ("explicit": scores,
     softmax and dropout as separate XLA operations, `explicit_attention`; "pallas": the fused
     flash kernel with counter-based dropout, `bertjax.models.flash_attention`).
@@ -66,6 +70,7 @@ class Kernels:
   attention: str
   attention_lengths: bool
   one_hot_rows: int
+  dropout: str
   attention_dropout: str = "explicit"
   row_multiple: int = 1
 
@@ -80,23 +85,36 @@ class Kernels:
 # - attention "xla" with a boolean mask: the only implementation XLA:CPU has.
 # - one_hot_rows: the 2-row token-type lookup as a one-hot product against the float32
 #   scatter-add of its gradient (fifth round).
+# - dropout "packed32": the bit-packed mask let each layer's random words die after the forward
+#   pass, bert-base batch 8 temp 1231 -> 962 MB (bertjax/models/dropout.py). The other forms are
+#   unmeasured on a CPU.
 # - attention_dropout "explicit": the Pallas kernel runs only interpreted on a CPU (for tests).
 CPU = Kernels(platform="cpu", flat_dense=True, layer_norm_vjp=True, remat_activation=True,
-              attention="xla", attention_lengths=False, one_hot_rows=2,
+              attention="xla", attention_lengths=False, one_hot_rows=2, dropout="packed32",
               attention_dropout="explicit")
 
-# GPU: the fused cuDNN attention kernel with key lengths (the issue's H100 measurement: attention
-# forward+backward at [32, 512, 16 heads] 0.61 ms against 2.2 ms composed by XLA) and token types
-# as a one-hot product (their gradient on the H100: 89 ms as a bf16 scatter-add, 0.22 ms as a
-# float32 one, 0.07 ms as a one-hot product). The CPU layout choices are unmeasured on a GPU, so
-# the ordinary formulation is kept there: XLA:GPU picks its own layouts for dot_general and
-# fuses LayerNorm's autodiff. Attention dropout stays explicit: the Pallas flash kernel with
-# dropout is written for Triton but its speed (and lowering) on a GPU is unmeasured.
-# row_multiple 8: cuDNN refuses odd query or key lengths in training ("Unsupported sequence length
-# Q 21, KV 128" on the H100 for the gathered layer's 20 predictions + [CLS]); 8 rather than 2
-# because tensor cores take rows in eights (unmeasured against 2).
-GPU = Kernels(platform="gpu", flat_dense=False, layer_norm_vjp=False, remat_activation=False,
-              attention="cudnn", attention_lengths=True, one_hot_rows=16,
+# GPU (H100, jax 0.11.2, the issue's measurement: bf16 bert-base, seq 128, batch 256, MLM+NSP,
+# dropout 0.1; tokens/s, one H100):
+# - attention: the fused cuDNN kernel with key lengths, attention forward+backward at
+#   [32, 512, 16 heads] 0.61 ms against 2.2 ms composed by XLA.
+# - one_hot_rows: the token-type gradient 89 ms as a bf16 scatter-add, 0.22 ms as a float32 one,
+#   0.07 ms as a one-hot product.
+# - flat_dense and layer_norm_vjp: the former GPU set (both off) 414.6k; with flat_dense 427.5k;
+#   with layer_norm_vjp 440.8k. Each was measured alone; the two together are unmeasured.
+# - dropout: the masks' words from XLA's RngBitGenerator instead of threefry, 414.6k -> 429.6k
+#   (measured with JAX_DEFAULT_PRNG_IMPL=rbg, which makes every key rbg; "packed32+rbg" draws
+#   only the masks so, from a key derived per layer: that form itself unmeasured). The other
+#   forms (mask32, bits16, recompute16, +unsafe_rbg) are there to be measured, unmeasured so far;
+#   an older version with byte-resolution masks ran 482k, so fewer random bits a mask may pay.
+# - remat_activation stays off: unmeasured on a GPU. (The whole CPU set, remat included, ran
+#   454.1k on the H100: the activation remat's share of that is unmeasured.)
+# - attention_dropout stays explicit: the Pallas flash kernel with dropout is written for Triton
+#   but its speed (and lowering) on a GPU is unmeasured.
+# - row_multiple 8: cuDNN refuses odd query or key lengths in training ("Unsupported sequence
+#   length Q 21, KV 128" on the H100 for the gathered layer's 20 predictions + [CLS]); 8 rather
+#   than 2 because tensor cores take rows in eights (unmeasured against 2).
+GPU = Kernels(platform="gpu", flat_dense=True, layer_norm_vjp=True, remat_activation=False,
+              attention="cudnn", attention_lengths=True, one_hot_rows=16, dropout="packed32+rbg",
               attention_dropout="explicit", row_multiple=8)
 
 # TPU: unmeasured; the ordinary formulation. Reshapes that merge the tiled minor dimensions can
@@ -107,9 +125,10 @@ GPU = Kernels(platform="gpu", flat_dense=False, layer_norm_vjp=False, remat_acti
 # issue directs, the TPU counterpart of the GPU set's fused kernel; off a TPU it runs in Pallas's
 # interpret mode, a correctness check (tests/test_splash_attention.py). XLA's attention stays
 # one setting away: `model.kernels=tpu-xla`. Attention dropout explicit: the Pallas flash kernel
-# is untried on TPUs (it would run interpreted there).
+# is untried on TPUs (it would run interpreted there). Dropout as on CPUs (threefry draws, packed
+# masks): unmeasured.
 TPU = Kernels(platform="tpu", flat_dense=False, layer_norm_vjp=False, remat_activation=False,
-              attention="splash", attention_lengths=False, one_hot_rows=16,
+              attention="splash", attention_lengths=False, one_hot_rows=16, dropout="packed32",
               attention_dropout="explicit")
 TPU_XLA = dataclasses.replace(TPU, attention="xla")
 
@@ -133,3 +152,10 @@ def attention_dropout_for(cfg) -> str:
   """"explicit" or "pallas": the model's `attention_dropout_kernel`, "auto" meaning its set's."""
   setting = getattr(cfg, "attention_dropout_kernel", "auto")
   return for_model(cfg).attention_dropout if setting == "auto" else setting
+
+
+def dropout_for_model(cfg) -> str:
+  """The dropout implementation for a `ModelConfig`: its `dropout_impl`, "auto" meaning the
+  kernel set's."""
+  setting = getattr(cfg, "dropout_impl", "auto")
+  return for_model(cfg).dropout if setting == "auto" else setting
