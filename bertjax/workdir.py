@@ -45,7 +45,7 @@ CADENCE = ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "a
 # the same training up to floating-point rounding. A resumed run may need new ones (other devices).
 PLACEMENT = ("distributed", "mesh_shape", "logical_rules", "grad_accum_steps", "prefetch_batches",
              "eval_batch_size", "pad_to_multiple_of", "model.remat", "model.remat_policy",
-             "model.kernels", "model.gather_last_layer")
+             "model.kernels", "model.kernel_overrides", "model.gather_last_layer")
 # Decided with the data (fine-tuning tasks derive them): compared once the schedule is known.
 SCHEDULE = ("total_steps", "eval_every")
 _ABSENT = "(absent)"
@@ -59,7 +59,7 @@ INERT_DEFAULTS = {"freeze.encoder": False, "freeze.train_top_layers": 0,
                   "optimizer.keep_pruned": False, "data.generated": "",
                   "data.generated_families": 1, "data.generated_tokens": 8,
                   "model.attention_dropout_kernel": "auto",
-                  "model.dropout_impl": "auto"}
+                  "model.dropout_impl": "auto", "model.kernel_overrides": ""}
 _SHOWN = 6  # changed keys shown with their values in a refusal
 
 _held: set[str] = set()  # the locks this process holds (a pid of ours in a lock may be a past run's)

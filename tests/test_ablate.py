@@ -168,3 +168,20 @@ def test_ablate_writes_one_row_per_variant_after_the_reference(tmp_path):
   assert max(x["ended"] for x in refs) <= min(x["started"] for x in variants)
   assert refs[0]["own_end"] <= refs[1]["own_start"]
   assert max(x["own_end"] for x in refs) < by_name["clock"]["own_start"]
+
+
+@pytest.mark.parametrize("name", ["h100-bert-base", "bert-large-512", "cpu-smoke"])
+def test_named_sets_build_valid_configs(name):
+  """Every benchmark-step variant of a named set builds a config whose model settings are valid
+  (a misspelt setting or value fails here, not in a device window)."""
+  from bertjax.models.config import ModelConfig  # pylint: disable=import-outside-toplevel
+  spec = ablate.load_spec(name)
+  checked = 0
+  for variant in spec["variants"]:
+    s = ablate.settings(spec["base"], variant)
+    if s.get("kind", "step") != "step":
+      continue
+    config = benchmark.build_config(benchmark.parse_args(ablate.benchmark_args(s)))
+    ModelConfig(**config.model.to_dict())
+    checked += 1
+  assert checked >= 2

@@ -335,3 +335,18 @@ def test_cudnn_takes_odd_lengths_and_per_query_masks():
   gpu = ModelConfig(kernels="gpu")
   assert attention_implementation(gpu, 64, jnp.bfloat16, True) == "cudnn"
   assert kernels.GPU.row_multiple == 8 and kernels.CPU.row_multiple == 1
+
+
+def test_kernel_overrides_change_one_field_and_bad_ones_are_one_line():
+  """model.kernel_overrides: the ablation's handle on one choice of a set."""
+  cfg = ModelConfig(kernels="gpu", kernel_overrides="flat_dense=False, layer_norm_vjp=false,"
+                                                    "row_multiple=2,dropout=packed32")
+  got = kernels.for_model(cfg)
+  assert (got.flat_dense, got.layer_norm_vjp, got.row_multiple, got.dropout) == (
+      False, False, 2, "packed32")
+  assert got.attention == kernels.GPU.attention  # the rest of the set as it was
+  assert kernels.for_model(ModelConfig(kernels="gpu")) == kernels.GPU
+  for bad, needle in [("flat=1", "not FIELD=VALUE"), ("flat_dense", "not FIELD=VALUE"),
+                      ("flat_dense=yes", "True or False"), ("row_multiple=two", "whole number")]:
+    with pytest.raises(UserError, match=needle):
+      ModelConfig(kernel_overrides=bad)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from bertjax.errors import fail
 from bertjax.models.dropout import DROPOUT_SETTINGS
-from bertjax.models.kernels import ATTENTION_DROPOUT_SETTINGS, KERNEL_SETTINGS
+from bertjax.models.kernels import ATTENTION_DROPOUT_SETTINGS, KERNEL_SETTINGS, parse_overrides
 
 ARCHITECTURES = ("bert", "roberta", "albert", "electra")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh")
@@ -68,6 +68,9 @@ class ModelConfig:
   # the backend JAX runs on; "cpu" | "gpu" | "tpu" force one (to measure them elsewhere);
   # "tpu-xla": the TPU set with XLA's attention instead of the splash kernel.
   kernels: str = "auto"
+  # Fields of that set changed, "field=value,..." (e.g. "flat_dense=False,layer_norm_vjp=False",
+  # the GPU set before the H100 measurement): for ablations; "" keeps the set as it is.
+  kernel_overrides: str = ""
   # The path of training steps with attention dropout: "auto" the kernel set's ("explicit" in
   # every set); "explicit" softmax then dropout in XLA; "pallas" the fused flash kernel with
   # counter-based dropout (bertjax.models.flash_attention; its device speed is unmeasured; on the
@@ -106,6 +109,10 @@ class ModelConfig:
            f"{', '.join(REMAT_POLICIES)}")
     if self.kernels not in KERNEL_SETTINGS:
       fail(f"unknown model.kernels={self.kernels!r}; use one of {', '.join(KERNEL_SETTINGS)}")
+    try:
+      parse_overrides(self.kernel_overrides)
+    except ValueError as e:
+      fail(f"model.kernel_overrides={self.kernel_overrides!r}: {e}")
     if self.attention_dropout_kernel not in ATTENTION_DROPOUT_SETTINGS:
       fail(f"unknown model.attention_dropout_kernel={self.attention_dropout_kernel!r}; use one of "
            f"{', '.join(ATTENTION_DROPOUT_SETTINGS)}")

@@ -142,10 +142,36 @@ def for_platform(platform: str) -> Kernels:
   return _BY_PLATFORM.get(platform, CPU)
 
 
+def parse_overrides(text: str) -> dict:
+  """"flat_dense=False,row_multiple=2" -> {"flat_dense": False, "row_multiple": 2}: fields of
+  `Kernels` with values of their type. Raises ValueError naming what is wrong."""
+  types = {f.name: f.type for f in dataclasses.fields(Kernels) if f.name != "platform"}
+  out = {}
+  for item in filter(None, (part.strip() for part in text.split(","))):
+    name, eq, value = item.partition("=")
+    name, value = name.strip(), value.strip()
+    if not eq or name not in types:
+      raise ValueError(f"{item!r} is not FIELD=VALUE with FIELD one of {', '.join(types)}")
+    if types[name] in (bool, "bool"):
+      if value not in ("True", "False", "true", "false", "1", "0"):
+        raise ValueError(f"{name} takes True or False, not {value!r}")
+      out[name] = value in ("True", "true", "1")
+    elif types[name] in (int, "int"):
+      if not value.isdigit():
+        raise ValueError(f"{name} takes a whole number, not {value!r}")
+      out[name] = int(value)
+    else:
+      out[name] = value
+  return out
+
+
 def for_model(cfg) -> Kernels:
-  """The choices for a `ModelConfig`: its `kernels` setting, "auto" meaning JAX's backend."""
+  """The choices for a `ModelConfig`: its `kernels` setting, "auto" meaning JAX's backend, with
+  its `kernel_overrides` ("field=value,..."; for ablations: one choice changed in a set)."""
   setting = getattr(cfg, "kernels", "auto")
-  return for_platform(jax.default_backend() if setting == "auto" else setting)
+  chosen = for_platform(jax.default_backend() if setting == "auto" else setting)
+  overrides = getattr(cfg, "kernel_overrides", "")
+  return dataclasses.replace(chosen, **parse_overrides(overrides)) if overrides else chosen
 
 
 def attention_dropout_for(cfg) -> str:

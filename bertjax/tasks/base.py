@@ -44,7 +44,8 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # Settings of `config.model` that still apply when the architecture comes from init_from: they
 # change how the encoder is trained or computed, not which parameters it has.
 RUN_SETTINGS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout_impl", "dtype",
-                "remat", "remat_policy", "kernels", "attention_dropout_kernel")
+                "remat", "remat_policy", "kernels", "kernel_overrides",
+                "attention_dropout_kernel")
 REPO = pathlib.Path(__file__).resolve().parent.parent.parent
 
 

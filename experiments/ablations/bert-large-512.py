@@ -24,4 +24,7 @@ VARIANTS = [
     {"name": "remat dots", "remat": "dots"},
     {"name": "dropout 0, remat dots", "remat": "dots", "overrides": NO_DROPOUT},
     {"name": "batch 64, remat dots", "batch_size": 64, "remat": "dots"},
+    {"name": "attention dropout pallas", "overrides": ["model.attention_dropout_kernel='pallas'"]},
+    {"name": "attention dropout pallas, remat dots", "remat": "dots",
+     "overrides": ["model.attention_dropout_kernel='pallas'"]},
 ]

@@ -3,23 +3,25 @@ the train step's speed was found to depend on, each in its own process, in one d
 
   python -m bertjax.benchmark --ablate h100-bert-base --output h100-bert-base.md
 
-The issue's starting table (H100, bf16, MLM+NSP, AdamW; tokens/s): default 414.6k;
-JAX_DEFAULT_PRNG_IMPL=rbg 429.6k; model.kernels=cpu 454.1k; attention dropout 0 and
-gather_last_layer off 459.7k; all dropout 0 and gather_last_layer off 537.9k; the trainer
-(launch.py, data.synthetic, 120 steps) 381.6k; transformers + torch.compile 469k. Its "GPU set +
-flat_dense" (427.5k) and "GPU set + layer_norm_vjp" (440.8k) rows have no setting of their own
-(the kernel set's fields are not config keys), so they are not repeated here.
+The issue's starting table (H100, bf16, MLM+NSP, AdamW; tokens/s, at commit 297e3fb): default
+414.6k; JAX_DEFAULT_PRNG_IMPL=rbg 429.6k; GPU set + flat_dense 427.5k; GPU set + layer_norm_vjp
+440.8k; model.kernels=cpu 454.1k; attention dropout 0 and gather_last_layer off 459.7k; all
+dropout 0 and gather_last_layer off 537.9k; the trainer (launch.py, data.synthetic, 120 steps)
+381.6k; transformers + torch.compile 469k. The GPU set has since taken flat_dense, layer_norm_vjp
+and rbg dropout draws from those figures; the "297e3fb GPU set" rows put the old choices back
+with `model.kernel_overrides`, so the table can be reproduced and each change read off it.
 
-Rows whose settings are being added elsewhere (model.dropout_impl, model.attention_dropout_kernel)
-are passed through as overrides: until the setting exists, the row reports the unknown key. The
-XLA flag rows are unmeasured choices.
+The XLA flag rows, the dropout forms other than packed32+rbg, the Pallas attention-dropout kernel
+and the remat rows are unmeasured choices until this set runs on a device.
 """
 
 NO_ATTENTION_DROPOUT = ["model.attention_probs_dropout_prob=0.0"]
 NO_DROPOUT = ["model.hidden_dropout_prob=0.0", "model.attention_probs_dropout_prob=0.0"]
 NO_GATHER = ["model.gather_last_layer=False"]
-# The values model.dropout_impl is to take; adjust to the setting's declared choices.
-DROPOUT_IMPLS = ("threefry", "rbg")
+# model.dropout_impl's forms (bertjax/models/dropout.py), each with XLA's RngBitGenerator draws;
+# packed32+rbg is the GPU set's own and threefry packed32 the 297e3fb one.
+DROPOUT_IMPLS = ("packed32", "mask32+rbg", "bits16+rbg", "recompute16+rbg", "packed32+unsafe_rbg")
+OLD_GPU_SET = "flat_dense=False,layer_norm_vjp=False,dropout=packed32"
 
 BASE = {
     "title": "bert-base, seq 128, batch 256, 20 predictions, bf16, MLM+NSP, AdamW",
@@ -29,9 +31,15 @@ BASE = {
 }
 
 VARIANTS = [
-    # The issue's table.
+    # The issue's table (at 297e3fb), then today's GPU set.
+    {"name": "297e3fb GPU set", "overrides": [f"model.kernel_overrides='{OLD_GPU_SET}'"]},
+    {"name": "297e3fb GPU set, prng rbg", "env": {"JAX_DEFAULT_PRNG_IMPL": "rbg"},
+     "overrides": [f"model.kernel_overrides='{OLD_GPU_SET}'"]},
+    {"name": "297e3fb GPU set + flat_dense",
+     "overrides": ["model.kernel_overrides='layer_norm_vjp=False,dropout=packed32'"]},
+    {"name": "297e3fb GPU set + layer_norm_vjp",
+     "overrides": ["model.kernel_overrides='flat_dense=False,dropout=packed32'"]},
     {"name": "default"},
-    {"name": "prng rbg", "env": {"JAX_DEFAULT_PRNG_IMPL": "rbg"}},
     {"name": "kernels cpu", "overrides": ["model.kernels='cpu'"]},
     {"name": "attention dropout 0, no gather",
      "overrides": NO_ATTENTION_DROPOUT + NO_GATHER},
@@ -45,8 +53,6 @@ VARIANTS = [
     {"name": "dropout 0", "overrides": NO_DROPOUT},
     *({"name": f"dropout impl {impl}", "overrides": [f"model.dropout_impl='{impl}'"]}
       for impl in DROPOUT_IMPLS),
-    {"name": "dropout impl rbg, prng rbg", "overrides": ["model.dropout_impl='rbg'"],
-     "env": {"JAX_DEFAULT_PRNG_IMPL": "rbg"}},
     {"name": "attention dropout pallas",
      "overrides": ["model.attention_dropout_kernel='pallas'"]},
     # Memory for speed.
