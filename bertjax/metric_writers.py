@@ -10,7 +10,8 @@ Only process 0 writes. Each logging event is one row: a JSON object with at leas
 `read_metrics` reads either layout (metrics.jsonl first, then metrics.jsonl.d's objects by
 number; a local folder copied from a bucket reads as it did there) and is the one reader of
 metrics. TensorBoard's event files, which tensorboardX writes to local files, are written in a
-local folder on a remote workdir and copied to WORKDIR/tensorboard at each event.
+local folder on a remote workdir and copied to WORKDIR/tensorboard at each event; there a new
+event file is started every TB_EVENTS_PER_FILE events, so each copy stays small.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ SHOWN = ("mlm_accuracy", "nsp_accuracy", "sop_accuracy", "rtd_accuracy", "accura
 METRICS = "metrics.jsonl"  # the rows of a local workdir
 METRICS_DIR = "metrics.jsonl.d"  # those of a remote one: one object per logging event
 _DIGITS = 8  # an object's sequence number, zero-padded so that names sort in order
+# On a remote workdir, the logging events per TensorBoard event file: a file is uploaded whole at
+# each event, so a run uploads about TB_EVENTS_PER_FILE / 2 times its event files' size.
+TB_EVENTS_PER_FILE = 50
 
 
 class MetricWriter:
@@ -47,14 +51,14 @@ class MetricWriter:
     self._next = None  # the next object's sequence number, found at the first write
     self._tb = None
     self._tb_remote, self._tb_local = None, None
+    self._tb_logdir, self._tb_events, self._tb_files = None, 0, 0
     if self.enabled and tensorboard:
-      # Imported only when used: 1.3 s and 190 MB a run without TensorBoard does not pay.
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      logdir = paths.as_path(workdir) / "tensorboard"
-      if paths.is_remote(logdir):
-        self._tb_remote, self._tb_local = logdir, tempfile.TemporaryDirectory(prefix="bertjax-tb-")
-        logdir = self._tb_local.name
-      self._tb = SummaryWriter(str(logdir))
+      self._tb_logdir = self.workdir / "tensorboard"
+      if paths.is_remote(self._tb_logdir):
+        self._tb_remote = self._tb_logdir
+        self._tb_local = tempfile.TemporaryDirectory(prefix="bertjax-tb-")
+        self._tb_logdir = self._tb_local.name
+      self._open_tensorboard()
 
   def resume_at(self, step: int) -> list[dict]:
     """The rows of the run so far, up to `step`, where a resumed run goes on. Rows past it were
@@ -96,6 +100,14 @@ class MetricWriter:
           self._tb.add_scalar(f"{split}/{k}", v, step)
       self._tb.flush()
       self._copy_tensorboard()
+      self._tb_events += 1
+      if self._tb_remote is not None and self._tb_events % TB_EVENTS_PER_FILE == 0:
+        # Each copy uploads the growing event file whole: a new file bounds what each copies.
+        self._tb.close()  # flush() may leave the last event queued: copied once closed
+        self._copy_tensorboard()
+        for path in pathlib.Path(self._tb_local.name).iterdir():  # uploaded complete: not again
+          path.unlink()
+        self._open_tensorboard()
     self.progress(step, split, metrics)
 
   def progress(self, step: int, split: str, metrics: dict[str, float]) -> None:
@@ -118,6 +130,13 @@ class MetricWriter:
       self._copy_tensorboard()
       if self._tb_local is not None:
         self._tb_local.cleanup()
+
+  def _open_tensorboard(self) -> None:
+    # Imported only when used: 1.3 s and 190 MB a run without TensorBoard does not pay.
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+    suffix = f".{self._tb_files:06d}" if self._tb_remote is not None else ""
+    self._tb = SummaryWriter(str(self._tb_logdir), filename_suffix=suffix)
+    self._tb_files += 1
 
   def _copy_tensorboard(self) -> None:
     if self._tb_remote is not None:

@@ -4,6 +4,8 @@ metrics.jsonl whole at every event. The bucket is the fake of tests/fake_gcs.py.
 
 import json
 
+import pytest
+
 from bertjax import metric_writers, paths, report
 
 RUN = "gs://bucket/runs/metrics"
@@ -124,3 +126,34 @@ def test_the_report_reads_a_bucket_runs_rows_as_a_local_ones(tmp_path, fake_gcs)
   assert local.final == remote.final and local.best == remote.best
   assert local.final == {"loss": 5.0 / 9, "accuracy": 9 / 1000}
   assert remote.train_loss == local.train_loss and len(remote.train_loss) == 9
+
+
+def _scalars(folder) -> list[tuple[str, int, float]]:
+  """(tag, step, value) of every scalar in the event files under `folder`, in file name order
+  (TensorBoard's): each file is TFRecords of Event protos (length, crc, data, crc)."""
+  from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
+  out = []
+  for path in sorted(folder.glob("events.out.tfevents.*")):
+    data, at = path.read_bytes(), 0
+    while at < len(data):
+      n = int.from_bytes(data[at:at + 8], "little")
+      event = event_pb2.Event.FromString(data[at + 12:at + 12 + n])
+      at += 12 + n + 4
+      out += [(v.tag, event.step, v.simple_value) for v in event.summary.value]
+  return out
+
+
+def test_tensorboard_on_the_bucket_starts_new_event_files_so_each_copy_stays_small(fake_gcs):
+  """150 events: the event files copied at each event are uploaded under 40x their final size
+  (one growing file copied whole each time: about 75x) and hold every scalar once, in order."""
+  writer = metric_writers.MetricWriter(RUN, 150, enabled=True, tensorboard=True)
+  _log(writer, range(1, 151))
+  writer.close()
+  folder = fake_gcs / "bucket/runs/metrics/tensorboard"
+  final = sum(p.stat().st_size for p in folder.iterdir())
+  uploaded = sum(n for p, n in fake_gcs.uploaded.items() if p.startswith(f"{RUN}/tensorboard/"))
+  assert final < uploaded < 40 * final, uploaded / final
+  assert len(list(folder.iterdir())) == 150 // metric_writers.TB_EVENTS_PER_FILE + 1
+  losses = [(step, value) for tag, step, value in _scalars(folder) if tag == "train/loss"]
+  assert [step for step, _ in losses] == list(range(1, 151))
+  assert losses[41][1] == pytest.approx(10.0 / 42)
