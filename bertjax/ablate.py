@@ -46,7 +46,7 @@ import sys
 import tempfile
 import time
 
-from bertjax import config_lib
+from bertjax import config_lib, metric_writers
 from bertjax.errors import fail
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -261,10 +261,7 @@ def last_json(p: dict) -> dict | None:
 def trainer_figures(workdir: pathlib.Path) -> dict | None:
   """tokens/s and step time from metrics.jsonl: the median of the train rows after the first
   (the first window follows compilation and warms the input pipeline)."""
-  path = workdir / "metrics.jsonl"
-  if not path.is_file():
-    return None
-  rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+  rows = metric_writers.read_metrics(workdir)
   rows = [r for r in rows if r.get("split") == "train" and "tokens_per_s" in r]
   rows = rows[1:] or rows
   if not rows:

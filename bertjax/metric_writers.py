@@ -1,14 +1,22 @@
-"""Where metrics go: metrics.jsonl, TensorBoard event files, and a console line per logged row.
+"""Where metrics go: the rows of metrics, TensorBoard event files, and a console line per row.
 
-Only process 0 writes. Each logging event is one JSON object with at least `step` and `split`.
-The workdir may be remote (gs://...; bertjax/paths.py): metrics.jsonl is then rewritten whole at
-each logging event (an object cannot be appended to), and TensorBoard's event files, which
-tensorboardX writes to local files, are written in a local folder and copied to
-WORKDIR/tensorboard at each flush.
+Only process 0 writes. Each logging event is one row: a JSON object with at least `step` and
+`split`. Where the rows are kept depends on the workdir:
+- local: WORKDIR/metrics.jsonl, one line per row, appended in place;
+- remote (gs://...; bertjax/paths.py): an object cannot be appended to, and rewriting one whole
+  file at each event would upload O(rows^2) bytes over a run, so each event is one object,
+  WORKDIR/metrics.jsonl.d/<8-digit sequence number>.jsonl, numbered from 0 in the order written.
+  A run uploads each row once; reading it back is one small read per event, made in parallel.
+`read_metrics` reads either layout (metrics.jsonl first, then metrics.jsonl.d's objects by
+number; a local folder copied from a bucket reads as it did there) and is the one reader of
+metrics. TensorBoard's event files, which tensorboardX writes to local files, are written in a
+local folder on a remote workdir and copied to WORKDIR/tensorboard at each event; there a new
+event file is started every TB_EVENTS_PER_FILE events, so each copy stays small.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import math
 import pathlib
@@ -22,6 +30,12 @@ from bertjax import paths
 # The metrics a logged row's console line shows next to the loss, when present.
 SHOWN = ("mlm_accuracy", "nsp_accuracy", "sop_accuracy", "rtd_accuracy", "accuracy", "score", "f1",
          "exact_match")
+METRICS = "metrics.jsonl"  # the rows of a local workdir
+METRICS_DIR = "metrics.jsonl.d"  # those of a remote one: one object per logging event
+_DIGITS = 8  # an object's sequence number, zero-padded so that names sort in order
+# On a remote workdir, the logging events per TensorBoard event file: a file is uploaded whole at
+# each event, so a run uploads about TB_EVENTS_PER_FILE / 2 times its event files' size.
+TB_EVENTS_PER_FILE = 50
 
 
 class MetricWriter:
@@ -30,36 +44,39 @@ class MetricWriter:
                tensorboard: bool = True):
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
     self.total_steps = total_steps
-    self.path = paths.as_path(workdir) / "metrics.jsonl"
+    self.workdir = paths.as_path(workdir)
+    self.path = self.workdir / METRICS
+    # One object per event on a bucket, or where a bucket's run was copied to (its rows go on).
+    self._objects = paths.is_remote(self.workdir) or (self.workdir / METRICS_DIR).exists()
+    self._next = None  # the next object's sequence number, found at the first write
     self._tb = None
     self._tb_remote, self._tb_local = None, None
+    self._tb_logdir, self._tb_events, self._tb_files = None, 0, 0
     if self.enabled and tensorboard:
-      # Imported only when used: 1.3 s and 190 MB a run without TensorBoard does not pay.
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      logdir = paths.as_path(workdir) / "tensorboard"
-      if paths.is_remote(logdir):
-        self._tb_remote, self._tb_local = logdir, tempfile.TemporaryDirectory(prefix="bertjax-tb-")
-        logdir = self._tb_local.name
-      self._tb = SummaryWriter(str(logdir))
+      self._tb_logdir = self.workdir / "tensorboard"
+      if paths.is_remote(self._tb_logdir):
+        self._tb_remote = self._tb_logdir
+        self._tb_local = tempfile.TemporaryDirectory(prefix="bertjax-tb-")
+        self._tb_logdir = self._tb_local.name
+      self._open_tensorboard()
 
   def resume_at(self, step: int) -> list[dict]:
     """The rows of the run so far, up to `step`, where a resumed run goes on. Rows past it were
-    logged before an interruption and are about to be logged again: they leave the file (and a
-    line torn by a kill mid-write with them), so metrics.jsonl never holds a step twice."""
-    if not self.path.exists():
-      return []
-    kept_lines, rows = [], []
-    lines = self.path.read_text(encoding="utf-8").splitlines()
-    for line in lines:
-      try:
-        row = json.loads(line)
-      except ValueError:
+    logged before an interruption and are about to be logged again: they leave the record (and a
+    line torn by a kill mid-write with them), so the rows never hold a step twice. Only the files
+    holding such rows are rewritten: on a bucket, the last few objects (deleted when emptied)."""
+    rows = []
+    for path in _sources(self.workdir):
+      lines = path.read_text(encoding="utf-8").splitlines()
+      kept = [(line, row) for line, row in _parse(lines) if int(row.get("step", 0)) <= step]
+      rows.extend(row for _, row in kept)
+      if not self.enabled or len(kept) == len(lines):  # rewritten only when a row goes
         continue
-      if isinstance(row, dict) and int(row.get("step", 0)) <= step:
-        kept_lines.append(line)
-        rows.append(row)
-    if self.enabled and len(kept_lines) < len(lines):  # rewritten only when a row goes
-      paths.replace_text(self.path, "".join(l + "\n" for l in kept_lines))
+      if kept or path.name == METRICS:
+        paths.replace_text(path, "".join(line + "\n" for line, _ in kept))
+      else:
+        path.unlink()
+    self._next = None  # numbers freed by deleted objects are used again
     return rows
 
   def write(self, step: int, split: str, metrics: dict[str, float]) -> None:
@@ -67,13 +84,30 @@ class MetricWriter:
       return
     record = {"step": int(step), "split": split}
     record.update({k: _clean(v) for k, v in metrics.items()})
-    paths.append_text(self.path, json.dumps(record) + "\n")
+    line = json.dumps(record) + "\n"
+    if self._objects:
+      if self._next is None:
+        self._next = _next_number(self.workdir)
+        (self.workdir / METRICS_DIR).mkdir(parents=True, exist_ok=True)
+      # A single write: the object holds the whole row or is absent, never a torn line.
+      (self.workdir / METRICS_DIR / f"{self._next:0{_DIGITS}d}.jsonl").write_text(line)
+      self._next += 1
+    else:
+      paths.append_text(self.path, line)
     if self._tb is not None:
       for k, v in metrics.items():
         if isinstance(v, (int, float)) and math.isfinite(v):
           self._tb.add_scalar(f"{split}/{k}", v, step)
       self._tb.flush()
       self._copy_tensorboard()
+      self._tb_events += 1
+      if self._tb_remote is not None and self._tb_events % TB_EVENTS_PER_FILE == 0:
+        # Each copy uploads the growing event file whole: a new file bounds what each copies.
+        self._tb.close()  # flush() may leave the last event queued: copied once closed
+        self._copy_tensorboard()
+        for path in pathlib.Path(self._tb_local.name).iterdir():  # uploaded complete: not again
+          path.unlink()
+        self._open_tensorboard()
     self.progress(step, split, metrics)
 
   def progress(self, step: int, split: str, metrics: dict[str, float]) -> None:
@@ -97,6 +131,13 @@ class MetricWriter:
       if self._tb_local is not None:
         self._tb_local.cleanup()
 
+  def _open_tensorboard(self) -> None:
+    # Imported only when used: 1.3 s and 190 MB a run without TensorBoard does not pay.
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+    suffix = f".{self._tb_files:06d}" if self._tb_remote is not None else ""
+    self._tb = SummaryWriter(str(self._tb_logdir), filename_suffix=suffix)
+    self._tb_files += 1
+
   def _copy_tensorboard(self) -> None:
     if self._tb_remote is not None:
       paths.upload(pathlib.Path(self._tb_local.name), self._tb_remote)
@@ -111,7 +152,45 @@ def _clean(v):
 
 
 def read_metrics(workdir: str | pathlib.Path) -> list[dict]:
-  path = paths.as_path(workdir) / "metrics.jsonl"
-  if not path.exists():
-    return []
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  """Every row of the run in `workdir` (local or remote), in the order logged; a line torn by a
+  kill mid-write (the last one of a local metrics.jsonl) is skipped."""
+  sources = _sources(paths.as_path(workdir))
+  if len(sources) > 1 and paths.is_remote(workdir):  # one small read per object: in parallel
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+      texts = list(pool.map(lambda p: p.read_text(encoding="utf-8"), sources))
+  else:
+    texts = [p.read_text(encoding="utf-8") for p in sources]
+  return [row for text in texts for _, row in _parse(text.splitlines())]
+
+
+def _sources(workdir: paths.Path) -> list[paths.Path]:
+  """The files holding the rows, in order: metrics.jsonl, then metrics.jsonl.d's objects by
+  number (either may be absent)."""
+  out = [workdir / METRICS] if (workdir / METRICS).is_file() else []
+  return out + [p for _, p in sorted(_numbered(workdir).items())]
+
+
+def _numbered(workdir: paths.Path) -> dict[int, paths.Path]:
+  """metrics.jsonl.d's objects by sequence number (other names there are ignored)."""
+  folder = workdir / METRICS_DIR
+  if not folder.is_dir():
+    return {}
+  return {int(p.stem): p for p in folder.iterdir()
+          if p.suffix == ".jsonl" and p.stem.isdigit()}
+
+
+def _next_number(workdir: paths.Path) -> int:
+  return max(_numbered(workdir), default=-1) + 1
+
+
+def _parse(lines: list[str]) -> list[tuple[str, dict]]:
+  """(line, row) for each line holding a JSON object; blank and torn lines are skipped."""
+  out = []
+  for line in lines:
+    try:
+      row = json.loads(line)
+    except ValueError:
+      continue
+    if isinstance(row, dict):
+      out.append((line, row))
+  return out

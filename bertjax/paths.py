@@ -3,7 +3,9 @@
 A local path goes through the os (the same bytes plain `open` writes); a remote one through
 epath's backend (fsspec: gcsfs for gs://; tf.io.gfile where TensorFlow is installed), which orbax
 uses too. What object stores lack is done here, once:
-- appending: an object cannot grow, so `append_text` reads it, adds, and writes it whole;
+- appending: an object cannot grow, so `append_text` reads it, adds, and writes it whole (fine
+  for a file appended once per resume, changes.jsonl; metric rows, appended at every logging
+  event, are one object each instead: bertjax/metric_writers.py);
 - libraries that read or write only local files (ArrayRecord, sentencepiece, tokenizers,
   tensorboardX) get a local folder: `writing` uploads it when done, `reading` downloads a
   remote folder into a local cache (kept while its files' sizes are unchanged).
@@ -47,7 +49,8 @@ def absolute(path: str | os.PathLike) -> epath.Path:
 
 
 def append_text(path: epath.Path, text: str) -> None:
-  """Adds `text` at the end of the file (created if absent)."""
+  """Adds `text` at the end of the file (created if absent). Remote, the whole file is uploaded
+  again: for files appended rarely (once per resume), not at every step."""
   if not is_remote(path):
     with open(path, "a", encoding="utf-8") as f:
       f.write(text)

@@ -44,7 +44,7 @@ from typing import Any, Sequence
 from bertjax import registry, sweep as sweep_lib
 from bertjax.metrics import glue
 from bertjax.errors import fail, run_cli
-from bertjax.metric_writers import read_metrics
+from bertjax import metric_writers
 from bertjax.report_plots import plot_dev_vs_lr, plot_train_loss, setting_text
 
 SEED_KEYS = ("seed",)
@@ -127,7 +127,7 @@ def load_point(sweep_dir: pathlib.Path, entry: dict[str, Any]) -> PointResult:
   """One point's results from its folder and its sweep.json entry."""
   name = entry["name"]
   point_dir = sweep_dir / name
-  rows = read_metrics(point_dir)
+  rows = metric_writers.read_metrics(point_dir)
   train = [r for r in rows if r.get("split") == "train" and r.get("loss") is not None]
   evals = [r for r in rows if r.get("split") == "eval"]
   final = {k: v for k, v in (evals[-1] if evals else {}).items() if _is_metric(k, v)}
@@ -170,8 +170,8 @@ def load_points(sweep_dir: str | pathlib.Path) -> list[PointResult]:
   else:
     entries = [{"name": d.name, "overrides": _overrides_from_name(d.name)}
                for d in sorted(sweep_dir.iterdir())
-               if d.is_dir() and any((d / f).exists() for f in ("config.json", "log.txt",
-                                                               "metrics.jsonl"))]
+               if d.is_dir() and any((d / f).exists() for f in (
+                   "config.json", "log.txt", metric_writers.METRICS, metric_writers.METRICS_DIR))]
   if not entries:
     fail(f"{sweep_dir} holds no sweep.json and no run folders; run a sweep into it first "
          f"(python launch.py --sweep experiments/<name>.py --workdir {sweep_dir})")

@@ -325,7 +325,7 @@ class _Progress:
 
   @classmethod
   def resumed(cls, history: list[dict], watch: divergence.Watch) -> "_Progress":
-    """The record of the run so far (metrics.jsonl up to the resumed step): its first and last
+    """The record of the run so far (its logged rows up to the resumed step): its first and last
     train rows and its last evaluation carry over, so the summary spans every resume."""
     values = lambda row: {k: v for k, v in row.items() if k not in ("step", "split")}
     train_rows = [r for r in history if r.get("split") == "train"]

@@ -282,7 +282,8 @@ class Settings:
             f"{self.workdir / CHANGES})")
 
   def record(self, step: int) -> None:
-    """Appends this run's changes to WORKDIR/changes.jsonl and says what they mean."""
+    """Appends this run's changes to WORKDIR/changes.jsonl and says what they mean (once per
+    resume, so a remote changes.jsonl rewritten whole each time costs little)."""
     if not self.changed or jax.process_index() != 0:
       return
     logging.warning("resuming at step %d with changed settings: %s%s", step,

@@ -8,7 +8,6 @@ Distillation needs the mlm run first (its teacher): list mlm before distill.
 """
 
 import argparse
-import json
 import pathlib
 import sys
 
@@ -16,7 +15,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bertjax import config_lib, inputs, train  # noqa: E402
+from bertjax import config_lib, inputs, metric_writers, train  # noqa: E402
 from bertjax.data import synthetic  # noqa: E402
 from bertjax.registry import get_objective  # noqa: E402
 
@@ -37,7 +36,7 @@ def run(objective, workdir, steps, every, overrides):
   bounds = {"context_free": synthetic.context_free_accuracy(batches),
             "majority": synthetic.majority_fraction(
                 np.concatenate([b["next_sentence_label"] for b in batches]))}
-  rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
+  rows = metric_writers.read_metrics(workdir)
   return [r for r in rows if r["split"] == "eval"], bounds
 
 

@@ -20,7 +20,7 @@ import sys
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bertjax import config_lib, hf_reference  # pylint: disable=g-import-not-at-top
+from bertjax import config_lib, hf_reference, metric_writers  # pylint: disable=g-import-not-at-top
 from bertjax.errors import fail, run_cli  # pylint: disable=g-import-not-at-top
 from bertjax.registry import get_objective  # pylint: disable=g-import-not-at-top
 
@@ -53,7 +53,7 @@ def main(argv=None):
     for r in rows:
       f.write(json.dumps(r) + "\n")
   print(f"transformers (PyTorch), {len(rows)} steps: {drop(rows)}")
-  ours = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  ours = metric_writers.read_metrics(workdir)
   ours = [r for r in ours if r["split"] == "train"]
   if ours and ours[0]["step"] == 1 and len(ours) == len(rows):
     print(f"bertjax,              {len(ours)} steps: {drop(ours)}")

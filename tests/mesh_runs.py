@@ -13,7 +13,7 @@ import tempfile
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bertjax import config_lib, train  # pylint: disable=wrong-import-position
+from bertjax import config_lib, metric_writers, train  # pylint: disable=wrong-import-position
 
 
 def run(objective: str, mesh: tuple[int, ...], workdir: str) -> list[float]:
@@ -26,7 +26,7 @@ def run(objective: str, mesh: tuple[int, ...], workdir: str) -> list[float]:
       "async_checkpointing=False", f"objective='{objective}'", f"mesh_shape={mesh}",
       "model.hidden_dropout_prob=0.1"])
   train.train_and_evaluate(config, workdir)
-  rows = [json.loads(l) for l in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+  rows = metric_writers.read_metrics(pathlib.Path(workdir))
   return [r["loss"] for r in rows if r["split"] == "train"]
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 import pytest
 
-from bertjax import inputs
+from bertjax import inputs, metric_writers
 from bertjax.models.attention import (AttentionMask, attention_implementation, attention_mask_for,
                                       explicit_attention, fused_attention, make_attention_mask)
 from bertjax.models.config import ModelConfig
@@ -103,7 +103,7 @@ def launch(platform, workdir, config, *overrides, timeout=900):
                       *(f"--config.{s}" for s in settings)],
                      cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
   assert r.returncode == 0, r.stderr[-3000:]
-  rows = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+  rows = metric_writers.read_metrics(workdir)
   return [x for x in rows if x.get("split") == "train"]
 
 

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import inputs, sharding, train
+from bertjax import inputs, metric_writers, sharding, train
 from bertjax.models import attention, kernels
 from bertjax.models.attention import (AttentionMask, attention_mask_for, explicit_attention,
                                       fused_attention, pad_odd_lengths)
@@ -290,7 +290,7 @@ def task_config(spec, tmp_path, **settings):
 def run_task(monkeypatch, config, workdir):
   with cudnn_rules(monkeypatch) as calls:
     train.train_and_evaluate(config, workdir)
-  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  rows = metric_writers.read_metrics(workdir)
   assert [r for r in rows if r["split"] == "eval"], "no evaluation ran"
   assert all(np.isfinite(r["loss"]) for r in rows if r["split"] == "train")
   assert calls.trained and all(q % 2 == 0 and k % 2 == 0 for q, k in calls.trained)

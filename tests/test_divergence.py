@@ -1,6 +1,5 @@
 """Non-finite losses and gradients: found, never checkpointed, and a run resumes past them."""
 
-import json
 import math
 
 import jax
@@ -8,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import checkpoints, divergence, inputs, optim, sharding, train
+from bertjax import checkpoints, divergence, inputs, metric_writers, optim, sharding, train
 from bertjax.errors import Diverged, UserError
 from bertjax.registry import get_objective
 
@@ -115,7 +114,7 @@ def test_unknown_policy_is_one_line():
 
 
 def _rows(workdir):
-  return [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  return metric_writers.read_metrics(workdir)
 
 
 @pytest.mark.slow

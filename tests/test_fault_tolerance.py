@@ -64,7 +64,8 @@ def _params(workdir):
 
 
 def _train_rows(workdir):
-  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  from bertjax import metric_writers
+  rows = metric_writers.read_metrics(workdir)
   return {r["step"]: r for r in rows if r["split"] == "train"}
 
 
@@ -154,15 +155,9 @@ def test_truncated_latest_checkpoint_falls_back(tmp_path, corpus):
 
 
 def _rows(workdir):
-  """metrics.jsonl's rows so far (a line being written is skipped)."""
-  path = workdir / "metrics.jsonl"
-  rows = []
-  for line in (path.read_text().splitlines() if path.exists() else []):
-    try:
-      rows.append(json.loads(line))
-    except ValueError:
-      pass
-  return rows
+  """The rows logged so far (a line being written is skipped)."""
+  from bertjax import metric_writers
+  return metric_writers.read_metrics(workdir)
 
 
 @pytest.mark.slow

@@ -2,12 +2,11 @@
 table of a run."""
 
 import io
-import json
 import re
 
 import pytest
 
-from bertjax import progress, train
+from bertjax import metric_writers, progress, train
 from bertjax.progress import Progress
 
 from test_task_glue import glue_config, glue_copy, spm_tokenizer
@@ -113,7 +112,7 @@ def test_training_and_pretraining_eval_print_lines_and_the_end_table_holds_the_t
     assert evals and all("/4 " in l for l in evals), err
     assert any("ETA" in l for l in evals)
 
-  rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  rows = metric_writers.read_metrics(tmp_path)
   first = next(r for r in rows if r["split"] == "train")
   last = [r for r in rows if r["split"] == "train"][-1]
   last_eval = [r for r in rows if r["split"] == "eval"][-1]

@@ -24,7 +24,8 @@ import numpy as np
 
 import pytest
 
-from bertjax import checkpoints, config_checks, config_lib, paths, train, workdir as workdir_lib
+from bertjax import (checkpoints, config_checks, config_lib, metric_writers, paths, train,
+                     workdir as workdir_lib)
 from bertjax.data import sources, tokenizers
 from bertjax.errors import UserError
 
@@ -56,11 +57,6 @@ def _config(tokenizer, **overrides):
   return config
 
 
-def _rows(workdir):
-  text = paths.as_path(workdir).joinpath("metrics.jsonl").read_text()
-  return [json.loads(line) for line in text.splitlines()]
-
-
 def _dead_pid() -> int:
   proc = subprocess.Popen([sys.executable, "-c", "pass"])
   proc.wait()
@@ -72,8 +68,8 @@ def test_gs_workdir_trains_resumes_and_matches_a_local_run(tmp_path, fake_gcs, t
                                                            monkeypatch, caplog):
   """Trained in gs://bucket/...: checkpoints, metrics, TensorBoard, config, changes, summary,
   prepared corpus, tokenizer and best/ all land in the bucket; killed after its step-3 checkpoint
-  (the step-6 one removed, a torn metrics line and a dead run's lock left behind) and run again,
-  it ends with the same losses and parameters as the same run in a local folder."""
+  (the step-6 one removed, rows past step 3 and a dead run's lock left behind) and run again, it
+  ends with the same rows, losses and parameters as the same run in a local folder."""
   local = tmp_path / "local"
   train.train_and_evaluate(_config(tokenizer_dir), local)
   monkeypatch.chdir(tmp_path)  # so a gs:// path mistaken for a local one would show up here
@@ -83,14 +79,16 @@ def test_gs_workdir_trains_resumes_and_matches_a_local_run(tmp_path, fake_gcs, t
   bucket = fake_gcs / "bucket/runs/remote"
   assert sorted(p.name for p in (bucket / "checkpoints").iterdir()) == ["3", "6"]
   assert (bucket / "checkpoints/6/commit_success.txt").exists()  # orbax's GCS commit, not a rename
-  for name in ("config.json", "summary.json", "metrics.jsonl", "prepared/meta.json",
-               "tokenizer/spm.model", "best/best.json", "best/params/_METADATA"):
+  for name in ("config.json", "summary.json", "metrics.jsonl.d/00000000.jsonl",
+               "prepared/meta.json", "tokenizer/spm.model", "best/best.json",
+               "best/params/_METADATA"):
     assert (bucket / name).is_file(), name
   assert list((bucket / "tensorboard").glob("events.out.tfevents.*"))
   assert not (bucket / "lock").exists()
   # What a run killed between its step-3 and step-6 checkpoints leaves behind.
   (run / "checkpoints" / "6").rmtree()
-  (run / "metrics.jsonl").write_text((run / "metrics.jsonl").read_text() + '{"step": 7, "spl')
+  assert not (bucket / "metrics.jsonl").exists()  # one object per logged row instead
+  objects = len(list((bucket / "metrics.jsonl.d").iterdir()))
   (run / "lock").write_text(json.dumps({"pid": _dead_pid(), "hostname": socket.gethostname(),
                                         "started": "2026-01-01T00:00:00+00:00"}))
   caplog.clear()
@@ -109,7 +107,9 @@ def test_gs_workdir_trains_resumes_and_matches_a_local_run(tmp_path, fake_gcs, t
   changes = [json.loads(l) for l in (bucket / "changes.jsonl").read_text().splitlines()]
   assert [(c["step"], c["changed"]) for c in changes] == [(3, {"keep_checkpoints": [3, 2]})]
   assert json.loads((bucket / "summary.json").read_text())["step"] == 6
-  local_rows, remote_rows = _rows(local), _rows(RUN)
+  # The rows of steps 4-6 were deleted at the resume and logged again under the same numbers.
+  assert len(list((bucket / "metrics.jsonl.d").iterdir())) == objects
+  local_rows, remote_rows = (metric_writers.read_metrics(w) for w in (local, RUN))
   assert [(r["step"], r["split"]) for r in remote_rows] == [(r["step"], r["split"])
                                                           for r in local_rows]
   for a, b in zip(local_rows, remote_rows):

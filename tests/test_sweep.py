@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from bertjax import distributed, report, sweep
+from bertjax import distributed, metric_writers, report, sweep
 from bertjax.errors import UserError
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -332,7 +332,7 @@ def test_killed_point_resumes_from_its_checkpoint(tmp_path):
   resumed = re.findall(r"resumed from the checkpoint at step (\d+)", log)
   assert len(resumed) == 1 and 0 < int(resumed[0]) < 24, log[-3000:]
   step = int(resumed[0])
-  rows = [json.loads(l) for l in (point_dir / "metrics.jsonl").read_text().splitlines()]
+  rows = metric_writers.read_metrics(point_dir)
   train_steps = [row["step"] for row in rows if row["split"] == "train"]
   assert train_steps.count(1) == 1  # not restarted from scratch
   assert train_steps[-(24 - step):] == list(range(step + 1, 25))

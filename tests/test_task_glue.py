@@ -13,6 +13,7 @@ import pytest
 from bertjax import checkpoints, config_lib, optim, train
 from bertjax.data import tokenizers
 from bertjax.errors import UserError
+from bertjax.metric_writers import read_metrics
 from bertjax.metrics import glue as glue_eval
 from bertjax.models import classifiers
 from bertjax.objective import Schedule
@@ -49,10 +50,6 @@ def spm_tokenizer(tmp_path, texts, vocab=1000) -> pathlib.Path:
   out = tmp_path / "tok"
   tokenizers.train_sentencepiece(texts, out, vocab_size=vocab, num_threads=1)
   return out
-
-
-def read_metrics(workdir):
-  return [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ import pytest
 from bertjax import train
 from bertjax.data import tokenizers
 from bertjax.errors import UserError
+from bertjax.metric_writers import read_metrics
 from bertjax.metrics import ner as ner_eval
 from bertjax.registry import get_objective
 from bertjax.tasks import ner
@@ -72,10 +73,6 @@ def test_first_subtoken_labels_and_long_sentences(spm_dir, data_dir):
       # Only first sub-tokens carry weight.
       assert arrays["label_weights"][r].sum() == (word[r] >= 0).sum()
   assert len(tok.encode(sentences[-1][0][0])) > seq - 2  # the overlong word was cut, not lost
-
-
-def read_metrics(workdir):
-  return [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ import tokenizers as hf_tokenizers
 from bertjax import checkpoints, config_lib, sharding, train
 from bertjax.data import tokenizers
 from bertjax.errors import UserError
+from bertjax.metric_writers import read_metrics
 from bertjax.metrics import span_decoding
 from bertjax.metrics import squad as squad_eval
 from bertjax.registry import get_objective
@@ -198,10 +199,6 @@ def _long_answer_article(data_dir):
   return {"title": "long", "paragraphs": [{"context": ex["context"], "qas": [{
       "id": "long-answer", "question": "What does the whole passage say?",
       "answers": [{"text": ex["context"], "answer_start": 0}]}]}]}
-
-
-def read_metrics(workdir):
-  return [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow

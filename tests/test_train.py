@@ -12,7 +12,7 @@ import numpy as np
 
 import pytest
 
-from bertjax import config_lib, inputs, optim, sharding, train
+from bertjax import config_lib, inputs, metric_writers, optim, sharding, train
 from bertjax.registry import get_objective
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -43,7 +43,7 @@ def test_launch_writes_workdir(tmp_path):
   assert r.returncode == 0, r.stderr[-2000:]
   config = json.loads((tmp_path / "config.json").read_text())
   assert config["total_steps"] == 10 and config["objective"] == "mlm_nsp"
-  rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  rows = metric_writers.read_metrics(tmp_path)
   train_rows = [r for r in rows if r["split"] == "train"]
   eval_rows = [r for r in rows if r["split"] == "eval"]
   assert [r["step"] for r in train_rows] == [5, 10]
@@ -98,14 +98,14 @@ def test_resume_is_exact(tmp_path):
         "checkpoint_every": 3, "eval_every": 0, "log_every": 1, "total_steps": 6}
   train.train_and_evaluate(tiny_config(**kw), tmp_path)
   full = jax.device_get(_params(tmp_path))
-  rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  rows = metric_writers.read_metrics(tmp_path)
   shutil.rmtree(tmp_path / "checkpoints" / "6")
   summary = train.train_and_evaluate(tiny_config(**kw), tmp_path)
   assert summary["step"] == 6
   resumed = _params(tmp_path)
   for a, b in zip(jax.tree.leaves(full), jax.tree.leaves(resumed)):
     np.testing.assert_array_equal(a, b)
-  rows2 = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  rows2 = metric_writers.read_metrics(tmp_path)
   # Rows 4-6 of the first run gave way to the resumed run's (one row per step), step for step
   # the same losses.
   assert [r["step"] for r in rows2] == [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
@@ -189,7 +189,7 @@ def test_resumed_runs_keep_one_row_per_step_and_the_whole_runs_record(tmp_path):
   import shutil
   kw = {"checkpoint_every": 3, "eval_every": 3, "log_every": 1, "total_steps": 6}
   train.train_and_evaluate(tiny_config(**kw), tmp_path)
-  rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  rows = metric_writers.read_metrics(tmp_path)
   shutil.rmtree(tmp_path / "checkpoints" / "6")
   (tmp_path / "metrics.jsonl").write_text((tmp_path / "metrics.jsonl").read_text() + '{"step": 7, "spl')
   for _ in range(2):  # resumed at step 3, then at the finished step 6
