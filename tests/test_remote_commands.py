@@ -20,7 +20,8 @@ import bertjax
 from bertjax.convert import __main__ as convert_cli
 from bertjax.data import tokenizers
 from bertjax.errors import UserError
-from bertjax import train
+from bertjax import embed, evaluate, train
+from bertjax.metrics import ner, squad
 from conftest import DATA_DIR
 from helpers import TINY, load_config
 
@@ -107,3 +108,89 @@ def test_missing_gs_paths_are_one_line(fake_gcs):
     convert_cli.main(["to-hf", "--workdir", "gs://bucket/nothing", "--output", "gs://bucket/o"])
   with pytest.raises(UserError, match="gs://bucket/nothing does not exist"):
     convert_cli.main(["from-hf", "--model-dir", "gs://bucket/nothing", "--workdir", "gs://b/o"])
+
+
+# ----------------------------------------------------------------------------- embed
+
+
+@pytest.mark.slow
+def test_embed_from_and_to_gs_equals_local(finetuned, fake_gcs, tmp_path):
+  remote = on_bucket(fake_gcs, finetuned, "runs/sst2")
+  glue_dir = on_bucket(fake_gcs, finetuned.parent / "glue", "glue")
+  text = tmp_path / "in.txt"
+  text.write_text("a fine film\nnot good at all\n\nthe end\n")
+  (fake_gcs / "bucket/in.txt").write_bytes(text.read_bytes())
+  for source, remote_source in ((["--input", str(text)], ["--input", "gs://bucket/in.txt"]),
+                                (["--glue", "sst2", "--data_dir", str(finetuned.parent / "glue")],
+                                 ["--glue", "sst2", "--data_dir", glue_dir])):
+    common = ["--tokens", "--pooling", "mean", "--layers=-2,-1"]
+    embed.main(["--workdir", str(finetuned), *source, "--output", str(tmp_path / "x.npz"),
+                "--overwrite", *common])
+    embed.main(["--workdir", remote, *remote_source, "--output", "gs://bucket/out/x.npz",
+                "--overwrite", *common])
+    local, far = np.load(tmp_path / "x.npz"), np.load(fake_gcs / "bucket/out/x.npz")
+    assert sorted(local) == sorted(far) == ["attention_mask", "input_ids", "pooled", "tokens"]
+    for name in local:
+      np.testing.assert_array_equal(local[name], far[name])
+  assert local["pooled"].shape == (48, 64)  # the run's 48 dev rows
+  with pytest.raises(UserError, match="--output gs://bucket/out/x.npz exists; pass --overwrite"):
+    embed.main(["--workdir", remote, "--input", "gs://bucket/in.txt", "--output",
+                "gs://bucket/out/x.npz"])
+  with pytest.raises(UserError, match="cannot read input file gs://bucket/none.txt"):
+    embed.main(["--workdir", remote, "--input", "gs://bucket/none.txt", "--output",
+                "gs://bucket/out/y.npz"])
+  with pytest.raises(UserError, match="gs://bucket/none does not exist"):
+    embed.main(["--workdir", "gs://bucket/none", "--input", "gs://bucket/in.txt", "--output",
+                "gs://bucket/out/y.npz"])
+
+
+# ----------------------------------------------------------------------------- evaluate
+
+
+def _evaluated(argv, capsys) -> tuple[dict, str]:
+  result = evaluate.main(argv)
+  return result, capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_evaluate_gs_predictions_and_gold_equals_local(finetuned, fake_gcs, tmp_path, capsys):
+  """GLUE: the run's own predictions against its dev file (the task from the gold file's path);
+  SQuAD v2.0 with null odds and CoNLL NER: hand-made predictions of the shared dev subsets."""
+  glue_gold = finetuned.parent / "glue/SST-2/dev.tsv"
+  glue_pred = tmp_path / "preds.tsv"  # not a leaderboard name: the task is read off the gold path
+  shutil.copyfile(finetuned / "predictions/step_4/dev/SST-2.tsv", glue_pred)
+  squad_gold = DATA_DIR / "squad/v2.0_dev_subset.json"
+  _, examples = squad.read_squad(squad_gold)
+  (tmp_path / "pred.json").write_text(json.dumps({e["id"]: e["answers"][0]["text"]
+                                                  if e["answers"] else "" for e in examples}))
+  (tmp_path / "odds.json").write_text(json.dumps({e["id"]: 0.5 * i for i, e in
+                                                  enumerate(examples)}))
+  conll = ner.read_conll(DATA_DIR / "conll2003/valid.txt")[:40]
+  (tmp_path / "gold.txt").write_text("\n\n".join(
+      "\n".join(f"{w} NN O {t}" for w, t in zip(s.tokens, s.tags)) for s in conll) + "\n")
+  ner.write_ner_predictions(tmp_path / "ner.txt", [s.tokens for s in conll],
+                            [["O"] + s.tags[1:] for s in conll])
+  files = {"glue/SST-2/dev.tsv": glue_gold, "run/preds.tsv": glue_pred,
+           "squad.json": squad_gold, "pred.json": tmp_path / "pred.json",
+           "odds.json": tmp_path / "odds.json", "gold.txt": tmp_path / "gold.txt",
+           "ner.txt": tmp_path / "ner.txt"}
+  for name, path in files.items():
+    (fake_gcs / "bucket/e" / name).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(path, fake_gcs / "bucket/e" / name)
+  for benchmark, *names in (("glue", "--data", "glue/SST-2/dev.tsv", "--predictions",
+                             "run/preds.tsv"),
+                            ("squad", "--data", "squad.json", "--predictions", "pred.json",
+                             "--null_odds", "odds.json"),
+                            ("ner", "--data", "gold.txt", "--predictions", "ner.txt")):
+    local = [str(files[n]) if n in files else n for n in names]
+    remote = [f"gs://bucket/e/{n}" if n in files else n for n in names]
+    want, want_out = _evaluated([benchmark, *local], capsys)
+    got, got_out = _evaluated([benchmark, *remote], capsys)
+    assert got == want and got_out == want_out, benchmark
+  assert want["num_sentences"] == 40 and 0 < want["f1"] < 1
+  with pytest.raises(UserError, match="predictions file not found: gs://bucket/e/none.tsv"):
+    evaluate.main(["glue", "--data", "gs://bucket/e/glue/SST-2/dev.tsv", "--predictions",
+                   "gs://bucket/e/none.tsv", "--task", "sst2"])
+  with pytest.raises(UserError, match="SQuAD file not found: gs://bucket/e/none.json"):
+    evaluate.main(["squad", "--data", "gs://bucket/e/none.json", "--predictions",
+                   "gs://bucket/e/pred.json"])
