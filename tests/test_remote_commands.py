@@ -20,8 +20,9 @@ import bertjax
 from bertjax.convert import __main__ as convert_cli
 from bertjax.data import tokenizers
 from bertjax.errors import UserError
-from bertjax import embed, evaluate, train
+from bertjax import checkpoints, embed, evaluate, train
 from bertjax.metrics import ner, squad
+from bertjax.prune import __main__ as prune_cli
 from conftest import DATA_DIR
 from helpers import TINY, load_config
 
@@ -194,3 +195,30 @@ def test_evaluate_gs_predictions_and_gold_equals_local(finetuned, fake_gcs, tmp_
   with pytest.raises(UserError, match="SQuAD file not found: gs://bucket/e/none.json"):
     evaluate.main(["squad", "--data", "gs://bucket/e/none.json", "--predictions",
                    "gs://bucket/e/pred.json"])
+
+
+# ----------------------------------------------------------------------------- prune
+
+
+@pytest.mark.slow
+def test_prune_gs_workdir_to_gs_output_equals_local(finetuned, fake_gcs, tmp_path):
+  remote = on_bucket(fake_gcs, finetuned, "runs/sst2")
+  args = ["--target-heads", "0.5", "--finetune-steps", "1"]
+  want = prune_cli.main(["--workdir", str(finetuned), "--output", str(tmp_path / "p"), *args])
+  got = prune_cli.main(["--workdir", remote, "--output", "gs://bucket/pruned", *args])
+  assert got == want and [r["heads"] for r in got] == [8, 4]
+  bucket = fake_gcs / "bucket/pruned"
+  assert (bucket / "pruning.csv").read_text() == (tmp_path / "p/pruning.csv").read_text()
+  assert (bucket / "pruning.png").stat().st_size > 0
+  assert json.loads((bucket / "summary.json").read_text())["rows"] == json.loads(
+      (tmp_path / "p/summary.json").read_text())["rows"]
+  for sub in ("step_1/pruned", "step_1/finetuned"):
+    for a, b in zip(jax.tree.leaves(checkpoints.restore_params(tmp_path / "p" / sub)),
+                    jax.tree.leaves(checkpoints.restore_params(f"gs://bucket/pruned/{sub}"))):
+      np.testing.assert_array_equal(a, b)
+  assert (bucket / "step_1/pruned/tokenizer/spm.model").is_file()
+  with pytest.raises(UserError, match="--output gs://bucket/pruned exists and is not empty"):
+    prune_cli.main(["--workdir", remote, "--output", "gs://bucket/pruned", *args])
+  with pytest.raises(UserError, match="--workdir gs://bucket/none does not exist"):
+    prune_cli.main(["--workdir", "gs://bucket/none", "--output", "gs://bucket/p2", *args])
+  assert not (fake_gcs / "bucket/p2").exists()
