@@ -8,6 +8,7 @@ input is one line (a UserError).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 import shutil
@@ -20,7 +21,8 @@ import bertjax
 from bertjax.convert import __main__ as convert_cli
 from bertjax.data import tokenizers
 from bertjax.errors import UserError
-from bertjax import checkpoints, embed, evaluate, train
+from bertjax import (checkpoints, config_lib, embed, evaluate, metric_writers, multiseed, report,
+                     sweep, train)
 from bertjax.metrics import ner, squad
 from bertjax.prune import __main__ as prune_cli
 from conftest import DATA_DIR
@@ -222,3 +224,108 @@ def test_prune_gs_workdir_to_gs_output_equals_local(finetuned, fake_gcs, tmp_pat
   with pytest.raises(UserError, match="--workdir gs://bucket/none does not exist"):
     prune_cli.main(["--workdir", "gs://bucket/none", "--output", "gs://bucket/p2", *args])
   assert not (fake_gcs / "bucket/p2").exists()
+
+
+# ----------------------------------------------------------------------------- sweeps, report
+
+# A tiny model on random batches (tests/test_sweep.py's), 2 steps a point.
+FAST = ["--config.data.synthetic=True", "--config.model.vocab_size=200",
+        "--config.model.hidden_size=32", "--config.model.intermediate_size=64",
+        "--config.model.num_attention_heads=2", "--config.max_seq_length=16",
+        "--config.max_predictions_per_seq=4", "--config.async_checkpointing=False",
+        "--config.total_steps=2", "--config.log_every=1", "--config.eval_every=2",
+        "--config.checkpoint_every=2"]
+SWEEP = {"config": "configs/quickstart.py:runlocal",
+         "product": {"learning_rate": [1e-3], "seed": [0, 1]}}
+
+
+class InProcess:
+  """subprocess.Popen for a sweep point (`python launch.py --config C --workdir W --config.k=v`):
+  the run in this process, where the fake bucket is, its output written to the log file."""
+
+  def __init__(self, argv, stdout, **kwargs):
+    del kwargs
+    assert argv[1] == "launch.py", argv
+    spec, workdir = argv[argv.index("--config") + 1], argv[argv.index("--workdir") + 1]
+    config = load_config(spec)
+    config_lib.apply_overrides(config, [a for a in argv if a.startswith("--config.")])
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stdout):
+      train.train_and_evaluate(config, workdir)
+    stdout.flush()
+    self.returncode = 0
+
+  def wait(self):
+    return self.returncode
+
+  poll = wait
+
+
+def run_sweep(spec: pathlib.Path, workdir) -> dict:
+  with pytest.MonkeyPatch.context() as m:
+    m.setattr(sweep.runner.subprocess, "Popen", InProcess)
+    return sweep.run_sweep(str(spec), workdir, overrides=FAST)
+
+
+@pytest.fixture(scope="module")
+def local_sweep(tmp_path_factory):
+  """Two points (seeds 0 and 1) of the quickstart sweep, run into a local folder."""
+  tmp = tmp_path_factory.mktemp("sweep")
+  (tmp / "spec.py").write_text(f"def get_sweep():\n  return {SWEEP!r}\n")
+  run_sweep(tmp / "spec.py", tmp / "local")
+  return tmp / "local"
+
+
+def _rows(point) -> list[tuple]:
+  return [(r["step"], r["split"], r.get("loss")) for r in metric_writers.read_metrics(point)]
+
+
+@pytest.mark.slow
+def test_sweep_with_points_on_gs_equals_local(local_sweep, fake_gcs):
+  record = run_sweep(local_sweep.parent / "spec.py", "gs://bucket/sweep")
+  local = json.loads((local_sweep / "sweep.json").read_text())
+  assert record["finished"] == local["finished"] == 2
+  bucket = fake_gcs / "bucket/sweep"
+  far = json.loads((bucket / "sweep.json").read_text())
+  assert far["workdir"] == "gs://bucket/sweep"
+  assert ([(p["name"], p["status"], p["overrides"]) for p in far["points"]]
+          == [(p["name"], p["status"], p["overrides"]) for p in local["points"]])
+  for p in far["points"]:
+    assert _rows(f"gs://bucket/sweep/{p['name']}") == _rows(local_sweep / p["name"])
+    assert f"--workdir gs://bucket/sweep/{p['name']}" in p["command"]
+    assert (bucket / p["name"] / "log.txt").read_text().startswith("# bertjax.sweep ")
+  logs = {p.name: p.read_bytes() for p in bucket.glob("*/log.txt")}
+  again = run_sweep(local_sweep.parent / "spec.py", "gs://bucket/sweep")
+  assert again["skipped"] == 2 and again["finished"] == 2
+  assert {p.name: p.read_bytes() for p in bucket.glob("*/log.txt")} == logs
+
+
+@pytest.mark.slow
+def test_report_over_gs_points_equals_local(local_sweep, fake_gcs, tmp_path, capsys):
+  shutil.copytree(local_sweep, tmp_path / "local")  # the fixture's folder stays as it was
+  remote = on_bucket(fake_gcs, local_sweep, "sweep")
+  report.main([str(tmp_path / "local")])
+  report.main([remote])
+  out = capsys.readouterr().out
+  assert f"wrote {remote}/report.md, train_loss.png, dev_vs_lr.png" in out
+  bucket = fake_gcs / "bucket/sweep"
+  for name in ("report.md", "train_loss.json", "dev_vs_lr.json"):
+    want = (tmp_path / "local" / name).read_text().replace(str(tmp_path / "local"), remote)
+    assert (bucket / name).read_text() == want, name
+  assert "2 points: 2 finished" in (bucket / "report.md").read_text()
+  for name in ("train_loss.png", "dev_vs_lr.png"):
+    assert (bucket / name).stat().st_size > 0
+  with pytest.raises(UserError, match="sweep folder gs://bucket/none not found"):
+    report.main(["gs://bucket/none"])
+
+
+@pytest.mark.slow
+def test_multiseed_on_gs_equals_local(fake_gcs, tmp_path):
+  config = load_config(SWEEP["config"])
+  config_lib.apply_overrides(config, FAST)
+  want = multiseed.run_seeds(config, tmp_path / "local", seeds=[0, 1])
+  got = multiseed.run_seeds(config, "gs://bucket/seeds", seeds=[0, 1])
+  assert got == want and sorted(got["runs"]) == ["0", "1"]
+  assert (json.loads((fake_gcs / "bucket/seeds/seeds_summary.json").read_text())
+          == json.loads((tmp_path / "local/seeds_summary.json").read_text()))
+  for seed in (0, 1):
+    assert _rows(f"gs://bucket/seeds/seed_{seed}") == _rows(tmp_path / f"local/seed_{seed}")
