@@ -210,8 +210,8 @@ def restore_checkpoint_params(workdir: str | pathlib.Path, step: int | None = No
 
 
 def load_model_config(path: str | pathlib.Path) -> dict:
-  """The `ModelConfig` fields of a converted folder (model.json) or a training workdir (config.json),
-  local or remote."""
+  """The `ModelConfig` fields of a converted folder (model.json) or a training workdir
+  (config.json), local or remote."""
   path = paths.as_path(path)
   for name in ("model.json", "config.json"):
     file = path / name

@@ -9,8 +9,9 @@
   ner:   --data CoNLL-2003 gold (token POS chunk NER), --predictions `token tag` lines with a
          blank line after each sentence.
 
-Every file may be local or remote (gs://...). Predictions must cover exactly the gold data: a missing index, question id or sentence, or one the
+Predictions must cover exactly the gold data: a missing index, question id or sentence, or one the
 gold file lacks, is refused, as is a file that does not parse (bytes that are not UTF-8 included).
+Every file may be local or remote (gs://...).
 
 Prints human-readable lines, then one JSON object with every metric as its last line (NaN, e.g.
 a correlation of constant predictions, is written as null). Bad input: one line on stderr, exit 2.
