@@ -83,6 +83,18 @@ def test_to_hf_from_and_to_gs_equals_local(finetuned, fake_gcs, tmp_path, capsys
   assert files_of(tmp_path / "hf2") == local_files
   with pytest.raises(UserError, match="--output gs://bucket/hf is not empty"):
     convert_cli.main(["to-hf", "--workdir", remote, "--output", "gs://bucket/hf"])
+  # and back: from-hf of the bucket's folder into the bucket equals from-hf of the local one
+  convert_cli.main(["from-hf", "--model-dir", str(tmp_path / "hf"), "--workdir",
+                    str(tmp_path / "back")])
+  convert_cli.main(["from-hf", "--model-dir", "gs://bucket/hf", "--workdir", "gs://bucket/back"])
+  local, far = bertjax.load(tmp_path / "back"), bertjax.load("gs://bucket/back")
+  assert far.heads == local.heads and far.config == local.config
+  for a, b in zip(jax.tree.leaves(local.head_params), jax.tree.leaves(far.head_params)):
+    np.testing.assert_array_equal(a, b)
+  meta = json.loads((fake_gcs / "bucket/back/model.json").read_text())
+  assert meta["source"] == "gs://bucket/hf"
+  assert (files_of(fake_gcs / "bucket/back/tokenizer")
+          == files_of(tmp_path / "back/tokenizer") != {})
 
 
 @pytest.mark.slow
