@@ -210,8 +210,9 @@ def restore_checkpoint_params(workdir: str | pathlib.Path, step: int | None = No
 
 
 def load_model_config(path: str | pathlib.Path) -> dict:
-  """The `ModelConfig` fields of a converted folder (model.json) or a training workdir (config.json)."""
-  path = pathlib.Path(path)
+  """The `ModelConfig` fields of a converted folder (model.json) or a training workdir
+  (config.json), local or remote."""
+  path = paths.as_path(path)
   for name in ("model.json", "config.json"):
     file = path / name
     if file.is_file():
@@ -228,11 +229,12 @@ def load_model_config(path: str | pathlib.Path) -> dict:
 
 
 def tokenizer_dir(path: str | pathlib.Path) -> pathlib.Path:
-  """The tokenizer saved with a converted checkpoint or a training workdir."""
-  folder = pathlib.Path(path) / "tokenizer"
+  """The tokenizer saved with a converted checkpoint or a training workdir, as a local folder (a
+  remote one's local copy: the tokenizer libraries read local files only)."""
+  folder = paths.as_path(path) / "tokenizer"
   if not folder.is_dir():
     fail(f"{path} has no tokenizer/ folder; converted checkpoints and training workdirs carry one")
-  return folder
+  return paths.reading(folder)
 
 
 def load_init_from(state, path: str, shardings) -> tuple[Any, str]:

@@ -18,12 +18,14 @@ concatenated; 0 names the embeddings, 1..L the layers, negative counts from the 
 pooler output; only with --layers=-1); with --tokens also `tokens` <float32>[n, seq, d] (zero at
 padding), `attention_mask` and `input_ids` <int32>[n, seq]. A .npy output holds `pooled` alone.
 The output is written beside its final name and renamed into place when complete, so a failed
-run leaves no file; an existing output is kept unless --overwrite.
+run leaves no file; an existing output is kept unless --overwrite. Every path may be remote
+(gs://...): a remote output is uploaded whole at the end.
 """
 
 from __future__ import annotations
 
 import functools
+import io
 import os
 import pathlib
 import sys
@@ -34,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax import paths
 from bertjax.convert import loading
 from bertjax.data import tokenizers
 from bertjax.errors import ArgumentParser, fail, read_text, run_cli
@@ -125,8 +128,19 @@ def embed(model, params, arrays: dict[str, np.ndarray], layers: tuple[int, ...],
   return out
 
 
-def write_atomically(path: pathlib.Path, arrays: dict[str, np.ndarray]) -> None:
-  """Writes beside `path`, then renames: a failure leaves no partial (or clobbered) file."""
+def write_atomically(path: paths.Path, arrays: dict[str, np.ndarray]) -> None:
+  """Writes beside `path`, then renames: a failure leaves no partial (or clobbered) file. A
+  remote `path` is one object written whole."""
+  if paths.is_remote(path):
+    buffer = io.BytesIO()
+    if path.suffix == ".npy":
+      np.save(buffer, arrays["pooled"])
+    else:
+      np.savez(buffer, **arrays)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(buffer.getvalue())
+    return
+  path = pathlib.Path(path)
   fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
   try:
     with os.fdopen(fd, "wb") as f:
@@ -162,16 +176,16 @@ def _parser() -> ArgumentParser:
   return p
 
 
-def check_args(args) -> tuple[pathlib.Path, tuple[int, ...]]:
+def check_args(args) -> tuple[paths.Path, tuple[int, ...]]:
   """The output path and the layers, refused in one line before anything is loaded."""
-  out = pathlib.Path(args.output)
+  out = paths.as_path(args.output)
   if out.suffix not in (".npz", ".npy"):
     fail(f"--output {out} must end in .npz or .npy")
   if out.suffix == ".npy" and args.tokens:
     fail("--tokens writes several arrays; use an .npz --output")
   if out.exists() and not args.overwrite:
     fail(f"--output {out} exists; pass --overwrite to replace it, or another --output")
-  if not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
+  if not paths.is_remote(out) and (not out.parent.is_dir() or not os.access(out.parent, os.W_OK)):
     fail(f"--output {out}: {out.parent} is not a writable folder; create it or choose another")
   if args.batch_size < 1 or (args.max_seq_length is not None and args.max_seq_length < 3):
     fail("--batch_size must be >= 1 and --max_seq_length >= 3 ([CLS], a token, [SEP])")

@@ -11,6 +11,7 @@
 
 Predictions must cover exactly the gold data: a missing index, question id or sentence, or one the
 gold file lacks, is refused, as is a file that does not parse (bytes that are not UTF-8 included).
+Every file may be local or remote (gs://...).
 
 Prints human-readable lines, then one JSON object with every metric as its last line (NaN, e.g.
 a correlation of constant predictions, is written as null). Bad input: one line on stderr, exit 2.
@@ -25,6 +26,7 @@ import os
 import sys
 from typing import Any, Sequence
 
+from bertjax import paths
 from bertjax.errors import fail, run_cli
 from bertjax.metrics import glue, ner, squad
 
@@ -61,8 +63,8 @@ def _glue_task(args: argparse.Namespace) -> glue.GlueTask:
   t = glue.task_from_leaderboard_file(args.predictions)
   if t is not None:
     return t
-  folder = os.path.basename(os.path.dirname(os.path.abspath(args.data)))
-  base = os.path.basename(args.data)
+  data = paths.absolute(args.data)  # local or remote (gs://...)
+  folder, base = data.parent.name, data.name
   for task in glue.GLUE_TASKS.values():
     if task.glue_dir == folder and task.files.get("dev") == base:
       # MNLI's folder holds both dev files; the file name picks matched or mismatched.

@@ -3,7 +3,8 @@
 Fine-tuning results on small data sets (RTE, MRPC, STS-B, CoLA) swing by points from seed to
 seed, so papers report the median (or mean and spread) over several runs. `run_seeds` trains one
 run per seed into WORKDIR/seed_<n> through `train.train_and_evaluate` (each resumes on its own,
-so re-running the command finishes an interrupted sweep) and writes WORKDIR/seeds_summary.json:
+so re-running the command finishes an interrupted sweep) and writes WORKDIR/seeds_summary.json
+(WORKDIR local or remote: gs://...):
 
   {"seeds": [1, 2, 3],
    "runs": {"1": {<final dev metrics of seed 1>}, ...},
@@ -25,7 +26,7 @@ from typing import Any, Mapping, Sequence
 import ml_collections
 import numpy as np
 
-from bertjax import train
+from bertjax import paths, train
 from bertjax.errors import fail
 
 _log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ def run_seeds(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
               seeds: Sequence[int] | None = None) -> dict[str, Any]:
   """Trains `config` once per seed into WORKDIR/seed_<n>; writes and returns the summary."""
 
-  workdir = pathlib.Path(workdir)
+  workdir = paths.as_path(workdir)
   seeds = list(seeds) if seeds is not None else seed_list(config)
   if not seeds:
     fail("no seeds to run; set --config.seeds='(1,2,3)' (or call train.train_and_evaluate)")

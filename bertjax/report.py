@@ -1,7 +1,8 @@
 """Result tables and plots of a sweep: `python -m bertjax.report DIR [--metric NAME]`.
 
-DIR is a sweep workdir (launch.py --sweep): its sweep.json lists the points; without one, every
-sub-folder holding a run is a point, its overrides read back from its name. Writes into DIR:
+DIR is a sweep workdir (launch.py --sweep; local or gs://...): its sweep.json lists the points;
+without one, every sub-folder holding a run is a point, its overrides read back from its name.
+Writes into DIR:
 
   report.md        one row per point (overrides, status, steps, wall time, tokens/s, and each dev
                    metric's final and best value; a failed point shows its log's last line);
@@ -41,7 +42,7 @@ import pathlib
 import statistics
 from typing import Any, Sequence
 
-from bertjax import registry, sweep as sweep_lib
+from bertjax import paths, registry, sweep as sweep_lib
 from bertjax.metrics import glue
 from bertjax.errors import fail, run_cli
 from bertjax import metric_writers
@@ -89,7 +90,7 @@ def _is_metric(key: str, value: Any) -> bool:
           and isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
-def _read_json(path: pathlib.Path) -> Any:
+def _read_json(path: paths.Path) -> Any:
   try:
     return json.loads(path.read_text())
   except (OSError, ValueError):
@@ -111,11 +112,11 @@ def _overrides_from_name(name: str) -> dict[str, Any]:
   return out
 
 
-def _log_last_line(point_dir: pathlib.Path) -> str | None:
+def _log_last_line(point_dir: paths.Path) -> str | None:
   log = point_dir / "log.txt"
   if not log.exists():
     return None
-  text = log.read_text(errors="replace")
+  text = log.read_bytes().decode("utf-8", errors="replace")
   # Only the latest launch counts: the sweep writes a header line before each.
   start = text.rfind("# bertjax.sweep ")
   if start >= 0:
@@ -123,7 +124,7 @@ def _log_last_line(point_dir: pathlib.Path) -> str | None:
   return sweep_lib.last_line(text)
 
 
-def load_point(sweep_dir: pathlib.Path, entry: dict[str, Any]) -> PointResult:
+def load_point(sweep_dir: paths.Path, entry: dict[str, Any]) -> PointResult:
   """One point's results from its folder and its sweep.json entry."""
   name = entry["name"]
   point_dir = sweep_dir / name
@@ -161,7 +162,7 @@ def load_point(sweep_dir: pathlib.Path, entry: dict[str, Any]) -> PointResult:
 
 
 def load_points(sweep_dir: str | pathlib.Path) -> list[PointResult]:
-  sweep_dir = pathlib.Path(sweep_dir)
+  sweep_dir = paths.as_path(sweep_dir)  # local or remote (gs://...)
   if not sweep_dir.is_dir():
     fail(f"sweep folder {sweep_dir} not found; pass the --workdir of a sweep")
   record = _read_json(sweep_dir / "sweep.json")
@@ -326,7 +327,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
   return lines
 
 
-def render_markdown(sweep_dir: pathlib.Path, points: Sequence[PointResult], metric: str | None,
+def render_markdown(sweep_dir: paths.Path, points: Sequence[PointResult], metric: str | None,
                     groups: list[dict], best: list[dict], glue_result: dict | None,
                     scope: str = "") -> str:
   keys = sorted({k for p in points for k in p.overrides})
@@ -384,8 +385,9 @@ def render_markdown(sweep_dir: pathlib.Path, points: Sequence[PointResult], metr
 
 
 def write_report(sweep_dir: str | pathlib.Path, metric: str | None = None) -> dict[str, Any]:
-  """Writes report.md, train_loss.png and dev_vs_lr.png (with .json data) into `sweep_dir`."""
-  sweep_dir = pathlib.Path(sweep_dir)
+  """Writes report.md, train_loss.png and dev_vs_lr.png (with .json data) into `sweep_dir`
+  (local or remote)."""
+  sweep_dir = paths.as_path(sweep_dir)
   points = load_points(sweep_dir)
   metric = main_metric(points, metric)
   scope = metric_scope(points, metric)
@@ -406,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   args = parser.parse_args(argv)
   report = write_report(args.sweep_dir, args.metric)
   print(report["markdown"])
-  print(f"wrote {pathlib.Path(args.sweep_dir) / 'report.md'}, train_loss.png, dev_vs_lr.png")
+  print(f"wrote {paths.as_path(args.sweep_dir) / 'report.md'}, train_loss.png, dev_vs_lr.png")
 
 
 if __name__ == "__main__":

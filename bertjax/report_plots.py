@@ -9,13 +9,15 @@ thin line; legends and titles say so. Each plot's data, and the labels actually 
 
 from __future__ import annotations
 
+import io
 import json
-import pathlib
 from typing import Any, Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
+
+from bertjax import paths
 
 LR_KEY = "learning_rate"
 AGGREGATE = "median over seeds; band: min–max over seeds"
@@ -42,14 +44,18 @@ def _seeds(n: int) -> str:
   return f"{n} seed" + ("s" if n != 1 else "")
 
 
-def _save(fig, ax, path: pathlib.Path, data: dict[str, Any]) -> dict[str, Any]:
-  """Writes the png and, with the plotted data, the labels as drawn to path.json."""
+def _save(fig, ax, path: paths.Path, data: dict[str, Any]) -> dict[str, Any]:
+  """Writes the png and, with the plotted data, the labels as drawn to path.json (local or
+  remote: matplotlib writes the png into memory, the path layer writes the bytes)."""
   legend = ax.get_legend()
   data.update(title=ax.get_title(), xlabel=ax.get_xlabel(), ylabel=ax.get_ylabel(),
               legend=[t.get_text() for t in legend.get_texts()] if legend else [],
               xticklabels=[t.get_text() for t in ax.get_xticklabels()])
   fig.tight_layout()
-  fig.savefig(path)
+  png = io.BytesIO()
+  fig.savefig(png, format="png")
+  path = paths.as_path(path)
+  path.write_bytes(png.getvalue())
   path.with_suffix(".json").write_text(json.dumps(data, indent=1))
   return data
 
@@ -60,7 +66,7 @@ def _spread(values: Sequence[float]) -> dict[str, float]:
           "max": float(np.max(v))}
 
 
-def plot_train_loss(points: Sequence[Any], path: pathlib.Path) -> dict[str, Any]:
+def plot_train_loss(points: Sequence[Any], path: paths.Path) -> dict[str, Any]:
   """Per setting, the median training loss over its seeds at each logged step (the steps every
   seed logged) with a min–max band; each seed a thin line. path.json: every point's curve and
   each setting's aggregate."""
@@ -93,7 +99,7 @@ def plot_train_loss(points: Sequence[Any], path: pathlib.Path) -> dict[str, Any]
   return _save(fig, ax, path, {"curves": curves, "series": series})
 
 
-def plot_dev_vs_lr(points: Sequence[Any], metric: str | None, path: pathlib.Path,
+def plot_dev_vs_lr(points: Sequence[Any], metric: str | None, path: paths.Path,
                    scope: str = "", lower_is_better: bool = False) -> dict[str, Any]:
   """The last evaluation's `metric` against the learning rate, per setting of the other swept
   keys: the median over seeds (line), min–max band, each seed a dot. `scope` says what the

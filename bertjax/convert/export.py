@@ -164,12 +164,13 @@ def _max_length(config: dict[str, Any]) -> int:
 def convert_to_hf(workdir: PathLike, output: PathLike, step: int | None = None,
                   include: Iterable[str] = (), log: Callable[[str], Any] = print
                   ) -> dict[str, Plan]:
-  """Model folder (see `sources.read_source`) -> Hugging Face folder(s) at `output`.
+  """Model folder (see `sources.read_source`) -> Hugging Face folder(s) at `output` (either may be
+  remote: gs://...).
 
   step: a training workdir's checkpoint (default: its newest complete one). include: untrained
   parts ("mlm", "pair", "rtd", "pooler") to write anyway. Prints what it wrote and left out.
   """
-  out = _check_target(pathlib.Path(output), "--output")
+  out = _check_target(output, "--output")
   source = read_source(workdir, step)
   todo = plans(source, include)
   with _staging_dir(out) as tmp:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from bertjax import checkpoints
+from bertjax import checkpoints, paths
 from bertjax.convert.models import _check_tree
 from bertjax.convert.readers import _one_line
 from bertjax.convert.workdirs import Converted, _to_numpy, load_workdir
@@ -71,24 +71,24 @@ class Source:
   task: TaskHead | None = None
   untrained: tuple[str, ...] = ()
   left_out: dict[str, str] = dataclasses.field(default_factory=dict)
-  tokenizer: pathlib.Path | None = None
+  tokenizer: pathlib.Path | None = None  # a local folder (a remote one's local copy)
   step: int | None = None
-  path: pathlib.Path = pathlib.Path(".")
+  path: paths.Path = paths.Path(".")
   objective: str = ""
 
 
 def read_source(path: PathLike, step: int | None = None) -> Source:
-  """Reads a converted folder, a training workdir or a best/ folder (see the module doc)."""
-  d = pathlib.Path(path).absolute()
+  """Reads a converted folder, a training workdir or a best/ folder (see the module doc), local or
+  remote (gs://...: the arrays are read from there, the tokenizer from a local copy)."""
+  d = paths.absolute(path)
   if not d.is_dir():
     fail(f"{d} does not exist; pass a training workdir, its best/ folder or a folder written by "
          "`python -m bertjax.convert from-hf`")
   if (d / "model.json").is_file():
     _no_step(step, d, "a converted folder")
     c = load_workdir(d)
-    tok = d / "tokenizer"
     return Source(c, "converted", untrained=tuple(c.missing), step=None, path=d,
-                  tokenizer=tok if tok.is_dir() else None)
+                  tokenizer=_tokenizer(d))
   if (d / "best.json").is_file() and (d / "params").is_dir():
     _no_step(step, d, "a best/ folder")
     config = _read_config(d.parent)
@@ -102,12 +102,18 @@ def read_source(path: PathLike, step: int | None = None) -> Source:
        "checkpoints/ (a training workdir) or best.json + params/ (a best/ folder)")
 
 
-def _no_step(step: int | None, d: pathlib.Path, what: str) -> None:
+def _tokenizer(run: paths.Path) -> pathlib.Path | None:
+  """The run's tokenizer/ as a local folder, None when it has none."""
+  tok = run / "tokenizer"
+  return paths.reading(tok) if tok.is_dir() else None
+
+
+def _no_step(step: int | None, d: paths.Path, what: str) -> None:
   if step is not None:
     fail(f"--step applies to training workdirs; {d} is {what}: drop --step")
 
 
-def _read_config(d: pathlib.Path) -> dict[str, Any]:
+def _read_config(d: paths.Path) -> dict[str, Any]:
   path = d / "config.json"
   if not path.is_file():
     fail(f"{path} not found; a best/ folder is read inside the workdir of its run")
@@ -120,7 +126,7 @@ def _read_config(d: pathlib.Path) -> dict[str, Any]:
   return config
 
 
-def _restore(path: pathlib.Path) -> dict[str, Any]:
+def _restore(path: paths.Path) -> dict[str, Any]:
   try:
     return _to_numpy(checkpoints.restore_params(path.parent))
   except UserError:
@@ -129,7 +135,7 @@ def _restore(path: pathlib.Path) -> dict[str, Any]:
     fail(f"cannot restore {path}: {_one_line(e)}; the folder is damaged")
 
 
-def _best_step(d: pathlib.Path) -> int | None:
+def _best_step(d: paths.Path) -> int | None:
   try:
     return int(json.loads((d / "best.json").read_text())["step"])
   except (ValueError, KeyError, TypeError):
@@ -156,12 +162,11 @@ def _task_head(config: dict[str, Any], params: dict[str, Any]) -> TaskHead:
 
 
 def _from_training(config: dict[str, Any], params: dict[str, Any], kind: str, step: int | None,
-                   d: pathlib.Path, run: pathlib.Path) -> Source:
+                   d: paths.Path, run: paths.Path) -> Source:
   objective = config.get("objective")
   cfg = ModelConfig.from_dict({**config["model"], "kernels": "auto"})
-  tok = run / "tokenizer"
   source = Source(Converted(cfg, params, (), hf_model_type=cfg.architecture), kind, step=step,
-                  path=d, tokenizer=tok if tok.is_dir() else None, objective=objective)
+                  path=d, tokenizer=_tokenizer(run), objective=objective)
   if objective in TASKS:
     source.task = _task_head(config, params)
     source.kind = "fine-tuning" if kind == "training" else kind
@@ -193,7 +198,7 @@ def _from_training(config: dict[str, Any], params: dict[str, Any], kind: str, st
 
 
 def _generator(config: dict[str, Any], cfg: ModelConfig, params: dict[str, Any],
-               generator: dict[str, Any], d: pathlib.Path) -> Converted:
+               generator: dict[str, Any], d: paths.Path) -> Converted:
   """ELECTRA's generator as a model of its own: its encoder reads the discriminator's
   embeddings in training, so the exported generator gets a copy of them."""
   e = config.get("electra", {})

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 import orbax.checkpoint as ocp
 
+from bertjax import paths
 from bertjax.convert.hf_configs import ELECTRA_PARTS, hf_config_to_model_config
 from bertjax.convert import hf_tokenizer
 from bertjax.convert.models import _check_tree, _fresh_part
@@ -57,14 +58,14 @@ def _electra_part(sd: Mapping[str, np.ndarray], part: str | None, model_dir: Pat
 
 
 def load_hf(model_dir: PathLike, part: str | None = None, heads: bool = True) -> Converted:
-  """Converts a Hugging Face folder in memory.
+  """Converts a Hugging Face folder (local, or remote: read from a local copy) in memory.
 
   part: ELECTRA only: "discriminator", "generator", "both" (a folder with discriminator/ and
   generator/ subfolders) or None (detect from the tensors). heads=False keeps only the encoder.
   """
   if part is not None and part not in ELECTRA_PARTS:
     fail(f"unknown part {part!r}; use one of {', '.join(ELECTRA_PARTS)}")
-  d = pathlib.Path(model_dir)
+  d = _local_copy(model_dir)
   if part == "both":
     for sub in ("discriminator", "generator"):
       if not (d / sub / "config.json").is_file():
@@ -97,22 +98,39 @@ def load_hf(model_dir: PathLike, part: str | None = None, heads: bool = True) ->
   return Converted(cfg, params, want, tuple(missing), tuple(ignored), cfg.architecture, part)
 
 
+def _local_copy(model_dir: PathLike) -> pathlib.Path:
+  """A Hugging Face folder as a local path (the readers of safetensors and torch files read
+  local files): itself, or a remote folder's local copy."""
+  d = paths.as_path(model_dir)
+  if not paths.is_remote(d):
+    return pathlib.Path(d)
+  if not d.is_dir():
+    fail(f"{d} does not exist; pass a Hugging Face model folder (config.json + weights)")
+  return paths.reading(d)
+
+
 def _to_numpy(tree: Any) -> Any:
   if isinstance(tree, Mapping):
     return {k: _to_numpy(v) for k, v in tree.items()}
   return np.asarray(tree, dtype=np.float32)
 
 
-def _check_target(path: pathlib.Path, flag: str) -> pathlib.Path:
-  path = pathlib.Path(path).absolute()
+def _check_target(path: PathLike, flag: str) -> paths.Path:
+  path = paths.absolute(path)
   if path.exists() and (not path.is_dir() or any(path.iterdir())):
     fail(f"{flag} {path} is not empty; choose a new folder or delete it first")
   return path
 
 
 @contextlib.contextmanager
-def _staging_dir(target: pathlib.Path) -> Iterator[pathlib.Path]:
-  """A temporary folder beside `target`, renamed to it at the end; removed on any failure."""
+def _staging_dir(target: paths.Path) -> Iterator[pathlib.Path]:
+  """A temporary folder beside `target`, renamed to it at the end; removed on any failure. A
+  remote `target` gets a local temporary folder, uploaded on success (nothing on failure)."""
+  if paths.is_remote(target):
+    with paths.writing(target) as tmp:
+      yield tmp
+    return
+  target = pathlib.Path(target)
   target.parent.mkdir(parents=True, exist_ok=True)
   # Not tempfile.mkdtemp: its 0700 mode would stick to the final folder; mkdir honours umask.
   tmp = target.parent / f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial"
@@ -139,16 +157,17 @@ def _model_entry(c: Converted) -> dict[str, Any]:
 
 def convert_from_hf(model_dir: PathLike, workdir: PathLike, part: str | None = None,
                     log: Callable[[str], Any] = print) -> Converted:
-  """Hugging Face folder -> workdir with model.json, params/ and tokenizer/."""
-  out = _check_target(pathlib.Path(workdir), "--workdir")
-  c = load_hf(model_dir, part)
+  """Hugging Face folder -> workdir with model.json, params/ and tokenizer/ (either may be
+  remote)."""
+  out = _check_target(workdir, "--workdir")
+  src = _local_copy(model_dir)
+  c = load_hf(src, part)
   params = dict(c.params)
   meta = {**_model_entry(c), "hf_model_type": c.hf_model_type, "part": c.part,
-          "source": str(pathlib.Path(model_dir).absolute())}
+          "source": str(paths.absolute(model_dir))}
   if c.generator is not None:
     params["generator"] = c.generator.params
     meta["generator"] = _model_entry(c.generator)
-  src = pathlib.Path(model_dir)
   with _staging_dir(out) as tmp:
     _save_params(tmp / "params", params)
     tok_src = src / "discriminator" if c.part == "both" else src
@@ -173,8 +192,8 @@ def convert_from_hf(model_dir: PathLike, workdir: PathLike, part: str | None = N
 
 
 def load_workdir(workdir: PathLike) -> Converted:
-  """Reads a folder written by `convert_from_hf` (model.json + params/)."""
-  d = pathlib.Path(workdir).absolute()
+  """Reads a folder written by `convert_from_hf` (model.json + params/), local or remote."""
+  d = paths.absolute(workdir)
   meta_path = d / "model.json"
   if not meta_path.is_file():
     fail(f"{meta_path} not found; pass a folder written by `python -m bertjax.convert from-hf`")

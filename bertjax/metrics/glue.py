@@ -189,7 +189,7 @@ def read_glue_tsv(path: str | os.PathLike, task: str, split: str) -> list[dict[s
          f"{' or '.join(t.columns)}")
   cols = t.columns[split]
   path = os.fspath(path)
-  if not os.path.isfile(path):
+  if not paths.as_path(path).is_file():  # local or remote (gs://...)
     fail(f"GLUE file not found: {path}; pass the {t.name} {split} tsv "
          f"({t.glue_dir}/{t.files[split]})")
   label_index = {s: i for i, s in enumerate(t.labels)}
@@ -436,7 +436,7 @@ def read_predictions_tsv(path: str | os.PathLike, task: str) -> tuple[np.ndarray
   """
   t = get_task(task)
   path = os.fspath(path)
-  if not os.path.isfile(path):
+  if not paths.as_path(path).is_file():  # local or remote (gs://...)
     fail(f"predictions file not found: {path}; pass the leaderboard tsv you wrote")
   label_index = {s: i for i, s in enumerate(t.labels)}
   indices: list[int] = []

@@ -47,7 +47,7 @@ def _read_columns(path: str | os.PathLike, num_columns: int,
                   what: str) -> list[tuple[int, list[list[str]]]]:
   """Splits a CoNLL-style file into sentences of `num_columns`-field rows."""
   path = os.fspath(path)
-  if not os.path.isfile(path):
+  if not paths.as_path(path).is_file():  # local or remote (gs://...)
     fail(f"{what} file not found: {path}")
   sentences: list[tuple[int, list[list[str]]]] = []
   current: list[list[str]] = []

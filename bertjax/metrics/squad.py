@@ -21,6 +21,7 @@ import re
 import string
 from typing import Any, Mapping, Sequence
 
+from bertjax import paths
 from bertjax.errors import fail, read_text
 
 VERSIONS = ("1.1", "2.0")
@@ -117,7 +118,7 @@ def read_squad(path: str | os.PathLike,
   """
   path = os.fspath(path)
   expected = normalize_version(version)
-  if not os.path.isfile(path):
+  if not paths.as_path(path).is_file():  # local or remote (gs://...)
     fail(f"SQuAD file not found: {path}; pass the official dev json")
   dataset = _load_json(path, "SQuAD json", "pass the official SQuAD json")
   if not isinstance(dataset, dict) or not isinstance(dataset.get("data"), list):
@@ -334,7 +335,7 @@ def _best_threshold(predictions: Mapping[str, str], scores: Mapping[str, float],
 def read_squad_predictions(path: str | os.PathLike, what: str = "predictions") -> dict[str, Any]:
   """Reads a `{question id: value}` json file (predictions or null odds)."""
   path = os.fspath(path)
-  if not os.path.isfile(path):
+  if not paths.as_path(path).is_file():  # local or remote (gs://...)
     fail(f"{what} file not found: {path}")
   fix = f"{what} are a json object {{question id: value}}"
   obj = _load_json(path, f"{what} file", fix)

@@ -11,17 +11,17 @@ is pruned, scored and evaluated on its own dev set. OUT (new) receives per step 
 `python -m bertjax.convert to-hf` read it) and its brief re-fine-tuning (OUT/step_<j>/finetuned),
 and pruning.md / pruning.csv / pruning.png / summary.json: the dev metric against the heads (or
 sparsity) kept. `--override key=value` changes the re-fine-tuning's config (e.g.
-learning_rate=1e-4).
+learning_rate=1e-4). RUN and OUT may be remote (gs://...): a remote OUT is written in a local
+temporary folder and uploaded at the end.
 """
 
 from __future__ import annotations
 
-import pathlib
 import shlex
 import sys
 from typing import Sequence
 
-from bertjax import checkpoints
+from bertjax import checkpoints, paths
 from bertjax.errors import ArgumentParser, fail, run_cli
 from bertjax.prune import flow, magnitude, table
 from bertjax.prune.session import Session
@@ -52,16 +52,21 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   plan = flow.Plan(args.target_heads, args.target_layers, args.target_sparsity,
                    args.sparsity_scope, args.steps, args.finetune_steps, args.ranking, args.seed)
   plan.check()
-  out = pathlib.Path(args.output).absolute()
+  out = paths.absolute(args.output)
   if out.exists() and any(out.iterdir()):
     fail(f"--output {out} exists and is not empty; give a new folder")
+  if not paths.as_path(args.workdir).is_dir():
+    fail(f"--workdir {args.workdir} does not exist; point it at a fine-tuning run")
   params = checkpoints.restore_params(args.workdir)  # fails with one line before OUT is made
-  out.mkdir(parents=True, exist_ok=True)
-  session = Session.open(args.workdir, out, args.metric)
-  tokenizer = pathlib.Path(args.workdir) / "tokenizer"
-  rows = flow.run(session, plan, params, tokenizer if tokenizer.is_dir() else None, args.override)
-  command = "python -m bertjax.prune " + " ".join(shlex.quote(a) for a in argv)
-  text = table.write_all(out, rows, session.metric, command, not plan.structured)
+  tokenizer = paths.as_path(args.workdir) / "tokenizer"
+  tokenizer = paths.reading(tokenizer) if tokenizer.is_dir() else None
+  # A remote OUT is written in a local folder and uploaded when every step is done.
+  with paths.writing(out) as local:
+    local.mkdir(parents=True, exist_ok=True)
+    session = Session.open(args.workdir, local, args.metric)
+    rows = flow.run(session, plan, params, tokenizer, args.override)
+    command = "python -m bertjax.prune " + " ".join(shlex.quote(a) for a in argv)
+    text = table.write_all(local, rows, session.metric, command, not plan.structured)
   print(text)
   print(f"wrote {out / 'pruning.md'}, pruning.csv, pruning.png, summary.json")
   return rows

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bertjax import checkpoints, config_lib, sharding, train
+from bertjax import checkpoints, config_lib, paths, sharding, train
 from bertjax.errors import fail, read_text
 from bertjax.models.config import ModelConfig
 from bertjax.registry import get_objective
@@ -32,8 +32,9 @@ def _tuples(value: Any) -> Any:
   return value
 
 
-def read_run_config(workdir: pathlib.Path) -> ml_collections.ConfigDict:
-  """The resolved config a training workdir recorded (config.json), as a ConfigDict."""
+def read_run_config(workdir: paths.Path) -> ml_collections.ConfigDict:
+  """The resolved config a training workdir (local or remote) recorded (config.json), as a
+  ConfigDict."""
   file = workdir / "config.json"
   if not file.is_file():
     fail(f"{workdir} has no config.json; point --workdir at a finished fine-tuning run")
@@ -60,7 +61,7 @@ class Session:
 
   @classmethod
   def open(cls, workdir: str | pathlib.Path, out: pathlib.Path, metric: str | None):
-    workdir = pathlib.Path(workdir).absolute()
+    workdir = paths.absolute(workdir)
     config = read_run_config(workdir)
     if not config.get("task", ""):
       fail(f"{workdir} is a {config.objective} run; pruning scores heads on a fine-tuning task's "

@@ -34,9 +34,11 @@ repository, copies it to every worker of the Cloud TPU VM and installs it, then 
 on all workers at once through `gcloud compute tpus tpu-vm ssh --worker=all` with
 `--config.distributed=True`. `--hosts h1,h2` does the same over plain ssh (rsync, then one process
 per host), each process given JAX_COORDINATOR_ADDRESS (first host, port COORDINATOR_PORT),
-JAX_NUM_PROCESSES and JAX_PROCESS_ID. The workdir is then a path on the hosts: use one shared by
-all of them (NFS, or a GCS bucket mounted with gcsfuse) at the same path as on this machine, so
-that skipping finished points and the report see the results. `--dry_run` prints every command.
+JAX_NUM_PROCESSES and JAX_PROCESS_ID. The workdir is then a path on the hosts: a bucket
+(`gs://...`, which every host and this machine reach) or a folder shared by all of them (NFS, a
+bucket mounted with gcsfuse) at the same path as on this machine, so that skipping finished
+points and the report see the results. On a bucket, each launch's output is added to the point's
+log.txt when it ends (an object cannot be appended to). `--dry_run` prints every command.
 
 By concern: `spec` (the sweep file, its points and their names), `launchers` (the command that runs
 a point here, on a Cloud TPU VM or over ssh), `runner` (running them, DIR/sweep.json).

@@ -1,4 +1,7 @@
-"""Running a sweep: each point in its own process, resumable, its status in DIR/sweep.json."""
+"""Running a sweep: each point in its own process, resumable, its status in DIR/sweep.json.
+
+DIR may be remote (gs://...): sweep.json is rewritten whole, and each launch's output is kept in a
+local temporary file, added to the point's log.txt there when the launch ends."""
 
 from __future__ import annotations
 
@@ -9,10 +12,12 @@ import pathlib
 import shlex
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from typing import Any, Callable, Sequence
 
+from bertjax import paths
 from bertjax.errors import fail
 from bertjax.sweep.launchers import (_host_address, hosts_install_commands, hosts_point_commands,
                                      local_command, tpu_install_commands, tpu_point_command)
@@ -23,21 +28,22 @@ from bertjax.sweep.spec import REPO, Point, Sweep, _plain, load_sweep
 # State of a point on disk.
 
 
-def _read_json(path: pathlib.Path) -> Any:
+def _read_json(path: paths.Path) -> Any:
   try:
     return json.loads(path.read_text())
   except (OSError, ValueError):
     return None
 
 
-def is_finished(point_dir: pathlib.Path, total_steps: int) -> bool:
+def is_finished(point_dir: str | os.PathLike, total_steps: int) -> bool:
   """summary.json says finished at the config's total_steps (or, when the config leaves it to
   the trainer, at the total_steps the trainer resolved into config.json)."""
-  summary = _read_json(pathlib.Path(point_dir) / "summary.json")
+  point_dir = paths.as_path(point_dir)
+  summary = _read_json(point_dir / "summary.json")
   if not isinstance(summary, dict) or summary.get("status") != "finished":
     return False
   if total_steps <= 0:
-    total_steps = int((_read_json(pathlib.Path(point_dir) / "config.json") or {})
+    total_steps = int((_read_json(point_dir / "config.json") or {})
                       .get("total_steps", 0) or 0)
   return total_steps > 0 and summary.get("step") == total_steps
 
@@ -77,19 +83,28 @@ class _Stop:
       signal.signal(signal.SIGTERM, self._previous)
 
 
-def _run_logged(commands: list[list[str]], logs: list[pathlib.Path], stop: _Stop,
+def _open_log(log: paths.Path) -> tuple[Any, paths.Path | None]:
+  """(a local file the command's output is appended to, the remote log it is added to after)."""
+  if not paths.is_remote(log):
+    log.parent.mkdir(parents=True, exist_ok=True)
+    return open(log, "a+", encoding="utf-8", errors="replace"), None
+  # An object cannot be appended to as the command writes: a local file, added to it at the end.
+  return tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace",
+                                prefix="bertjax-sweep-log-"), log
+
+
+def _run_logged(commands: list[list[str]], logs: list[paths.Path], stop: _Stop,
                 cwd: pathlib.Path | None) -> tuple[int, str]:
   """Runs commands together, each appending its output to its log. Returns the exit code and
   this run's last output line of the first command that failed (else of the first command)."""
   procs, files, offsets = [], [], []
   try:
     for argv, log in zip(commands, logs):
-      log.parent.mkdir(parents=True, exist_ok=True)
-      f = log.open("a")
+      f, remote = _open_log(log)
       stamp = datetime.datetime.now().isoformat(timespec="seconds")
       f.write(f"# bertjax.sweep {stamp}: {shlex.join(argv)}\n")
       f.flush()
-      files.append(f)
+      files.append((f, remote))
       offsets.append(f.tell())
       try:
         procs.append(subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=cwd,
@@ -101,21 +116,25 @@ def _run_logged(commands: list[list[str]], logs: list[pathlib.Path], stop: _Stop
         fail(f"{argv[0]} not found; install it, or use --dry_run to print the commands")
       stop.procs = procs
     codes = [p.wait() for p in procs]
+    failing = next((i for i, c in enumerate(codes) if c != 0), 0)
+    f = files[failing][0]
+    f.seek(offsets[failing])
+    line = last_line(f.read())
   except KeyboardInterrupt:
     for p in procs:
       p.wait()
     raise
   finally:
-    for f in files:
+    for f, remote in files:
+      if remote is not None:
+        f.seek(0)
+        remote.parent.mkdir(parents=True, exist_ok=True)
+        paths.append_text(remote, f.read())
       f.close()
-  failing = next((i for i, c in enumerate(codes) if c != 0), 0)
-  with logs[failing].open(errors="replace") as f:
-    f.seek(offsets[failing])
-    line = last_line(f.read())
   return codes[failing], line
 
 
-def _print_plan(sweep: Sweep, workdir: pathlib.Path, install: list[list[str]],
+def _print_plan(sweep: Sweep, workdir: paths.Path, install: list[list[str]],
                 point_commands: dict[str, list[list[str]]]) -> None:
   print(f"sweep {sweep.path}: {len(sweep.points)} points of {sweep.config} in {workdir}")
   if install:
@@ -144,7 +163,7 @@ def _remote_hosts(tpu, zone, project, hosts) -> list[str]:
   return list(hosts or [])
 
 
-def _commands(sweep: Sweep, local_dir: pathlib.Path, remote_dir: str, tpu, zone, project,
+def _commands(sweep: Sweep, local_dir: paths.Path, remote_dir: str, tpu, zone, project,
               hosts: list[str]) -> tuple[list[list[str]], dict[str, list[list[str]]]]:
   """(install commands, each point's commands) for where the sweep runs."""
   if tpu:
@@ -157,7 +176,7 @@ def _commands(sweep: Sweep, local_dir: pathlib.Path, remote_dir: str, tpu, zone,
   return [], {p.name: [local_command(sweep, p, local_dir)] for p in sweep.points}
 
 
-def _plan(sweep: Sweep, local_dir: pathlib.Path, mode: str,
+def _plan(sweep: Sweep, local_dir: paths.Path, mode: str,
           commands: dict[str, list[list[str]]]) -> dict[str, Any]:
   return {
       "sweep": sweep.path, "arg": sweep.arg, "config": sweep.config, "workdir": str(local_dir),
@@ -170,7 +189,7 @@ def _plan(sweep: Sweep, local_dir: pathlib.Path, mode: str,
   }
 
 
-def _carry_over(record: dict[str, Any], local_dir: pathlib.Path) -> None:
+def _carry_over(record: dict[str, Any], local_dir: paths.Path) -> None:
   """Each point's run count, time and last result from an earlier sweep.json in `local_dir`."""
   previous = {p["name"]: p for p in (_read_json(local_dir / "sweep.json") or {}).get("points", [])}
   for entry in record["points"]:
@@ -180,7 +199,7 @@ def _carry_over(record: dict[str, Any], local_dir: pathlib.Path) -> None:
                  last_line=old.get("last_line"))
 
 
-def _install(install: list[list[str]], local_dir: pathlib.Path) -> None:
+def _install(install: list[list[str]], local_dir: paths.Path) -> None:
   print("installing the code on every host", flush=True)
   for argv in install:
     code, line = _run_logged([argv], [local_dir / "install_log.txt"], _Stop(), cwd=REPO)
@@ -190,7 +209,7 @@ def _install(install: list[list[str]], local_dir: pathlib.Path) -> None:
 
 
 def _run_point(point: Point, entry: dict[str, Any], commands: list[list[str]],
-               logs: list[pathlib.Path], stop: _Stop, cwd, save: Callable[[], None]) -> str | None:
+               logs: list[paths.Path], stop: _Stop, cwd, save: Callable[[], None]) -> str | None:
   """Runs one point to its end, recording status, time and return code in `entry`; returns
   the last line it printed."""
   entry.update(status="running", skipped=False, runs=entry["runs"] + 1)
@@ -229,7 +248,7 @@ def run_sweep(path: str, workdir: str | os.PathLike, dry_run: bool = False, tpu:
   remote = bool(tpu or hosts)
   # Remote commands add --config.distributed=True themselves: the config must have the key.
   sweep = load_sweep(path, overrides, also_check=["distributed=True"] if remote else [])
-  local_dir = pathlib.Path(workdir).absolute()
+  local_dir = paths.absolute(workdir)  # a local folder or a remote one (gs://...)
   install, commands = _commands(sweep, local_dir, str(workdir), tpu, zone, project, hosts)
   mode = f"tpu {tpu}" if tpu else ("hosts " + ",".join(hosts) if hosts else "local")
   record = _plan(sweep, local_dir, mode, commands)
@@ -275,8 +294,6 @@ def run_sweep(path: str, workdir: str | os.PathLike, dry_run: bool = False, tpu:
   return record
 
 
-def _write_json(path: pathlib.Path, value: Any) -> None:
-  """Write beside, then rename: a killed sweep never leaves half a sweep.json."""
-  tmp = path.with_suffix(".json.tmp")
-  tmp.write_text(json.dumps(value, indent=2, default=str))
-  tmp.replace(path)
+def _write_json(path: paths.Path, value: Any) -> None:
+  """Written whole (beside, then renamed): a killed sweep never leaves half a sweep.json."""
+  paths.replace_text(path, json.dumps(value, indent=2, default=str))

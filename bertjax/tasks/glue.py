@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import pathlib
 from typing import Any
 
 import jax
@@ -27,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bertjax import paths
 from bertjax.errors import UserError, fail
 from bertjax.metrics import glue
 from bertjax.models import classifiers
@@ -69,11 +69,12 @@ def test_splits(task: str) -> list[Split]:
   return [Split("", task, f"glue/{task}", "test")]
 
 
-def local_file(data_dir: str, task: str, split: str) -> tuple[pathlib.Path | None, list[str]]:
+def local_file(data_dir: str, task: str, split: str) -> tuple[paths.Path | None, list[str]]:
   """The official tsv of `task`'s `split` under data_dir (GLUE root, the task's folder, or a
-  sibling folder such as diagnostic/ next to MNLI/); (None, tried paths) when absent."""
+  sibling folder such as diagnostic/ next to MNLI/; local or gs://...); (None, tried paths) when
+  absent."""
   t = glue.get_task(task)
-  root = pathlib.Path(data_dir).expanduser()
+  root = paths.as_path(data_dir).expanduser()
   name = t.files[split]
   candidates = [root / t.glue_dir / name, root / name, root.parent / t.glue_dir / name]
   for path in candidates:
