@@ -11,8 +11,9 @@ Plain lines (never rewritten in place) read the same on a terminal and in a clus
 file. The rate counts from the first update, so compilation is not in it; a first update that
 took longer than `every_s` (compilation) says so. Training's rate is wall time, evaluations and
 checkpoints included, so its ETA is the wall time left. Training's line shows the loss of the
-last logged row (none before the first): reading the current one would make the devices wait at
-every line. The clock is injectable: tests drive a pass with a fake one instead of waiting.
+last logged row (none before the first) and counts the steps queued, a few ahead of the devices:
+reading the current loss would make the devices wait at every line. The clock is injectable:
+tests drive a pass with a fake one instead of waiting.
 
 `end_table` turns a run's summary (summary.json) into the few lines printed at its end.
 """
