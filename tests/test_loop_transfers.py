@@ -28,7 +28,8 @@ class DeviceRead(Exception):
   pass
 
 
-_GUARDED = threading.local()  # set in the thread running a guarded step (checkpoint threads are not)
+# Set in the thread running a guarded step only (checkpoint threads may read as they please).
+_GUARDED = threading.local()
 
 
 def _trip(what: str) -> None:
