@@ -53,8 +53,9 @@ def without_nonfinite_step(finite: jax.Array, metrics: dict) -> dict:
 
 
 @jax.jit
-def _first_nonfinite(first: jax.Array, nonfinite: jax.Array, step: jax.Array) -> jax.Array:
-  return jnp.where((first == _NONE) & (nonfinite > 0), step, first)
+def _fold(first: jax.Array, window: jax.Array, nonfinite: jax.Array, step: jax.Array):
+  """(first non-finite step, the window's non-finite count) after one more step: one dispatch."""
+  return jnp.where((first == _NONE) & (nonfinite > 0), step, first), window + nonfinite
 
 
 @jax.jit
@@ -79,18 +80,16 @@ class Watch:
 
   def add(self, metrics: dict, step: jax.Array) -> None:
     """`step`: the device step counter after the update (the 1-based number of this step)."""
-    nonfinite = metrics["nonfinite"][0]
     self.window_steps += 1
-    self.window_nonfinite = self.window_nonfinite + nonfinite
-    if self.policy == "stop":
-      self.first = _first_nonfinite(self.first, nonfinite, step)
+    self.first, self.window_nonfinite = _fold(self.first, self.window_nonfinite,
+                                              metrics["nonfinite"][0], step)
 
   def check(self) -> None:
     """Raises `Diverged` when a non-finite step must stop the run; resets the window."""
-    steps, nonfinite = self.window_steps, float(jax.device_get(self.window_nonfinite))
+    first, nonfinite = jax.device_get((self.first, self.window_nonfinite))  # one read
+    steps, first, nonfinite = self.window_steps, int(first), float(nonfinite)
     self.window_steps, self.window_nonfinite = 0, jnp.zeros((), jnp.float32)
     if self.policy == "stop":
-      first = int(jax.device_get(self.first))
       if first != _NONE:
         raise Diverged(self._message(first, "the loss or the gradients are not finite"))
     elif steps and nonfinite >= steps:

@@ -10,8 +10,10 @@ evaluation) and prints a plain line at most every `every_s` seconds of work, wha
 Plain lines (never rewritten in place) read the same on a terminal and in a cluster job's log
 file. The rate counts from the first update, so compilation is not in it; a first update that
 took longer than `every_s` (compilation) says so. Training's rate is wall time, evaluations and
-checkpoints included, so its ETA is the wall time left. The clock is injectable: tests drive a
-pass with a fake one instead of waiting.
+checkpoints included, so its ETA is the wall time left. Training's line shows the loss of the
+last logged row (none before the first) and counts the steps queued, a few ahead of the devices:
+reading the current loss would make the devices wait at every line. The clock is injectable:
+tests drive a pass with a fake one instead of waiting.
 
 `end_table` turns a run's summary (summary.json) into the few lines printed at its end.
 """

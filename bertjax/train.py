@@ -9,6 +9,7 @@ repeats an uninterrupted one bit for bit.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -23,7 +24,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import optax
 
 from bertjax import (checkpoints, config_checks, divergence, freezing, optim, paths, prefetch,
@@ -32,6 +32,7 @@ from bertjax.metric_writers import MetricWriter
 from bertjax.models.config import ModelConfig
 from bertjax.objective import Schedule
 from bertjax.progress import EVERY_S, Progress
+from bertjax.run_record import RunRecord, add_metrics, summarize
 from bertjax.registry import get_objective
 
 
@@ -113,16 +114,6 @@ def make_eval_step(objective, model) -> Callable:
                                    deterministic=True)
     return {**metrics, "loss": (loss, jnp.ones_like(loss))}
   return eval_step
-
-
-def summarize(sums: dict[str, tuple[Any, Any]]) -> dict[str, float]:
-  """(numerator, denominator) sums -> plain floats; host transfer happens here only."""
-  host = jax.device_get(sums)
-  return {k: float(n) / float(d) if float(d) else float("nan") for k, (n, d) in host.items()}
-
-
-def add_metrics(a, b):
-  return b if a is None else jax.tree.map(jnp.add, a, b)
 
 
 class _Preemption:
@@ -306,70 +297,24 @@ def _write_run_files(config, workdir: paths.Path, model_cfg: ModelConfig, data) 
       data.tokenizer.save(folder)
 
 
-@dataclasses.dataclass
-class _Progress:
-  """The loop's record: metric sums of the current logging window and the run's first and last
-  metrics."""
-  sums: Any = None
-  tokens: int = 0
-  timed_steps: int = 0
-  t_log: float = dataclasses.field(default_factory=time.time)
-  compiling: bool = True
-  first: dict | None = None
-  last: dict | None = None
-  first_step: int | None = None
-  last_step: int | None = None
-  last_eval: dict | None = None
-  last_eval_step: int | None = None
-  watch: divergence.Watch | None = None
+# What every step that reads nothing from the devices (`reads_devices`) runs under: a factory of
+# context managers, none in a run. tests/test_loop_transfers.py sets one that raises on any
+# device-to-host read (`jax.transfer_guard_device_to_host("disallow")` where the backend enforces
+# it), so a read slipped into those steps, which would make the devices wait, fails a test.
+QUIET_STEP: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
-  @classmethod
-  def resumed(cls, history: list[dict], watch: divergence.Watch) -> "_Progress":
-    """The record of the run so far (its logged rows up to the resumed step): its first and last
-    train rows and its last evaluation carry over, so the summary spans every resume."""
-    values = lambda row: {k: v for k, v in row.items() if k not in ("step", "split")}
-    train_rows = [r for r in history if r.get("split") == "train"]
-    eval_rows = [r for r in history if r.get("split") == "eval"]
-    return cls(first=values(train_rows[0]) if train_rows else None,
-               last=values(train_rows[-1]) if train_rows else None,
-               first_step=train_rows[0]["step"] if train_rows else None,
-               last_step=train_rows[-1]["step"] if train_rows else None,
-               last_eval=values(eval_rows[-1]) if eval_rows else None,
-               last_eval_step=eval_rows[-1]["step"] if eval_rows else None, watch=watch)
 
-  def add(self, batch, metrics, step) -> None:
-    self.sums = add_metrics(self.sums, metrics)
-    self.watch.add(metrics, step)
-    if self.compiling:
-      # Throughput windows start after the first step, so compilation is not counted in them.
-      jax.block_until_ready(metrics)
-      self.compiling, self.t_log = False, time.time()
-    else:
-      self.tokens += int(np.sum(batch["attention_mask"])) * jax.process_count()
-      self.timed_steps += 1
-
-  def window_loss(self, metrics) -> float:
-    """The mean training loss of the steps since the last logged row (waits for them)."""
-    return summarize({"loss": (self.sums or metrics)["loss"]})["loss"]
-
-  def log(self, writer: MetricWriter, step: int, metrics) -> None:
-    logged = summarize(self.sums)
-    # learning_rate and grad_norm were summed over the window: report the last step's values.
-    for k in ("learning_rate", "grad_norm"):
-      logged[k] = float(jax.device_get(metrics[k][0]))
-    elapsed = time.time() - self.t_log
-    if self.timed_steps and elapsed > 0:
-      logged["tokens_per_s"] = self.tokens / elapsed
-      logged["steps_per_s"] = self.timed_steps / elapsed
-    writer.write(step, "train", logged)
-    if self.first is None:
-      self.first, self.first_step = logged, step
-    self.last, self.last_step = logged, step
-    self.sums, self.tokens, self.timed_steps, self.t_log = None, 0, 0, time.time()
+def reads_devices(config, step: int, first: bool) -> bool:
+  """Whether the loop reads device values at `step` (1-based): a process's `first` step, whose
+  end starts the throughput clock, and logging, evaluation and checkpoint steps. Between them
+  it only queues work, so the devices never wait for the host."""
+  return bool(first or step % config.log_every == 0 or step == config.total_steps
+              or (config.eval_every and step % config.eval_every == 0)
+              or step % config.checkpoint_every == 0)
 
 
 def _train_loop(config, s: Setup, state: TrainState, data, ckpt, writer: MetricWriter,
-                run_eval: Callable, progress: _Progress, clock: Callable[[], float]
+                run_eval: Callable, progress: RunRecord, clock: Callable[[], float]
                 ) -> tuple[TrainState, int, str]:
   """Steps until total_steps or SIGTERM: logging, evaluation and checkpoints on their cadence,
   a progress line every `progress_every_s` seconds. Returns the state, the step reached and why
@@ -382,23 +327,25 @@ def _train_loop(config, s: Setup, state: TrainState, data, ckpt, writer: MetricW
                    clock=clock, enabled=jax.process_index() == 0)
   with _Preemption() as preemption:
     while step < config.total_steps:
-      batch, device_batch = next(batches)
-      with jax.set_mesh(s.mesh), nn.logical_axis_rules(s.rules):
-        state, metrics = s.train_step(state, device_batch)
       step += 1
-      progress.add(batch, metrics, state.step)
-      lines.update(step, lambda: {"loss": progress.window_loss(metrics)})
-      if step % config.log_every == 0 or step == config.total_steps:
-        progress.log(writer, step, metrics)
-        progress.watch.check()
-      if config.eval_every and step % config.eval_every == 0:
-        t_eval = time.time()
-        progress.last_eval = run_eval(step, state) or progress.last_eval
-        progress.t_log += time.time() - t_eval  # evaluation time is not training time
-      if step % config.checkpoint_every == 0 or step == config.total_steps:
-        progress.watch.check_checkpoint(step, state.params)
-        ckpt.save(step, state, batches.get_state(), force=True)
-      if preemption.requested:
+      quiet = not reads_devices(config, step, progress.compiling)
+      with QUIET_STEP() if quiet else contextlib.nullcontext():
+        batch, device_batch = next(batches)
+        with jax.set_mesh(s.mesh), nn.logical_axis_rules(s.rules):
+          state, metrics = s.train_step(state, device_batch)
+        progress.add(batch, metrics, state.step)
+        if step % config.log_every == 0 or step == config.total_steps:
+          progress.log(writer, step, metrics)
+          progress.watch.check()
+        lines.update(step, progress.shown)
+        if config.eval_every and step % config.eval_every == 0:
+          t_eval = time.time()
+          progress.last_eval = run_eval(step, state) or progress.last_eval
+          progress.t_log += time.time() - t_eval  # evaluation time is not training time
+        if step % config.checkpoint_every == 0 or step == config.total_steps:
+          progress.watch.check_checkpoint(step, state.params)
+          ckpt.save(step, state, batches.get_state(), force=True)
+      if preemption.requested:  # outside the guard: a preemption checkpoint may come at any step
         progress.watch.check_checkpoint(step, state.params)
         ckpt.save(step, state, batches.get_state(), force=True)
         stop_reason = "preempted (SIGTERM): checkpoint saved"
@@ -469,7 +416,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.Path, 
         progress.last_eval_step = step
       return metrics
 
-    progress = _Progress.resumed(writer.resume_at(step0), divergence.Watch(
+    progress = RunRecord.resumed(writer.resume_at(step0), divergence.Watch(
         config.get("nonfinite_policy", "stop"), int(jax.device_get(state.step)),
         config.learning_rate, model_cfg.dtype))
     state, step, stop_reason = _train_loop(config, s, state, data, ckpt, writer, run_eval, progress,
