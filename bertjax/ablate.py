@@ -258,17 +258,22 @@ def last_json(p: dict) -> dict | None:
   return result if isinstance(result, dict) and "tokens_per_s" in result else None
 
 
-def trainer_figures(workdir: pathlib.Path) -> dict | None:
+def trainer_figures(workdir: pathlib.Path, slots: int | None = None) -> dict | None:
   """tokens/s and step time from metrics.jsonl: the median of the train rows after the first
-  (the first window follows compilation and warms the input pipeline)."""
+  (the first window follows compilation and warms the input pipeline).
+
+  The trainer logs real tokens (the attention mask's ones; synthetic rows are 50-100% full),
+  the benchmark every slot of batch x seq. With `slots` (batch x seq), tokens/s counts slots, as
+  the benchmark does, so the two rows compare; the real-token rate is kept as well."""
   rows = metric_writers.read_metrics(workdir)
   rows = [r for r in rows if r.get("split") == "train" and "tokens_per_s" in r]
   rows = rows[1:] or rows
   if not rows:
     return None
-  return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows),
-          "step_time_s": 1 / statistics.median(r["steps_per_s"] for r in rows),
-          "rows": len(rows)}
+  steps_per_s = statistics.median(r["steps_per_s"] for r in rows)
+  real = statistics.median(r["tokens_per_s"] for r in rows)
+  return {"tokens_per_s": steps_per_s * slots if slots else real, "real_tokens_per_s": real,
+          "step_time_s": 1 / steps_per_s, "rows": len(rows)}
 
 
 # ------------------------------------------------------------------------------ the runs
@@ -305,7 +310,8 @@ def run_variant(base: dict, variant: dict, timeout: float) -> dict:
     argv = [sys.executable, "-m", "bertjax.benchmark", *benchmark_args(s)]
   try:
     p = run_process(argv, environment(s), timeout)
-    result = trainer_figures(workdir) if workdir and p["rc"] == 0 else last_json(p)
+    slots = (s["batch_size"] * s["seq_len"]) if s.get("batch_size") and s.get("seq_len") else None
+    result = trainer_figures(workdir, slots) if workdir and p["rc"] == 0 else last_json(p)
   finally:
     if workdir:
       shutil.rmtree(workdir, ignore_errors=True)

@@ -97,6 +97,9 @@ def test_trainer_rows_skip_the_first_window_and_borrow_flops(tmp_path):
   (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
   figures = ablate.trainer_figures(tmp_path)
   assert figures["tokens_per_s"] == 400.0 and figures["step_time_s"] == pytest.approx(0.25)
+  # counted as the benchmark counts: every slot of batch x seq at the median step rate
+  slots = ablate.trainer_figures(tmp_path, slots=8 * 16)
+  assert slots["tokens_per_s"] == pytest.approx(4.0 * 128) and slots["real_tokens_per_s"] == 400.0
   trainer = {"kind": "trainer", "tokens_per_s": 400.0, "settings": {"batch_size": 8}}
   steps = [{"name": "other", "kind": "step", "status": "ok", "settings": {"batch_size": 4},
             "model_flops_per_token": 1.0, "peak_flops": 1.0},
