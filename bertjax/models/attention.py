@@ -24,16 +24,14 @@ class AttentionMask:
   """Which keys each query sees. keys: <bool>[batch, 1, 1 or q, k]; lengths: <int32>[batch], each
   row's real tokens (what the fused cuDNN kernel takes), or None; right_padded: <bool>[], whether
   every row is ones then zeros, so that the lengths say the same as `keys`. tokens: <int32>[batch,
-  k], 1 at real tokens, and segment_ids: <int32>[batch, k] of packed rows (else None), what the
-  splash kernel takes (its segment ids), or None where the platform's attention is not splash.
-  Packed rows also carry q_segments <int32>[batch, q] (the segment ids) and kv_segments
-  <int32>[batch, k] (the ids, -1 at padding): a query sees the keys of its own id, what the flash
-  kernel reads."""
+  k], 1 at real tokens, what the splash kernel takes with the packed rows' `q_segments`, or None
+  where the platform's attention is not splash. Packed rows carry q_segments <int32>[batch, q]
+  (the segment ids) and kv_segments <int32>[batch, k] (the ids, -1 at padding): a query sees the
+  keys of its own id, what the flash kernel reads."""
   keys: Array
   lengths: Array | None = None
   right_padded: Array | None = None
   tokens: Array | None = None
-  segment_ids: Array | None = None
   q_segments: Array | None = None
   kv_segments: Array | None = None
 
@@ -62,8 +60,7 @@ def attention_mask_for(cfg: ModelConfig, attention_mask: Array,
     packed = dict(q_segments=segments,
                   kv_segments=jnp.where(attention_mask.astype(bool), segments, -1))
   if kernels.for_model(cfg).attention == "splash":
-    return AttentionMask(keys, tokens=jnp.asarray(attention_mask).astype(jnp.int32),
-                         segment_ids=packed.get("q_segments"), **packed)
+    return AttentionMask(keys, tokens=jnp.asarray(attention_mask).astype(jnp.int32), **packed)
   if segment_ids is not None:
     return AttentionMask(keys, **packed)
   if not kernels.for_model(cfg).attention_lengths:
@@ -112,7 +109,7 @@ def fused_attention(q: Array, k: Array, v: Array, mask: AttentionMask, implement
   (`pad_odd_lengths`) and the padded rows sliced off: its backward pass refuses odd lengths.
   """
   if implementation == "splash":
-    return splash.splash_attention(q, k, v, segment_ids=mask.segment_ids,
+    return splash.splash_attention(q, k, v, segment_ids=mask.q_segments,
                                    attention_mask=mask.tokens,
                                    interpret=splash.interpret_here())
   q_len = q.shape[1]

@@ -87,10 +87,9 @@ class SelfAttention(nn.Module):
       out = fused_attention(q, k, v, mask, impl, deterministic,
                             kernels.for_model(cfg).row_multiple)
     elif (not output_attentions and rate < 1.0 and kernels.attention_dropout_for(cfg) == "pallas"
-          and flash_segments(mask, q.shape[1]) is not None):
+          and (segments := flash_segments(mask, q.shape[1])) is not None):
       # Softmax and dropout inside the flash kernel; its mask is hashed from this layer's key.
-      out = flash_dropout_attention(q, k, v, flash_segments(mask, q.shape[1]), rate,
-                                    self.make_rng("dropout"))
+      out = flash_dropout_attention(q, k, v, segments, rate, self.make_rng("dropout"))
     else:
       drop = lambda p: Dropout(rate, kernels.dropout_for_model(cfg))(p, deterministic=deterministic)
       out, raw_scores = explicit_attention(q, k, v, mask.keys, drop)
