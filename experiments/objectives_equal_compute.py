@@ -21,12 +21,13 @@ def get_sweep():
   rtd_steps = round(STEPS / (1 + GENERATOR_FRACTION ** 2))
   return {
       "config": "configs/quickstart.py",
-      "fixed": {"total_steps": STEPS, "tensorboard": False},
+      "fixed": {"tensorboard": False},
+      # total_steps per point (a key both fixed and swept is refused): RTD's differs.
       "points": [
-          {"objective": "mlm_nsp"},
-          {"objective": "mlm"},
-          {"objective": "mlm_sop"},
-          {"objective": "span_sbo"},
+          {"objective": "mlm_nsp", "total_steps": STEPS},
+          {"objective": "mlm", "total_steps": STEPS},
+          {"objective": "mlm_sop", "total_steps": STEPS},
+          {"objective": "span_sbo", "total_steps": STEPS},
           {"objective": "rtd", "total_steps": rtd_steps,
            "electra.generator_hidden_fraction": GENERATOR_FRACTION},
       ],

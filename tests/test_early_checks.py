@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from bertjax import config_lib, inputs, train
+from bertjax import config_lib, inputs, sweep, train
 from bertjax.data import prepare
 from bertjax.errors import UserError
 from tests.test_train import REPO, tiny_config
@@ -60,3 +60,44 @@ def test_a_good_choice_still_trains(tmp_path):
   summary = train.train_and_evaluate(tiny_config(nonfinite_policy="skip", total_steps=2),
                                      pathlib.Path(tmp_path) / "run")
   assert summary["step"] == 2 and summary["status"] == "finished"
+
+
+# --------------------------------------------------------------------------- sweeps
+
+
+def write_sweep(path: pathlib.Path, body: dict) -> str:
+  path.write_text(f"def get_sweep():\n  return {body!r}\n")
+  return str(path)
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_sweep_points_range_error_is_refused_before_any_point_runs(tmp_path, dry_run):
+  path = write_sweep(tmp_path / "s.py", {"config": "configs/quickstart.py:runlocal",
+                                         "product": {"optimizer.b2": [0.999, 1.5]}})
+  with pytest.raises(UserError, match=r"point optimizer\.b2=1\.5: optimizer\.b2=1\.5 must be") as e:
+    sweep.run_sweep(path, tmp_path / "w", dry_run=dry_run)
+  assert "\n" not in str(e.value)
+  assert not (tmp_path / "w").exists()  # no point ran, no sweep.json
+
+
+def test_a_sweep_points_bad_choice_is_refused_in_dry_run(tmp_path):
+  path = write_sweep(tmp_path / "s.py", {"config": "configs/quickstart.py:runlocal",
+                                         "points": [{"seed": 0}, {"nonfinite_policy": "skp"}]})
+  with pytest.raises(UserError, match=r"point nonfinite_policy=skp: nonfinite_policy='skp'"):
+    sweep.run_sweep(path, tmp_path / "w", dry_run=True)
+
+
+@pytest.mark.parametrize("swept", [{"product": {"seed": [0, 1]}}, {"points": [{"seed": 2}]}])
+def test_a_key_both_fixed_and_swept_is_refused(tmp_path, swept):
+  path = write_sweep(tmp_path / "s.py", {"config": "configs/quickstart.py:runlocal",
+                                         "fixed": {"seed": 5}, **swept})
+  with pytest.raises(UserError, match="key 'seed' is both in 'fixed' and swept") as e:
+    sweep.run_sweep(path, tmp_path / "w", dry_run=True)
+  assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("spec", sorted(str(p.relative_to(REPO))
+                                        for p in (REPO / "experiments").glob("*.py")
+                                        if "def get_sweep" in p.read_text()))
+def test_every_sweep_file_of_experiments_passes_the_point_checks(spec):
+  assert sweep.load_sweep(spec).points

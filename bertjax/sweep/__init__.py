@@ -16,8 +16,10 @@ spec, as for configs) with these keys:
 With only `product`, the points are its combinations; with only `points`, the list; with both,
 each explicit point crossed with the product (e.g. objectives x seeds). Keys are config keys with
 dots (`optimizer.b2`), values Python values. `--config.key=value` given with --sweep are added to
-`fixed` (a swept key there is refused: the point names would lie). Every point is checked against
-the config before anything runs: an unknown key or a bad value fails naming it.
+`fixed` (a swept key there is refused: the point names would lie), and a key both in `fixed` and
+swept is refused too (one of the two would silently win). Every point's resolved config passes the
+trainer's settings checks (bertjax/config_checks.py) before anything runs, --dry_run included:
+an unknown key, a bad value or one out of its range fails naming the point.
 
 Each point runs in DIR/<name>, its name made of its swept keys and values, sorted by key
 (`learning_rate=0.001,seed=1`; characters outside `[A-Za-z0-9._+-]` become `_`; a tuple's

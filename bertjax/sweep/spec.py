@@ -14,7 +14,7 @@ import re
 import sys
 from typing import Any, Sequence
 
-from bertjax import config_lib
+from bertjax import config_checks, config_lib
 from bertjax.errors import UserError, fail
 
 
@@ -149,7 +149,8 @@ def expand_points(raw: dict[str, Any], where: str) -> list[dict[str, Any]]:
 
 
 def load_sweep(spec: str, overrides: Sequence[str] = (), also_check: Sequence[str] = ()) -> Sweep:
-  """Loads a sweep file and checks every point against its config; nothing runs.
+  """Loads a sweep file and checks every point's config as the trainer would before it prepares
+  anything (`config_checks.check_ranges`); nothing runs.
 
   `overrides` (`key=value`, as on the command line) join every point's args; `also_check` is
   applied in the check only (settings the remote commands add themselves).
@@ -160,6 +161,10 @@ def load_sweep(spec: str, overrides: Sequence[str] = (), also_check: Sequence[st
   fixed = _check_mapping(f"{where}: 'fixed'", raw.get("fixed", {}))
   swept = expand_points(raw, where)
   swept_keys = {k for p in swept for k in p}
+  twice = sorted(set(fixed) & swept_keys)
+  if twice:  # passed twice, the last would silently win
+    fail(f"{where}: key {twice[0]!r} is both in 'fixed' and swept ('product' or 'points'); keep "
+         "one")
   cli = [o.removeprefix("--").removeprefix("config.") for o in overrides]
   for item in cli:
     key = item.partition("=")[0]
@@ -184,6 +189,8 @@ def load_sweep(spec: str, overrides: Sequence[str] = (), also_check: Sequence[st
     config = copy.deepcopy(base)
     _with_where(f"{where}: point {name}", config_lib.apply_overrides, config,
                 args + list(also_check))
+    # The trainer's settings checks, on every point before any runs (and in --dry_run).
+    _with_where(f"{where}: point {name}", config_checks.check_ranges, config)
     if name in names:
       fail(f"{where}: points {names[name]} and {overrides_} share the name {name}; "
            f"make their values differ in letters or digits")
