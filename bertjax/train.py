@@ -16,6 +16,7 @@ import json
 import logging
 import pathlib
 import signal
+import sys
 import time
 from typing import Any, Callable
 
@@ -27,7 +28,7 @@ import ml_collections
 import optax
 
 from bertjax import (checkpoints, config_checks, divergence, freezing, optim, paths, prefetch,
-                     sharding, workdir as workdir_lib)
+                     sharding, step_memory, workdir as workdir_lib)
 from bertjax.metric_writers import MetricWriter
 from bertjax.models.config import ModelConfig
 from bertjax.objective import Schedule
@@ -313,6 +314,20 @@ def reads_devices(config, step: int, first: bool) -> bool:
               or step % config.checkpoint_every == 0)
 
 
+def check_step_memory(s: Setup, state: TrainState, device_batch) -> str:
+  """Compiles the train step for the first batch and refuses, in one line, a step that cannot
+  fit on the device (bertjax/step_memory.py); else prints its estimate once. The jitted step then
+  runs this same executable (jit reuses it: no second compile). Fine-tuning batches cut to their
+  longest row are estimated at the first batch's length."""
+  with jax.set_mesh(s.mesh), nn.logical_axis_rules(s.rules):
+    compiled = s.train_step.lower(state, device_batch).compile()
+  line = step_memory.check_fits(compiled, jax.local_devices()[0])
+  logging.info(line)
+  if jax.process_index() == 0:
+    print(line, file=sys.stderr, flush=True)
+  return line
+
+
 def _train_loop(config, s: Setup, state: TrainState, data, ckpt, writer: MetricWriter,
                 run_eval: Callable, progress: RunRecord, clock: Callable[[], float]
                 ) -> tuple[TrainState, int, str]:
@@ -331,6 +346,8 @@ def _train_loop(config, s: Setup, state: TrainState, data, ckpt, writer: MetricW
       quiet = not reads_devices(config, step, progress.compiling)
       with QUIET_STEP() if quiet else contextlib.nullcontext():
         batch, device_batch = next(batches)
+        if progress.compiling:  # this process's first step: known to fit before it runs
+          check_step_memory(s, state, device_batch)
         with jax.set_mesh(s.mesh), nn.logical_axis_rules(s.rules):
           state, metrics = s.train_step(state, device_batch)
         progress.add(batch, metrics, state.step)

@@ -2,11 +2,14 @@
 the corpus prepared or the model initialized; a sweep's every point before the first runs (and
 in --dry_run); the train step's memory against the device's before the first step."""
 
+import logging
 import pathlib
 
+import jax
+import jax.numpy as jnp
 import pytest
 
-from bertjax import config_lib, inputs, sweep, train
+from bertjax import config_lib, inputs, step_memory, sweep, train
 from bertjax.data import prepare
 from bertjax.errors import UserError
 from tests.test_train import REPO, tiny_config
@@ -56,12 +59,6 @@ def test_a_squad_question_longer_than_the_row_is_refused_before_reading_data(tmp
   assert not (tmp_path / "run").exists()  # refused before the workdir is even created
 
 
-def test_a_good_choice_still_trains(tmp_path):
-  summary = train.train_and_evaluate(tiny_config(nonfinite_policy="skip", total_steps=2),
-                                     pathlib.Path(tmp_path) / "run")
-  assert summary["step"] == 2 and summary["status"] == "finished"
-
-
 # --------------------------------------------------------------------------- sweeps
 
 
@@ -101,3 +98,39 @@ def test_a_key_both_fixed_and_swept_is_refused(tmp_path, swept):
                                         if "def get_sweep" in p.read_text()))
 def test_every_sweep_file_of_experiments_passes_the_point_checks(spec):
   assert sweep.load_sweep(spec).points
+
+
+# --------------------------------------------------------------------------- the step's memory
+
+
+def test_the_step_estimate_counts_arguments_outputs_and_temporaries():
+  x = jnp.ones((64, 64), jnp.float32)
+  compiled = jax.jit(lambda a: (a @ a, a.sum())).lower(x).compile()
+  need = step_memory.step_bytes(compiled)
+  assert need is not None and need >= 2 * x.nbytes  # the argument and the product
+  limit, what = step_memory.device_limit(jax.local_devices()[0])
+  assert limit > need and "memory" in what
+
+
+def test_a_step_that_cannot_fit_is_refused_in_one_line_before_it_runs(tmp_path, monkeypatch):
+  monkeypatch.setattr(step_memory, "device_limit", lambda device: (2**16, "a 64 KiB test limit"))
+  ran = []
+  monkeypatch.setattr(train.RunRecord, "add", lambda *a: ran.append(a))
+  with pytest.raises(UserError, match=r"the train step needs about [0-9.]+ MiB per device .*but "
+                     r"a 64 KiB test limit is 0\.1 MiB; fix: a smaller --config\.batch_size") as e:
+    train.train_and_evaluate(tiny_config(total_steps=2), tmp_path / "run")
+  assert "\n" not in str(e.value) and not ran  # no step ran
+  assert not (tmp_path / "run" / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_a_run_that_fits_prints_its_estimate_once_and_compiles_its_step_once(tmp_path, capsys,
+                                                                             caplog):
+  with jax.log_compiles(True), caplog.at_level(logging.WARNING):
+    summary = train.train_and_evaluate(tiny_config(nonfinite_policy="skip", total_steps=2),
+                                       tmp_path / "run")
+  assert summary["step"] == 2 and summary["status"] == "finished"
+  lines = [l for l in capsys.readouterr().err.splitlines() if "the train step needs" in l]
+  assert len(lines) == 1 and "per device of" in lines[0], lines
+  compiles = [r for r in caplog.records if "Compiling jit(train_step)" in r.getMessage()]
+  assert len(compiles) == 1, [r.getMessage()[:120] for r in compiles]
