@@ -29,6 +29,7 @@ from bertjax.config_rules import (AT_LEAST_1, CHOICES, NON_NEGATIVE, OPEN_UNIT, 
 from bertjax.data import tokenizers
 from bertjax.errors import fail
 from bertjax.models import features
+from bertjax.models.config import ModelConfig
 
 _MISSING = object()
 
@@ -147,6 +148,16 @@ def check_settings(config, workdir=None) -> None:
   if workdir is not None:
     check_workdir(workdir)
   check_init_from(config)
+
+
+def check_config(config) -> None:
+  """What the config alone decides, without a workdir, a device or a file read (a sweep checks
+  each point so before any runs): the ranges, config.model's own fields, and, when the model is
+  config.model (no init_from), max_seq_length against its positions."""
+  check_ranges(config)
+  model_cfg = ModelConfig.from_dict(config.model.to_dict())
+  if not config.get("init_from"):
+    check_positions(config, model_cfg)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -84,6 +84,19 @@ def test_a_sweep_points_bad_choice_is_refused_in_dry_run(tmp_path):
     sweep.run_sweep(path, tmp_path / "w", dry_run=True)
 
 
+@pytest.mark.parametrize("product, needle", [
+    ({"max_seq_length": [64, 256]}, "point max_seq_length=256: max_seq_length=256 exceeds the "
+     "model's 128 positions"),
+    ({"model.remat_policy": ["full", "som"]}, "point model.remat_policy=som: unknown "
+     "model.remat_policy='som'"),
+])
+def test_a_sweep_point_the_model_refuses_is_refused_in_dry_run(tmp_path, product, needle):
+  path = write_sweep(tmp_path / "s.py", {"config": "configs/quickstart.py:runlocal",
+                                         "product": product})
+  with pytest.raises(UserError, match=needle):
+    sweep.run_sweep(path, tmp_path / "w", dry_run=True)
+
+
 @pytest.mark.parametrize("swept", [{"product": {"seed": [0, 1]}}, {"points": [{"seed": 2}]}])
 def test_a_key_both_fixed_and_swept_is_refused(tmp_path, swept):
   path = write_sweep(tmp_path / "s.py", {"config": "configs/quickstart.py:runlocal",

@@ -150,7 +150,7 @@ def expand_points(raw: dict[str, Any], where: str) -> list[dict[str, Any]]:
 
 def load_sweep(spec: str, overrides: Sequence[str] = (), also_check: Sequence[str] = ()) -> Sweep:
   """Loads a sweep file and checks every point's config as the trainer would before it prepares
-  anything (`config_checks.check_ranges`); nothing runs.
+  anything (`config_checks.check_config`); nothing runs.
 
   `overrides` (`key=value`, as on the command line) join every point's args; `also_check` is
   applied in the check only (settings the remote commands add themselves).
@@ -190,7 +190,7 @@ def load_sweep(spec: str, overrides: Sequence[str] = (), also_check: Sequence[st
     _with_where(f"{where}: point {name}", config_lib.apply_overrides, config,
                 args + list(also_check))
     # The trainer's settings checks, on every point before any runs (and in --dry_run).
-    _with_where(f"{where}: point {name}", config_checks.check_ranges, config)
+    _with_where(f"{where}: point {name}", config_checks.check_config, config)
     if name in names:
       fail(f"{where}: points {names[name]} and {overrides_} share the name {name}; "
            f"make their values differ in letters or digits")
