@@ -26,7 +26,7 @@ from bertjax import paths, sharding
 # The table of allowed values (bertjax/config_rules.py); its names are also read from here.
 from bertjax.config_rules import (AT_LEAST_1, CHOICES, NON_NEGATIVE, OPEN_UNIT, POSITIVE,
                                   PROBABILITY, RULES, SHARE, UNIT, Range)
-from bertjax.data import tokenizers
+from bertjax.data import instances, packing, tokenizers
 from bertjax.errors import fail
 from bertjax.models import features
 from bertjax.models.config import ModelConfig
@@ -264,6 +264,17 @@ def check_run(config, objective, model_cfg, mesh, workdir=None) -> int:
   check_corpus_tokenizer(config, objective, workdir)
   check_freeze(config, objective, model_cfg)
   return accum
+
+
+def check_objective(config, objective) -> None:
+  """What the objective asks of the pretraining data, checked before a tokenizer is trained or a
+  corpus prepared: its masking (span_sbo: span), its rows' length, packing."""
+  if objective.data_kind == "task" or config.data.synthetic:
+    return
+  objective.masking_kwargs(config)
+  instances.check_kind(objective.data_kind, config.max_seq_length)
+  if config.data.pack:
+    packing.check_packing(objective.data_kind, config.data.pack_bins)
 
 
 def check_freeze(config, objective, model_cfg) -> None:

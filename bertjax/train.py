@@ -382,8 +382,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   mesh = sharding.make_mesh(config.mesh_shape)
   model_cfg = objective.model_config(config)  # the model trained: fine-tuning takes init_from's
   config_checks.check_run(config, objective, model_cfg, mesh, workdir)
-  if objective.data_kind != "task":  # the objective's own masking rule (span_sbo: span masking)
-    objective.masking_kwargs(config)
+  config_checks.check_objective(config, objective)
   workdir.mkdir(parents=True, exist_ok=True)
   with workdir_lib.locked(workdir):
     return _train_and_evaluate(config, workdir, objective, mesh, model_cfg, clock)

@@ -48,6 +48,13 @@ def test_span_sbo_without_span_masking_is_refused_before_the_corpus(tmp_path, no
   config = corpus_config(objective="span_sbo", **{"masking.strategy": "token"})
   with pytest.raises(UserError, match="objective span_sbo needs span masking"):
     train.train_and_evaluate(config, tmp_path / "run")
+  assert not (tmp_path / "run").exists()
+
+
+def test_packing_rows_with_a_pair_label_is_refused_before_the_workdir(tmp_path, no_work):
+  with pytest.raises(UserError, match="data.pack=True is for single-segment data"):
+    train.train_and_evaluate(corpus_config(**{"data.pack": True}), tmp_path / "run")
+  assert not (tmp_path / "run").exists()
 
 
 def test_a_squad_question_longer_than_the_row_is_refused_before_reading_data(tmp_path, no_work):
