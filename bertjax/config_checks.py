@@ -7,10 +7,14 @@ The trainer calls, in order:
                     architecture): the batch against the data-parallel size and accumulation,
                     mesh axes against heads and hidden sizes, max_seq_length against the position
                     table; still before any input is prepared;
+  `check_objective` what the objective asks of the pretraining data (masking, row length,
+                    packing); before the workdir is made, a tokenizer trained or a corpus prepared;
   `check_data`      the built inputs: the tokenizer against the model's vocabulary and against
                     the one init_from was trained with; before anything is initialized or written.
-`check_param_shardings` is the last word on the layout, parameter by parameter. Every message
-names `setting=value`, what it must be and the fix (`errors.fail`: exit status 2, one line).
+A sweep runs `check_config` (the ranges, the model's fields, its positions) on every point
+before the first runs. `check_param_shardings` is the last word on the layout, parameter by
+parameter. Every message names `setting=value`, what it must be and the fix (`errors.fail`:
+exit status 2, one line).
 """
 
 from __future__ import annotations
