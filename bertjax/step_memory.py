@@ -64,7 +64,7 @@ def check_fits(compiled: Any, device, what: str = "the train step") -> str:
   if need is None:
     return f"{what}: no memory estimate on {device.platform} (XLA gives no memory analysis)"
   if limit is None:
-    return f"{what} needs about {size(need)} per device (XLA's estimate; the device's limit unknown)"
+    return f"{what} needs about {size(need)} per device (XLA's estimate; the limit is unknown)"
   total, where = limit
   if need > total:
     fail(f"{what} needs about {size(need)} per device (XLA's compiled estimate) but {where} is "

@@ -28,7 +28,7 @@ def no_work(monkeypatch):
 
 
 def corpus_config(**overrides):
-  """The runlocal quickstart on raw text: its first run trains a tokenizer and prepares the corpus."""
+  """The runlocal quickstart on raw text: its first run trains a tokenizer, prepares a corpus."""
   return tiny_config(**{"data.synthetic": False, "model.vocab_size": 4000, **overrides})
 
 
