@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from bertjax import checkpoints, paths
+from bertjax import checkpoints, paths, run_files
 from bertjax.convert.models import _check_tree
 from bertjax.convert.readers import _one_line
 from bertjax.convert.workdirs import Converted, _to_numpy, load_workdir
@@ -136,10 +136,8 @@ def _restore(path: paths.Path) -> dict[str, Any]:
 
 
 def _best_step(d: paths.Path) -> int | None:
-  try:
-    return int(json.loads((d / "best.json").read_text())["step"])
-  except (ValueError, KeyError, TypeError):
-    return None
+  step = run_files.read_number(d / "best.json", "step")  # damaged: None, with a warning
+  return int(step) if step is not None else None
 
 
 def _task_head(config: dict[str, Any], params: dict[str, Any]) -> TaskHead:
