@@ -19,15 +19,13 @@ from typing import Any
 from etils import epath
 
 _log = logging.getLogger("bertjax.run_files")
+_warned: set[str] = set()  # a file read twice (report and sweep both read summary.json): once
 
 
-def _no_constant(name: str):
-  raise ValueError(f"{name} is not a number JSON allows")
-
-
-def _loads(text: str) -> Any:
-  """json.loads, refusing NaN and Infinity (the writers write null for a non-finite value)."""
-  return json.loads(text, parse_constant=_no_constant)
+def _warn(message: str) -> None:
+  if message not in _warned:
+    _warned.add(message)
+    _log.warning("%s", message)
 
 
 def row_problem(row: Any) -> str | None:
@@ -43,9 +41,7 @@ def row_problem(row: Any) -> str | None:
     if key in ("step", "split") or value is None:
       continue
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-      return f"{key} {_short(value)} is not a number"
-    if not math.isfinite(value):
-      return f"{key} {value!r} is not finite"
+      return f"{key} {_short(value)} is not a number"  # NaN is one: a diverged run's loss
   return None
 
 
@@ -65,7 +61,7 @@ def parse_rows(data: bytes, where: str | os.PathLike) -> list[tuple[str, dict]]:
       continue
     try:
       line = raw.decode("utf-8")
-      row = _loads(line)
+      row = json.loads(line)
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError, JSONDecodeError: ValueErrors
       problem = "not UTF-8" if isinstance(e, UnicodeDecodeError) else "not JSON (torn?)"
       _skip(where, number, problem)
@@ -79,7 +75,7 @@ def parse_rows(data: bytes, where: str | os.PathLike) -> list[tuple[str, dict]]:
 
 
 def _skip(where: str | os.PathLike, number: int, problem: str) -> None:
-  _log.warning("%s:%d: skipped a malformed row: %s", os.fspath(where), number, problem)
+  _warn(f"{os.fspath(where)}:{number}: skipped a malformed row: {problem}")
 
 
 def read_bytes(path: epath.Path) -> bytes | None:
@@ -89,7 +85,7 @@ def read_bytes(path: epath.Path) -> bytes | None:
   except FileNotFoundError:
     return None
   except OSError as e:
-    _log.warning("%s: cannot read it (%s); skipped", path, e.strerror or type(e).__name__)
+    _warn(f"{path}: skipped: cannot read it ({e.strerror or type(e).__name__})")
     return None
 
 
@@ -100,15 +96,15 @@ def read_json(path: epath.Path, kind: type | None = dict) -> Any:
   if data is None:
     return None
   try:
-    value = _loads(data.decode("utf-8-sig"))
+    value = json.loads(data.decode("utf-8-sig"))
   except (ValueError, RecursionError) as e:
     line = f":{e.lineno}" if isinstance(e, json.JSONDecodeError) else ""
-    _log.warning("%s%s: skipped: not JSON (%s)", path, line,
-                 "not UTF-8" if isinstance(e, UnicodeDecodeError) else "torn or damaged")
+    _warn(f"{path}{line}: skipped: not JSON "
+          f"({'not UTF-8' if isinstance(e, UnicodeDecodeError) else 'torn or damaged'})")
     return None
   if kind is not None and not isinstance(value, kind):
-    _log.warning("%s: skipped: a JSON %s, not %s", path, type(value).__name__,
-                 "an object" if kind is dict else kind.__name__)
+    _warn(f"{path}: skipped: a JSON {type(value).__name__}, not "
+          f"{'an object' if kind is dict else kind.__name__}")
     return None
   return value
 
@@ -121,6 +117,6 @@ def read_number(path: epath.Path, key: str) -> float | int | None:
     return None
   value = record.get(key)
   if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-    _log.warning("%s: skipped: %s %s is not a number", path, key, _short(value))
+    _warn(f"{path}: skipped: its {key} {_short(value)} is not a finite number")
     return None
   return value
