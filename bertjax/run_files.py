@@ -89,9 +89,9 @@ def read_bytes(path: epath.Path) -> bytes | None:
     return None
 
 
-def read_json(path: epath.Path, kind: type | None = dict) -> Any:
-  """The JSON value in `path` (of type `kind` unless None), or None when the file is absent, or
-  is unreadable, not UTF-8, not JSON or of another type (one warning naming it then)."""
+def read_json(path: epath.Path) -> dict | None:
+  """The JSON object in `path`, or None when the file is absent, or is unreadable, not UTF-8,
+  not JSON or not an object (one warning naming it then)."""
   data = read_bytes(path)
   if data is None:
     return None
@@ -102,9 +102,8 @@ def read_json(path: epath.Path, kind: type | None = dict) -> Any:
     _warn(f"{path}{line}: skipped: not JSON "
           f"({'not UTF-8' if isinstance(e, UnicodeDecodeError) else 'torn or damaged'})")
     return None
-  if kind is not None and not isinstance(value, kind):
-    _warn(f"{path}: skipped: a JSON {type(value).__name__}, not "
-          f"{'an object' if kind is dict else kind.__name__}")
+  if not isinstance(value, dict):
+    _warn(f"{path}: skipped: a JSON {type(value).__name__}, not an object")
     return None
   return value
 

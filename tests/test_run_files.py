@@ -11,7 +11,7 @@ import tempfile
 from hypothesis import HealthCheck, given, settings, strategies as st
 import pytest
 
-from bertjax import checkpoints, metric_writers, report, run_files
+from bertjax import checkpoints, metric_writers, report, run_files, sweep
 
 ROWS = [{"step": 1, "split": "train", "loss": 3.0, "tokens_per_s": 100.0},
         {"step": 2, "split": "train", "loss": 2.5, "tokens_per_s": 110.0},
@@ -76,6 +76,20 @@ def test_report_reads_damaged_summary_config_and_sweep_json(tmp_path, caplog):
   assert "a/summary.json: skipped: a JSON list" in text
   assert "a/config.json:1: skipped: not JSON" in text
   assert "sweep.json: skipped point 1: its total_steps 'many' is damaged" in text
+
+
+def test_the_sweep_reads_a_damaged_point_as_unfinished(tmp_path, caplog):
+  """A re-run sweep asks each point whether it finished: a config.json whose total_steps is not
+  a number raised ValueError (int('x')); a torn summary.json is now named, not silent."""
+  (tmp_path / "summary.json").write_text(json.dumps({"status": "finished", "step": 5}))
+  (tmp_path / "config.json").write_text(json.dumps({"total_steps": "x"}))
+  assert not sweep.is_finished(tmp_path, 0)
+  (tmp_path / "config.json").write_text(json.dumps({"total_steps": 5}))
+  assert sweep.is_finished(tmp_path, 0)
+  (tmp_path / "summary.json").write_text('{"status": "finished", "st')
+  with caplog.at_level(logging.WARNING):
+    assert not sweep.is_finished(tmp_path, 5)
+  assert [m for m in _warnings(caplog) if "summary.json:1: skipped: not JSON" in m]
 
 
 @pytest.mark.parametrize("damage", ['{"step": 4, "val', '{"value": "x"}', "[]"])
