@@ -350,8 +350,6 @@ def parse_args(argv):
   for flag in ("batch_size", "seq_len", "rounds"):
     if getattr(args, flag) is not None and getattr(args, flag) < 1:
       fail(f"--{flag} {getattr(args, flag)} must be >= 1; leave it out for the config's value")
-  if args.steps < 0:
-    fail(f"--steps {args.steps} must be >= 0 (0: compile only)")
   return args
 
 
