@@ -136,9 +136,9 @@ def build_config(args):
       config.model = common.model_config(args.preset)
     config.lock()
   overrides = ["data.synthetic=True", "optimizer.warmup_steps=0", "total_steps=1000000"]
-  if args.batch_size:
+  if args.batch_size is not None:
     overrides.append(f"batch_size={args.batch_size}")
-  if args.seq_len:
+  if args.seq_len is not None:
     overrides += [f"max_seq_length={args.seq_len}"]
   if args.objective:
     overrides.append(f"objective='{args.objective}'")
@@ -344,7 +344,13 @@ def parse_args(argv):
                                        "the same name with .json)")
   parser.add_argument("--timeout", type=float,
                       help="with --ablate: seconds each variant's process may run (default 900)")
-  return parser.parse_args(argv)
+  args = parser.parse_args(argv)
+  # 0 read as "not given" ran the config's batch; the config's check then named --config.X,
+  # a flag this command does not take.
+  for flag in ("batch_size", "seq_len", "rounds"):
+    if getattr(args, flag) is not None and getattr(args, flag) < 1:
+      fail(f"--{flag} {getattr(args, flag)} must be >= 1; leave it out for the config's value")
+  return args
 
 
 def main(argv=None) -> dict:

@@ -22,7 +22,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint._src import asyncio_utils
 
-from bertjax import paths
+from bertjax import paths, run_files
 from bertjax.errors import UserError, fail, read_text
 
 
@@ -273,8 +273,8 @@ class BestKeeper:
     self.metric, self.mode = metric, mode
     if mode not in ("max", "min"):
       fail(f"best_mode={mode!r} must be max or min")
-    info = self.dir / "best.json"
-    self.value = json.loads(info.read_text())["value"] if info.exists() else None
+    # A damaged best.json (a warning names it) holds no value: the next evaluation replaces it.
+    self.value = run_files.read_number(self.dir / "best.json", "value")
 
   def update(self, step: int, metrics: dict, params) -> None:
     if not self.metric or jax.process_index() != 0:

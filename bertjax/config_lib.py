@@ -19,11 +19,17 @@ import ml_collections
 from bertjax.errors import fail
 
 
-def load_module(file: pathlib.Path):
-  """The Python file `file` (a config, or a helper such as configs/common.py) as a module."""
-  module_spec = importlib.util.spec_from_file_location(f"bertjax_config_{file.stem}", file)
+def load_module(file: pathlib.Path, kind: str = "config"):
+  """The Python file `file` (a `kind` file: a config, a sweep, or a helper such as
+  configs/common.py) as a module. A syntax error in it (or in a file it imports) is one line
+  naming the file and line."""
+  module_spec = importlib.util.spec_from_file_location(f"bertjax_{kind}_{file.stem}", file)
   module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
+  try:
+    module_spec.loader.exec_module(module)
+  except SyntaxError as e:  # IndentationError and TabError too
+    where = f"{e.filename or file}:{e.lineno}" if e.lineno else str(e.filename or file)
+    fail(f"{where}: {e.msg} (a syntax error in the {kind} file); fix that line")
   return module
 
 

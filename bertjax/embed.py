@@ -141,9 +141,10 @@ def write_atomically(path: paths.Path, arrays: dict[str, np.ndarray]) -> None:
     path.write_bytes(buffer.getvalue())
     return
   path = pathlib.Path(path)
-  fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+  # Opened as every other output is (mode 0666 less the umask: 0644), not mkstemp's 0600.
+  tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
   try:
-    with os.fdopen(fd, "wb") as f:
+    with open(tmp, "wb") as f:
       if path.suffix == ".npy":
         np.save(f, arrays["pooled"])
       else:
@@ -179,6 +180,8 @@ def _parser() -> ArgumentParser:
 def check_args(args) -> tuple[paths.Path, tuple[int, ...]]:
   """The output path and the layers, refused in one line before anything is loaded."""
   out = paths.as_path(args.output)
+  if out.is_dir():  # checked before the features are computed: os.replace refused it after
+    fail(f"--output {out} is a folder; name a file, e.g. --output {out / 'features.npz'}")
   if out.suffix not in (".npz", ".npy"):
     fail(f"--output {out} must end in .npz or .npy")
   if out.suffix == ".npy" and args.tokens:

@@ -158,8 +158,18 @@ def _json_safe(obj: Any) -> Any:
   return obj
 
 
+def _check_files(args: argparse.Namespace) -> None:
+  """A folder where a file is wanted is called one (the readers said "file not found")."""
+  for flag in ("data", "predictions", "null_odds"):
+    value = getattr(args, flag)
+    if value and paths.as_path(value).is_dir():
+      fail(f"--{flag} {value} is a folder, not a file; pass the {flag.replace('_', ' ')} file "
+           "in it")
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   args = _parser().parse_args(argv)
+  _check_files(args)
   evaluate = {"glue": _evaluate_glue, "squad": _evaluate_squad, "ner": _evaluate_ner}
   result = evaluate[args.benchmark](args)
   print(json.dumps(_json_safe(result), sort_keys=False))

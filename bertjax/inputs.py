@@ -85,7 +85,8 @@ def prepared_corpus_dir(config, workdir: paths.Path) -> pathlib.Path:
   else:
     logging.info("training a sentencepiece tokenizer (vocab %d) on %s", config.data.vocab_size, globs)
     tokenizer = tokenizers.train_sentencepiece(sources.iter_sentences(docs), None,
-                                               vocab_size=config.data.vocab_size)
+                                               vocab_size=config.data.vocab_size,
+                                               flag="--config.data.vocab_size")
   logging.info("tokenizing %s into %s", globs, out)
   with paths.writing(out, last=(records.META_FILE,), replace=overwrite) as local_out:
     prepare.prepare_corpus(docs, tokenizer, local_out, num_shards=1, overwrite=overwrite,

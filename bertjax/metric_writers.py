@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import logging
 import math
 import pathlib
 import sys
@@ -25,7 +26,7 @@ import tempfile
 
 import jax
 
-from bertjax import paths
+from bertjax import paths, run_files
 
 # The metrics a logged row's console line shows next to the loss, when present.
 SHOWN = ("mlm_accuracy", "nsp_accuracy", "sop_accuracy", "rtd_accuracy", "accuracy", "score", "f1",
@@ -67,11 +68,16 @@ class MetricWriter:
     holding such rows are rewritten: on a bucket, the last few objects (deleted when emptied)."""
     rows = []
     for path in _sources(self.workdir):
-      lines = path.read_text(encoding="utf-8").splitlines()
-      kept = [(line, row) for line, row in _parse(lines) if int(row.get("step", 0)) <= step]
+      data = run_files.read_bytes(path) or b""
+      parsed = run_files.parse_rows(data, path)  # a malformed row is skipped with a warning
+      kept = [(line, row) for line, row in parsed if row["step"] <= step]
       rows.extend(row for _, row in kept)
-      if not self.enabled or len(kept) == len(lines):  # rewritten only when a row goes
+      lines = sum(1 for line in data.split(b"\n") if line.strip())
+      if not self.enabled or len(kept) == lines:  # rewritten only when a row goes
         continue
+      if len(parsed) < lines:
+        logging.warning("%s: rewritten without its %d malformed row(s) (warned above)", path,
+                        lines - len(parsed))
       if kept or path.name == METRICS:
         paths.replace_text(path, "".join(line + "\n" for line, _ in kept))
       else:
@@ -152,15 +158,17 @@ def _clean(v):
 
 
 def read_metrics(workdir: str | pathlib.Path) -> list[dict]:
-  """Every row of the run in `workdir` (local or remote), in the order logged; a line torn by a
-  kill mid-write (the last one of a local metrics.jsonl) is skipped."""
+  """Every row of the run in `workdir` (local or remote), in the order logged. A line torn by a
+  kill mid-write (the last one of a local metrics.jsonl), or any other malformed line, is skipped
+  with a warning naming the file and line (bertjax/run_files.py)."""
   sources = _sources(paths.as_path(workdir))
   if len(sources) > 1 and paths.is_remote(workdir):  # one small read per object: in parallel
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
-      texts = list(pool.map(lambda p: p.read_text(encoding="utf-8"), sources))
+      datas = list(pool.map(run_files.read_bytes, sources))
   else:
-    texts = [p.read_text(encoding="utf-8") for p in sources]
-  return [row for text in texts for _, row in _parse(text.splitlines())]
+    datas = [run_files.read_bytes(p) for p in sources]
+  return [row for path, data in zip(sources, datas)
+          for _, row in run_files.parse_rows(data or b"", path)]
 
 
 def _sources(workdir: paths.Path) -> list[paths.Path]:
@@ -181,16 +189,3 @@ def _numbered(workdir: paths.Path) -> dict[int, paths.Path]:
 
 def _next_number(workdir: paths.Path) -> int:
   return max(_numbered(workdir), default=-1) + 1
-
-
-def _parse(lines: list[str]) -> list[tuple[str, dict]]:
-  """(line, row) for each line holding a JSON object; blank and torn lines are skipped."""
-  out = []
-  for line in lines:
-    try:
-      row = json.loads(line)
-    except ValueError:
-      continue
-    if isinstance(row, dict):
-      out.append((line, row))
-  return out

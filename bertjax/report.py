@@ -36,7 +36,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
-import json
+import logging
 import math
 import pathlib
 import statistics
@@ -45,7 +45,7 @@ from typing import Any, Sequence
 from bertjax import paths, registry, sweep as sweep_lib
 from bertjax.metrics import glue
 from bertjax.errors import fail, run_cli
-from bertjax import metric_writers
+from bertjax import metric_writers, run_files
 from bertjax.report_plots import plot_dev_vs_lr, plot_train_loss, setting_text
 
 SEED_KEYS = ("seed",)
@@ -90,13 +90,6 @@ def _is_metric(key: str, value: Any) -> bool:
           and isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
-def _read_json(path: paths.Path) -> Any:
-  try:
-    return json.loads(path.read_text())
-  except (OSError, ValueError):
-    return None
-
-
 def _overrides_from_name(name: str) -> dict[str, Any]:
   """`learning_rate=0.001,seed=1` -> {learning_rate: 0.001, seed: 1} (for runs without
   sweep.json)."""
@@ -138,8 +131,9 @@ def load_point(sweep_dir: paths.Path, entry: dict[str, Any]) -> PointResult:
       if _is_metric(k, v):
         better = min if lower_is_better(k) else max
         best[k] = v if k not in best else better(best[k], v)
-  summary = _read_json(point_dir / "summary.json") or {}
-  config = {**entry.get("resolved", {}), **(_read_json(point_dir / "config.json") or {})}
+  summary = run_files.read_json(point_dir / "summary.json") or {}
+  config = {**(entry.get("resolved") or {}),
+            **(run_files.read_json(point_dir / "config.json") or {})}
   total = int(entry.get("total_steps") or 0)
   status = entry.get("status") or ("finished" if summary else "pending")
   if sweep_lib.is_finished(point_dir, total):
@@ -165,10 +159,9 @@ def load_points(sweep_dir: str | pathlib.Path) -> list[PointResult]:
   sweep_dir = paths.as_path(sweep_dir)  # local or remote (gs://...)
   if not sweep_dir.is_dir():
     fail(f"sweep folder {sweep_dir} not found; pass the --workdir of a sweep")
-  record = _read_json(sweep_dir / "sweep.json")
-  if isinstance(record, dict) and record.get("points"):
-    entries = record["points"]
-  else:
+  record = run_files.read_json(sweep_dir / "sweep.json")
+  entries = _entries(sweep_dir, record.get("points")) if record else []
+  if not entries:
     entries = [{"name": d.name, "overrides": _overrides_from_name(d.name)}
                for d in sorted(sweep_dir.iterdir())
                if d.is_dir() and any((d / f).exists() for f in (
@@ -177,6 +170,36 @@ def load_points(sweep_dir: str | pathlib.Path) -> list[PointResult]:
     fail(f"{sweep_dir} holds no sweep.json and no run folders; run a sweep into it first "
          f"(python launch.py --sweep experiments/<name>.py --workdir {sweep_dir})")
   return [load_point(sweep_dir, e) for e in entries]
+
+
+# The types of the sweep.json entry fields the report reads (bertjax/sweep/runner.py writes them).
+_ENTRY_TYPES = {"name": str, "overrides": dict, "resolved": dict, "total_steps": int,
+                "status": str, "last_line": str, "wall_s": (int, float)}
+
+
+def _entries(sweep_dir: paths.Path, points: Any) -> list[dict[str, Any]]:
+  """sweep.json's points; one that is damaged (not an object, or a field of another type) is
+  left out with a warning naming it."""
+  out = []
+  for i, entry in enumerate(points if isinstance(points, list) else []):
+    problem = _entry_problem(entry)
+    if problem:
+      logging.warning("%s: skipped point %d: %s", sweep_dir / "sweep.json", i, problem)
+    else:
+      out.append(entry)
+  return out
+
+
+def _entry_problem(entry: Any) -> str | None:
+  if not isinstance(entry, dict):
+    return f"a JSON {type(entry).__name__}, not an object"
+  for key, kind in _ENTRY_TYPES.items():
+    value = entry.get(key)
+    if value is None and key != "name":
+      continue
+    if not isinstance(value, kind) or isinstance(value, bool):
+      return f"its {key} {value!r:.40} is damaged"
+  return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -82,8 +82,10 @@ def abstract_params(cfg: ModelConfig, heads: tuple[str, ...]) -> Params:
   return jax.eval_shape(_init_fn(cfg, heads), jax.random.key(0))
 
 
-def _check_tree(params: Params, cfg: ModelConfig, heads: tuple[str, ...], where: str) -> None:
-  """Fails unless `params` has exactly the paths and shapes the model expects."""
+def _check_tree(params: Params, cfg: ModelConfig, heads: tuple[str, ...], where: str,
+                record: str = "model.json") -> None:
+  """Fails unless `params` has exactly the paths and shapes the model expects (the model that
+  `record` describes: a converted folder's model.json, a run's or Hugging Face's config.json)."""
   want = {jax.tree_util.keystr(k): tuple(v.shape)
           for k, v in jax.tree_util.tree_leaves_with_path(abstract_params(cfg, heads))}
   got = {jax.tree_util.keystr(k): tuple(np.shape(v))
@@ -91,4 +93,4 @@ def _check_tree(params: Params, cfg: ModelConfig, heads: tuple[str, ...], where:
   for name in sorted(set(want) | set(got)):
     if want.get(name) != got.get(name):
       fail(f"{where}: parameter {name} is {got.get(name, 'missing')}, the model expects "
-           f"{want.get(name, 'no such parameter')}; the params do not match model.json")
+           f"{want.get(name, 'no such parameter')}; the params do not match {record}")

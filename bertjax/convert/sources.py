@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from bertjax import checkpoints, paths
+from bertjax import checkpoints, paths, run_files
 from bertjax.convert.models import _check_tree
 from bertjax.convert.readers import _one_line
 from bertjax.convert.workdirs import Converted, _to_numpy, load_workdir
@@ -82,7 +82,8 @@ def read_source(path: PathLike, step: int | None = None) -> Source:
   remote (gs://...: the arrays are read from there, the tokenizer from a local copy)."""
   d = paths.absolute(path)
   if not d.is_dir():
-    fail(f"{d} does not exist; pass a training workdir, its best/ folder or a folder written by "
+    what = "is a file, not a folder" if d.exists() else "does not exist"
+    fail(f"{d} {what}; pass a training workdir, its best/ folder or a folder written by "
          "`python -m bertjax.convert from-hf`")
   if (d / "model.json").is_file():
     _no_step(step, d, "a converted folder")
@@ -123,6 +124,8 @@ def _read_config(d: paths.Path) -> dict[str, Any]:
   except (ValueError, KeyError, TypeError) as e:
     fail(f"cannot read {path} ({_one_line(e)}); it may be truncated: copy it again from where "
          "the run was made")
+  except UserError as e:  # a setting of the wrong type or value: name the file it came from
+    fail(f"{path}: {e}")
   return config
 
 
@@ -136,10 +139,8 @@ def _restore(path: paths.Path) -> dict[str, Any]:
 
 
 def _best_step(d: paths.Path) -> int | None:
-  try:
-    return int(json.loads((d / "best.json").read_text())["step"])
-  except (ValueError, KeyError, TypeError):
-    return None
+  step = run_files.read_number(d / "best.json", "step")  # damaged: None, with a warning
+  return int(step) if step is not None else None
 
 
 def _task_head(config: dict[str, Any], params: dict[str, Any]) -> TaskHead:
@@ -172,7 +173,7 @@ def _from_training(config: dict[str, Any], params: dict[str, Any], kind: str, st
     source.kind = "fine-tuning" if kind == "training" else kind
     where = f"{d} [{objective} model]"
     # The task model's tree: encoder + its head, checked like a converted one.
-    _check_tree({"encoder": params["encoder"]}, cfg, (), where)
+    _check_tree({"encoder": params["encoder"]}, cfg, (), where, str(run / "config.json"))
     extra = sorted(set(params) - {"encoder", source.task.name, "scalar_mix"})
     if extra:
       fail(f"{where}: unexpected parameters {', '.join(extra)}; is this a bertjax run?")
@@ -190,15 +191,15 @@ def _from_training(config: dict[str, Any], params: dict[str, Any], kind: str, st
   source.converted.heads = heads
   if cfg.use_pooler and "pair" not in heads:
     source.untrained = ("pooler",)  # no loss of this objective reads it
-  _check_tree(params, cfg, heads, str(d))
+  _check_tree(params, cfg, heads, str(d), str(run / "config.json"))
   if generator is not None:
-    source.converted.generator = _generator(config, cfg, params, generator, d)
+    source.converted.generator = _generator(config, cfg, params, generator, d, run)
     source.converted.part = "both"
   return source
 
 
 def _generator(config: dict[str, Any], cfg: ModelConfig, params: dict[str, Any],
-               generator: dict[str, Any], d: paths.Path) -> Converted:
+               generator: dict[str, Any], d: paths.Path, run: paths.Path) -> Converted:
   """ELECTRA's generator as a model of its own: its encoder reads the discriminator's
   embeddings in training, so the exported generator gets a copy of them."""
   e = config.get("electra", {})
@@ -206,5 +207,5 @@ def _generator(config: dict[str, Any], cfg: ModelConfig, params: dict[str, Any],
                              e.get("generator_layer_fraction", 1.0))
   tree = {"encoder": {**generator["encoder"], "embeddings": params["encoder"]["embeddings"]},
           "mlm": generator["mlm"]}
-  _check_tree(tree, gen_cfg, ("mlm",), str(d) + " [generator]")
+  _check_tree(tree, gen_cfg, ("mlm",), str(d) + " [generator]", str(run / "config.json"))
   return Converted(gen_cfg, tree, ("mlm",), hf_model_type="electra", part="generator")

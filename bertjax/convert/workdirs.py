@@ -20,7 +20,7 @@ from bertjax.convert import hf_tokenizer
 from bertjax.convert.models import _check_tree, _fresh_part
 from bertjax.convert.names import architecture_heads, hf_to_params
 from bertjax.convert.readers import _one_line, read_hf_config, read_hf_weights
-from bertjax.errors import fail
+from bertjax.errors import UserError, fail
 from bertjax.models.config import ModelConfig
 
 PathLike = str | os.PathLike
@@ -94,7 +94,7 @@ def load_hf(model_dir: PathLike, part: str | None = None, heads: bool = True) ->
     else:
       params[name] = fresh
   params = _to_numpy(params)
-  _check_tree(params, cfg, want, str(d))
+  _check_tree(params, cfg, want, str(d), str(d / "config.json"))
   return Converted(cfg, params, want, tuple(missing), tuple(ignored), cfg.architecture, part)
 
 
@@ -204,6 +204,8 @@ def load_workdir(workdir: PathLike) -> Converted:
     heads = tuple(meta["heads"])
   except (ValueError, KeyError, TypeError) as e:
     fail(f"cannot read {meta_path}: {_one_line(e)}; re-run the conversion")
+  except UserError as e:  # a setting of the wrong type or value: name the file it came from
+    fail(f"{meta_path}: {e}; fix it or re-run the conversion")
   if not (d / "params").is_dir():
     fail(f"{d / 'params'} not found; re-run the conversion")
   try:

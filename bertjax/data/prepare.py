@@ -427,7 +427,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                  source.description)
     tokenizer = tokenizers.train_sentencepiece(
         sources.iter_sentences(documents), None, vocab_size=args.train_tokenizer,
-        model_type=args.model_type, lowercase=args.lowercase)
+        model_type=args.model_type, lowercase=args.lowercase, flag="--train_tokenizer")
   meta = prepare_corpus(source, tokenizer, args.output, num_shards=args.num_shards,
                         num_workers=args.num_workers, max_documents=args.max_documents,
                         overwrite=args.overwrite)

@@ -8,6 +8,7 @@ Face's config.json so converted checkpoints map field for field.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any, Mapping
 
 import jax.numpy as jnp
@@ -194,4 +195,22 @@ class ModelConfig:
     unknown = sorted(set(d) - known)
     if unknown:
       fail(f"unknown model setting(s) {', '.join(unknown)}; valid ones: {', '.join(sorted(known))}")
+    for f in dataclasses.fields(cls):
+      if f.name in d:
+        _check_kind(f.name, f.type, d[f.name])
     return cls(**dict(d))
+
+
+# A field's annotation -> what its value must be (a bad type failed deep inside, e.g. "not all
+# arguments converted during string formatting" for hidden_size "768").
+_KINDS = {"int": ("an integer", numbers.Integral), "float": ("a number", numbers.Real),
+          "str": ("a string", str), "bool": ("true or false", bool)}
+
+
+def _check_kind(name: str, annotation: str, value: Any) -> None:
+  base, optional = annotation.removesuffix(" | None"), annotation.endswith(" | None")
+  if base not in _KINDS or (value is None and optional):
+    return
+  what, kind = _KINDS[base]
+  if not isinstance(value, kind) or (isinstance(value, bool) and base != "bool"):
+    fail(f"model.{name}={value!r} must be {what}{' or null' if optional else ''}")

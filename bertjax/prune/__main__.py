@@ -55,8 +55,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   out = paths.absolute(args.output)
   if out.exists() and any(out.iterdir()):
     fail(f"--output {out} exists and is not empty; give a new folder")
-  if not paths.as_path(args.workdir).is_dir():
+  workdir = paths.as_path(args.workdir)
+  if not workdir.is_dir():
     fail(f"--workdir {args.workdir} does not exist; point it at a fine-tuning run")
+  if not any((workdir / d).is_dir() for d in ("checkpoints", "params")):
+    fail(f"--workdir {args.workdir} holds no checkpoints/; point it at a fine-tuning run that "
+         "saved a checkpoint")
   params = checkpoints.restore_params(args.workdir)  # fails with one line before OUT is made
   tokenizer = paths.as_path(args.workdir) / "tokenizer"
   tokenizer = paths.reading(tokenizer) if tokenizer.is_dir() else None

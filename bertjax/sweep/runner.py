@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from bertjax import paths
+from bertjax import paths, run_files
 from bertjax.errors import fail
 from bertjax.sweep.launchers import (_host_address, hosts_install_commands, hosts_point_commands,
                                      local_command, tpu_install_commands, tpu_point_command)
@@ -28,11 +28,9 @@ from bertjax.sweep.spec import REPO, Point, Sweep, _plain, load_sweep
 # State of a point on disk.
 
 
-def _read_json(path: paths.Path) -> Any:
-  try:
-    return json.loads(path.read_text())
-  except (OSError, ValueError):
-    return None
+def _read_json(path: paths.Path) -> dict | None:
+  """The JSON object in `path`; None when absent, or damaged (with a warning naming it)."""
+  return run_files.read_json(path)
 
 
 def is_finished(point_dir: str | os.PathLike, total_steps: int) -> bool:
@@ -43,8 +41,8 @@ def is_finished(point_dir: str | os.PathLike, total_steps: int) -> bool:
   if not isinstance(summary, dict) or summary.get("status") != "finished":
     return False
   if total_steps <= 0:
-    total_steps = int((_read_json(point_dir / "config.json") or {})
-                      .get("total_steps", 0) or 0)
+    resolved = (_read_json(point_dir / "config.json") or {}).get("total_steps")
+    total_steps = resolved if isinstance(resolved, int) else 0
   return total_steps > 0 and summary.get("step") == total_steps
 
 
@@ -191,12 +189,16 @@ def _plan(sweep: Sweep, local_dir: paths.Path, mode: str,
 
 def _carry_over(record: dict[str, Any], local_dir: paths.Path) -> None:
   """Each point's run count, time and last result from an earlier sweep.json in `local_dir`."""
-  previous = {p["name"]: p for p in (_read_json(local_dir / "sweep.json") or {}).get("points", [])}
+  points = (_read_json(local_dir / "sweep.json") or {}).get("points")
+  previous = {p["name"]: p for p in (points if isinstance(points, list) else [])
+              if isinstance(p, dict) and isinstance(p.get("name"), str)}
+  number = lambda v, kind: kind(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
   for entry in record["points"]:
     old = previous.get(entry["name"], {})
-    entry.update(status="pending", runs=int(old.get("runs", 0)),
-                 wall_s=float(old.get("wall_s", 0.0)), returncode=old.get("returncode"),
-                 last_line=old.get("last_line"))
+    line = old.get("last_line")
+    entry.update(status="pending", runs=number(old.get("runs"), int),
+                 wall_s=number(old.get("wall_s"), float), returncode=old.get("returncode"),
+                 last_line=line if isinstance(line, str) else None)
 
 
 def _install(install: list[list[str]], local_dir: paths.Path) -> None:

@@ -6,7 +6,6 @@ import ast
 import copy
 import dataclasses
 import hashlib
-import importlib.util
 import inspect
 import itertools
 import pathlib
@@ -106,9 +105,7 @@ def load_sweep_spec(spec: str) -> tuple[dict[str, Any], str, str | None]:
     fail(f"sweep file {path} not found; pass one such as experiments/quickstart_sweep.py")
   if str(REPO) not in sys.path:  # sweep and config files import configs.common
     sys.path.insert(0, str(REPO))
-  module_spec = importlib.util.spec_from_file_location(f"bertjax_sweep_{file.stem}", file)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
+  module = config_lib.load_module(file, "sweep")
   get_sweep = getattr(module, "get_sweep", None)
   if get_sweep is None:
     fail(f"sweep file {path} defines no get_sweep(); add one returning a dict with 'config'")

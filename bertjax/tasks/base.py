@@ -397,7 +397,8 @@ class TaskObjective(Objective):
       announce(f"{self.name}: no init_from or data.tokenizer; training a sentencepiece tokenizer "
                f"(vocab {config.data.vocab_size}) on the training text")
       tok = tokenizers.train_sentencepiece(itertools.chain([first], texts), None,
-                                           vocab_size=config.data.vocab_size, seed=config.seed)
+                                           vocab_size=config.data.vocab_size, seed=config.seed,
+                                           flag="--config.data.vocab_size")
     self.tokenizer = tok
     return tok
 

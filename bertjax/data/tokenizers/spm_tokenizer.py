@@ -106,17 +106,19 @@ class SentencePieceTokenizer(Tokenizer):
 def train_sentencepiece(sentences: Iterable[str], output_dir: str | os.PathLike | None,
                         vocab_size: int, model_type: str = "unigram", lowercase: bool = False,
                         character_coverage: float = 0.9995, max_sentences: int = 5_000_000,
-                        seed: int = 0, num_threads: int | None = None) -> SentencePieceTokenizer:
+                        seed: int = 0, num_threads: int | None = None,
+                        flag: str = "--vocab_size") -> SentencePieceTokenizer:
   """Trains a sentencepiece model on `sentences` with [PAD] [UNK] [CLS] [SEP] [MASK] as ids 0..4.
 
   At most `max_sentences` sentences are sampled (uniformly) so huge corpora fit in memory.
   `lowercase` uses sentencepiece's case-folding normalizer, stored in the model itself. Saves to
-  `output_dir` when given.
+  `output_dir` when given. `flag` is the setting the caller's user gives `vocab_size` with, named
+  in the errors (the training config's is --config.data.vocab_size).
   """
   if model_type not in ("unigram", "bpe"):
     errors.fail(f"unknown sentencepiece model type {model_type!r}; use unigram or bpe")
   if vocab_size <= len(SPM_SPECIALS):
-    errors.fail(f"--vocab_size {vocab_size} is too small; use at least a few hundred")
+    errors.fail(f"{flag} {vocab_size} is too small; use at least a few hundred")
   counter = _SentenceCounter(sentences)
   writer = _BytesWriter()
   # A fixed seed makes the sentence sampling, hence the vocabulary, reproducible.
@@ -133,11 +135,11 @@ def train_sentencepiece(sentences: Iterable[str], output_dir: str | os.PathLike 
   except RuntimeError as e:
     message = str(e)
     if m := _TOO_HIGH.search(message):
-      errors.fail(f"--vocab_size {m.group(1)} is larger than this corpus supports; use a smaller "
-                  f"--vocab_size (at most {m.group(2)}) or more text")
+      errors.fail(f"{flag} {m.group(1)} is larger than this corpus supports; use a smaller "
+                  f"{flag} (at most {m.group(2)}) or more text")
     if m := _TOO_LOW.search(message):
-      errors.fail(f"--vocab_size {m.group(1)} cannot hold the corpus's {m.group(2)} required "
-                  "characters and specials; use a larger --vocab_size")
+      errors.fail(f"{flag} {m.group(1)} cannot hold the corpus's {m.group(2)} required "
+                  f"characters and specials; use a larger {flag}")
     if counter.count == 0:
       errors.fail("no sentences to train the tokenizer on; check the --input files")
     errors.fail(f"sentencepiece training failed: {message.splitlines()[0]}")
