@@ -245,6 +245,7 @@ def _pruned_sst2_classifier(tmp_path, task=True):
   return folder, cfg, small
 
 
+@pytest.mark.slow
 def test_pruned_folder_loads_and_exports_with_its_head(tmp_path):
   folder, cfg, small = _pruned_sst2_classifier(tmp_path)
   meta = json.loads((folder / "model.json").read_text(),
@@ -387,9 +388,14 @@ def test_prune_heads_in_steps_with_fine_tuning(finetuned, tmp_path):
   for name in ("pruning.md", "pruning.csv", "pruning.png", "summary.json"):
     assert (out / name).stat().st_size > 0
   assert "| 2 | 4 | 0.5000 |" in (out / "pruning.md").read_text()
-  # The pruned folder exports to Hugging Face with its pruned_heads.
+  strict = dict(parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
+  json.loads((out / "summary.json").read_text(), **strict)
+  meta = json.loads((out / "step_2" / "pruned" / "model.json").read_text(), **strict)
+  assert meta["task"]["task"] == "glue/sst2" and meta["task"]["name"] == "classifier"
+  assert bertjax.load(out / "step_2" / "pruned").task.num_labels == 2
+  # The pruned folder exports to Hugging Face with its pruned_heads and its classifier.
   convert.convert_to_hf(out / "step_2" / "pruned", tmp_path / "hf", log=lambda _: None)
-  hf = T.AutoModel.from_pretrained(tmp_path / "hf")
+  hf = T.BertForSequenceClassification.from_pretrained(tmp_path / "hf")
   assert sum(len(v) for v in hf.config.pruned_heads.values()) == 4
 
 

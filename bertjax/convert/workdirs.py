@@ -178,8 +178,10 @@ def convert_from_hf(model_dir: PathLike, workdir: PathLike, part: str | None = N
     tok_src = src / "discriminator" if c.part == "both" else src
     copied = hf_tokenizer.copy_files(tok_src, tmp / "tokenizer")
     (tmp / "model.json").write_text(json.dumps(meta, indent=2) + "\n")
+  # The heads read from the checkpoint; those initialized fresh have a line of their own below.
+  read = [h for h in c.heads if h not in c.missing]
   log(f"converted {c.hf_model_type} checkpoint {model_dir} -> {out} "
-      f"(heads: {', '.join(c.heads) or 'none'}"
+      f"(heads: {', '.join(read) or 'none'}"
       f"{'; generator: mlm' if c.generator is not None else ''})")
   for name, conv in (("", c), ("generator ", c.generator)):
     if conv is None:

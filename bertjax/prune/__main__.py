@@ -22,22 +22,23 @@ import sys
 from typing import Sequence
 
 from bertjax import checkpoints, paths
-from bertjax.errors import ArgumentParser, fail, run_cli
+from bertjax.errors import ArgumentParser, doc_summary, fail, run_cli
 from bertjax.prune import flow, magnitude, table
 from bertjax.prune.session import Session
 
 
 def _parser() -> ArgumentParser:
-  p = ArgumentParser(prog="python -m bertjax.prune", description=__doc__.splitlines()[0])
+  p = ArgumentParser(prog="python -m bertjax.prune", description=doc_summary(__doc__))
   p.add_argument("--workdir", required=True, help="a fine-tuning run to prune")
   p.add_argument("--output", required=True, help="a new folder for the pruned models and report")
   p.add_argument("--target-heads", type=float, default=1.0, help="fraction of heads kept")
   p.add_argument("--target-layers", type=float, default=1.0, help="fraction of layers kept")
   p.add_argument("--target-sparsity", type=float, default=0.0,
                  help="fraction of the encoder layers' kernel weights set to zero")
-  p.add_argument("--sparsity-scope", choices=magnitude.SCOPES, default="global")
+  p.add_argument("--sparsity-scope", choices=magnitude.SCOPES, default="global",
+                 help="rank weights by magnitude over all layers at once, or within each layer")
   p.add_argument("--steps", type=int, default=1, help="prune in this many equal steps")
-  p.add_argument("--finetune-steps", type=int, default=0, help="fine-tuning steps after each")
+  p.add_argument("--finetune-steps", type=int, default=0, help="fine-tuning steps after each pruning step (0: none)")
   p.add_argument("--ranking", choices=flow.RANKINGS, default="importance",
                  help="which heads/layers go first: Michel et al.'s importance, or random (a control)")
   p.add_argument("--seed", type=int, default=0, help="the random ranking's seed")
