@@ -280,6 +280,10 @@ def test_a_head_model_json_does_not_name_is_named_when_left_out(tmp_path):
   assert any(l.startswith("left out classifier: model.json does not name") for l in lines), lines
   with pytest.raises(UserError, match="has no task head"):
     bertjax.load(folder).logits(*inputs())
+  with pytest.raises(UserError, match="is a model folder .* not a run: fine-tune it"):
+    prune_cli.main(["--workdir", str(folder), "--output", str(tmp_path / "out"),
+                    "--target-heads", "0.5"])
+  assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("scope", ["global", "layer"])

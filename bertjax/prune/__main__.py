@@ -58,6 +58,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     fail(f"--output {out} exists and is not empty; give a new folder")
   if not paths.as_path(args.workdir).is_dir():
     fail(f"--workdir {args.workdir} does not exist; point it at a fine-tuning run")
+  if (paths.as_path(args.workdir) / "model.json").is_file():
+    fail(f"--workdir {args.workdir} is a model folder (model.json: a pruned or converted model), "
+         "not a run: fine-tune it (--config.init_from) and prune that run, or prune its "
+         "step_N/finetuned run")
   params = checkpoints.restore_params(args.workdir)  # fails with one line before OUT is made
   tokenizer = paths.as_path(args.workdir) / "tokenizer"
   tokenizer = paths.reading(tokenizer) if tokenizer.is_dir() else None
