@@ -48,8 +48,9 @@ def test_ner_from_an_uncased_tokenizer_warns(tmp_path, data_dir, caplog, lowerca
 
 @pytest.mark.slow
 def test_from_hf_lists_only_the_heads_it_read(tmp_path):
-  T.BertModel(T.BertConfig(vocab_size=40, hidden_size=32, num_hidden_layers=1,
-                           num_attention_heads=2, intermediate_size=37)).save_pretrained(tmp_path / "b")
+  config = T.BertConfig(vocab_size=40, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=37)
+  T.BertModel(config).save_pretrained(tmp_path / "b")
   lines = []
   convert.convert_from_hf(tmp_path / "b", tmp_path / "w", log=lines.append)
   assert "(heads: none)" in lines[0], lines

@@ -38,7 +38,8 @@ def _parser() -> ArgumentParser:
   p.add_argument("--sparsity-scope", choices=magnitude.SCOPES, default="global",
                  help="rank weights by magnitude over all layers at once, or within each layer")
   p.add_argument("--steps", type=int, default=1, help="prune in this many equal steps")
-  p.add_argument("--finetune-steps", type=int, default=0, help="fine-tuning steps after each pruning step (0: none)")
+  p.add_argument("--finetune-steps", type=int, default=0,
+                 help="fine-tuning steps after each pruning step (0: none)")
   p.add_argument("--ranking", choices=flow.RANKINGS, default="importance",
                  help="which heads/layers go first: Michel et al.'s importance, or random (a control)")
   p.add_argument("--seed", type=int, default=0, help="the random ranking's seed")
@@ -59,9 +60,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   if not paths.as_path(args.workdir).is_dir():
     fail(f"--workdir {args.workdir} does not exist; point it at a fine-tuning run")
   if (paths.as_path(args.workdir) / "model.json").is_file():
-    fail(f"--workdir {args.workdir} is a model folder (model.json: a pruned or converted model), "
-         "not a run: fine-tune it (--config.init_from) and prune that run, or prune its "
-         "step_N/finetuned run")
+    fail(f"--workdir {args.workdir} is a model folder (model.json), not a run: fine-tune it "
+         f"(--config.init_from={args.workdir}) and prune that run; for OUT/step_N/pruned, "
+         "prune OUT/step_N/finetuned")
   params = checkpoints.restore_params(args.workdir)  # fails with one line before OUT is made
   tokenizer = paths.as_path(args.workdir) / "tokenizer"
   tokenizer = paths.reading(tokenizer) if tokenizer.is_dir() else None
