@@ -7,8 +7,8 @@
 
 RUN is a fine-tuning workdir (launch.py with a GLUE/SQuAD/CoNLL config); its latest checkpoint
 is pruned, scored and evaluated on its own dev set. OUT (new) receives per step the pruned model
-(OUT/step_<j>/pruned: model.json, params/, tokenizer/; `--config.init_from` and
-`python -m bertjax.convert to-hf` read it) and its brief re-fine-tuning (OUT/step_<j>/finetuned),
+(OUT/step_<j>/pruned: model.json, naming the task head under "task", params/, tokenizer/;
+`--config.init_from`, `bertjax.load` and `python -m bertjax.convert to-hf` read it with its head) and its brief re-fine-tuning (OUT/step_<j>/finetuned),
 and pruning.md / pruning.csv / pruning.png / summary.json: the dev metric against the heads (or
 sparsity) kept. `--override key=value` changes the re-fine-tuning's config (e.g.
 learning_rate=1e-4). RUN and OUT may be remote (gs://...): a remote OUT is written in a local
