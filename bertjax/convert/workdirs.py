@@ -238,8 +238,9 @@ def load_workdir(workdir: PathLike) -> Converted:
     generator = Converted(gen_cfg, gen_params, gen_heads, part="generator",
                           hf_model_type=meta.get("hf_model_type", gen_cfg.architecture))
   _check_tree(params, cfg, heads, str(d / "params"))
-  if task_trees and not task_params:
-    fail(f"{d / 'params'} has no {task_trees[0]} tree though model.json names that task head; "
+  absent = [k for k in task_trees if k not in task_params]
+  if absent:
+    fail(f"{d / 'params'} has no {absent[0]} tree though model.json names that task head; "
          "write the folder again")
   return Converted(cfg, {**params, **task_params}, heads, tuple(meta.get("missing", ())), (),
                    meta.get("hf_model_type", cfg.architecture), meta.get("part"), generator,
