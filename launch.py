@@ -18,13 +18,14 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # pylint: disable=wrong-import-position
 import jax
 
-from bertjax import config_lib, distributed, multiseed, progress, sweep, train, xla_defaults
-from bertjax.errors import EXIT_PREEMPTED, run_cli
+from bertjax import (config_lib, distributed, multiseed, paths, progress, sweep, train,
+                     xla_defaults)
+from bertjax.errors import EXIT_PREEMPTED, doc_summary, run_cli
 # pylint: enable=wrong-import-position
 
 
 def parse_args(argv):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=doc_summary(__doc__))
   parser.add_argument("--config", help="configs/<exp>.py[:variant]")
   parser.add_argument("--workdir", required=True, help="where checkpoints, metrics and logs go")
   parser.add_argument("--sweep", help="experiments/<name>.py: run every point of a sweep")
@@ -58,6 +59,15 @@ def configure_logging():
   root.setLevel(logging.INFO)
 
 
+def end_lines(summary, workdir) -> str:
+  """What a run prints at its end; every path absolute, as the summary's workdir and checkpoint
+  are."""
+  where = paths.absolute(workdir)
+  if "first_train" in summary:
+    return progress.end_table({**summary, "workdir": str(where)}, where / "summary.json")
+  return f"summary: {where / 'seeds_summary.json'}"  # several seeds: their spread is logged above
+
+
 def main(argv=None):
   args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
   configure_logging()
@@ -79,10 +89,7 @@ def main(argv=None):
     summary = multiseed.run_seeds(config, args.workdir)
   else:
     summary = train.train_and_evaluate(config, args.workdir)
-  if "first_train" in summary:
-    print(progress.end_table(summary, os.path.join(args.workdir, "summary.json")), flush=True)
-  else:  # several seeds: their median and spread are logged above
-    print(f"summary: {os.path.join(args.workdir, 'seeds_summary.json')}", flush=True)
+  print(end_lines(summary, args.workdir), flush=True)
   if str(summary.get("status", "")).startswith("preempted"):
     sys.exit(EXIT_PREEMPTED)  # a checkpoint was saved: the same command goes on
 

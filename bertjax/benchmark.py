@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax import ablate, config_checks, config_lib, inputs, profiling, sharding, train
-from bertjax.errors import ArgumentParser, fail, run_cli
+from bertjax.errors import ArgumentParser, doc_summary, fail, run_cli
 from bertjax.host_memory import host_peak_rss_bytes
 from bertjax.models import encoder, kernels
 from bertjax.registry import get_objective, objective_class
@@ -311,7 +311,7 @@ def _alternate(config, args, argv: list[str]) -> dict:
 
 
 def parse_args(argv):
-  parser = ArgumentParser(description=__doc__.splitlines()[0])
+  parser = ArgumentParser(description=doc_summary(__doc__))
   parser.add_argument("--preset", default="bert-mini", help="a model preset (bertjax.models.presets)")
   parser.add_argument("--config", help="any experiment config (data is replaced by synthetic batches)")
   parser.add_argument("--batch_size", type=int)

@@ -78,6 +78,12 @@ def run_cli(main: Callable[[], object]) -> None:
     sys.exit(EXIT_INTERRUPTED)
 
 
+def doc_summary(doc: str | None) -> str:
+  """The first paragraph of a module docstring on one line: a command's --help description
+  (its first line alone may stop mid-sentence)."""
+  return " ".join((doc or "").strip().split("\n\n", maxsplit=1)[0].split())
+
+
 class ArgumentParser(argparse.ArgumentParser):
   """An ArgumentParser whose usage errors are one-line `UserError`s (exit status 2 via run_cli)."""
 

@@ -44,7 +44,7 @@ from typing import Any, Sequence
 
 from bertjax import paths, registry, sweep as sweep_lib
 from bertjax.metrics import glue
-from bertjax.errors import fail, run_cli
+from bertjax.errors import doc_summary, fail, run_cli
 from bertjax import metric_writers, run_files
 from bertjax.report_plots import plot_dev_vs_lr, plot_train_loss, setting_text
 
@@ -425,7 +425,7 @@ def write_report(sweep_dir: str | pathlib.Path, metric: str | None = None) -> di
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=doc_summary(__doc__))
   parser.add_argument("sweep_dir", help="the --workdir of a sweep")
   parser.add_argument("--metric", help="the dev metric to plot against the learning rate")
   args = parser.parse_args(argv)

@@ -52,6 +52,8 @@ class RunRecord:
   last_eval: dict | None = None
   last_eval_step: int | None = None
   watch: divergence.Watch | None = None
+  window_steps: int = 0  # steps added to the current window
+  last_window: tuple[int, int] | None = None  # (first, last) step of the last logged row
 
   @classmethod
   def resumed(cls, history: list[dict], watch: divergence.Watch) -> "RunRecord":
@@ -70,6 +72,7 @@ class RunRecord:
   def add(self, batch, metrics, step) -> None:
     """One step's metrics join the window's sums on the devices; nothing is read back."""
     self.sums = add_metrics(self.sums, metrics)
+    self.window_steps += 1
     self.watch.add(metrics, step)
     if self.compiling:
       # Throughput windows start after the first step, so compilation is not counted in them:
@@ -80,10 +83,18 @@ class RunRecord:
       self.tokens += int(np.sum(batch["attention_mask"])) * jax.process_count()  # host numpy
       self.timed_steps += 1
 
-  def shown(self) -> dict[str, float] | None:
-    """What a progress line shows: the last logged loss. The current window's would make the
+  def shown(self) -> dict[str, str] | None:
+    """What a progress line shows: the last logged loss, the mean over that row's steps, which
+    the line names (`loss 3.21 (mean of steps 101-125)`). The current window's would make the
     loop wait for the devices at every line."""
-    return {"loss": self.last["loss"]} if self.last and "loss" in self.last else None
+    if not self.last or "loss" not in self.last:
+      return None
+    loss = f"{self.last['loss']:.4g}"
+    if self.last_window is None:
+      return {"loss": loss}
+    first, last = self.last_window
+    return {"loss": f"{loss} (step {last})" if first == last
+            else f"{loss} (mean of steps {first}-{last})"}
 
   def log(self, writer: MetricWriter, step: int, metrics) -> None:
     # One read: the window's sums, and the last step's learning_rate and grad_norm (summed over
@@ -101,4 +112,6 @@ class RunRecord:
     if self.first is None:
       self.first, self.first_step = logged, step
     self.last, self.last_step = logged, step
+    self.last_window = (step - self.window_steps + 1, step)
     self.sums, self.tokens, self.timed_steps, self.t_log = None, 0, 0, time.time()
+    self.window_steps = 0

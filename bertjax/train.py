@@ -35,6 +35,7 @@ from bertjax.objective import Schedule
 from bertjax.progress import EVERY_S, Progress
 from bertjax.run_record import RunRecord, add_metrics, summarize
 from bertjax.registry import get_objective
+from bertjax.tasks import base as task_base
 
 
 @flax.struct.dataclass
@@ -415,8 +416,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.Path, 
       logging.info("resumed from the checkpoint at step %d in %s", step0, ckpt.directory)
     elif config.init_from:
       state, report = checkpoints.load_init_from(state, config.init_from, s.state_shardings)
-      logging.info(report)
-      print(report, flush=True)
+      task_base.announce(report)  # once: in the log where one is set up, else on stdout
     # Every check has passed: only now is the record of the run written.
     _write_run_files(config, workdir, model_cfg, data)
     settings.record(step0)

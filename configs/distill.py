@@ -20,9 +20,10 @@ DistilBERT from bert-base (Sanh et al., 2019), on a corpus prepared with BERT's 
       --config.distill.teacher=runs/bert-base-uncased --config.data_dir=PREPARED
 
 where PREPARED comes from `python -m bertjax.data.prepare ... --tokenizer runs/bert-base-uncased/
-tokenizer`. Without data_dir, `data.corpus` is prepared with the teacher's tokenizer. The
-environment variable makes JAX pass the frozen teacher's params to the jitted step as sharded
-arguments rather than compiling 440 MB of them in as constants.
+tokenizer`. Without data_dir, `data.corpus` is prepared with the teacher's tokenizer. No
+environment variable is needed: the teacher sets JAX's `jax_use_simplified_jaxpr_constants`
+(bertjax/objectives/teacher.py), so the frozen teacher's params reach the jitted step as sharded
+arguments rather than 440 MB of constants compiled into it.
 
 Variants:
   student=distilbert  6 layers of bert-base, initialized from teacher layers 0, 2, ..., 10; T=2;

@@ -17,6 +17,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from bertjax import config_lib, inputs, metric_writers, train  # noqa: E402
 from bertjax.data import synthetic  # noqa: E402
+from bertjax.errors import doc_summary  # noqa: E402
 from bertjax.registry import get_objective  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -58,7 +59,7 @@ def table(objective, evals, bounds) -> list[str]:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=doc_summary(__doc__))
   parser.add_argument("--workdir", required=True)
   parser.add_argument("--objectives", default="mlm_nsp,mlm,mlm_sop,span_sbo,rtd,distill")
   parser.add_argument("--steps", type=int, default=400)

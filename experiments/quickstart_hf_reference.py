@@ -21,7 +21,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bertjax import config_lib, hf_reference, metric_writers  # pylint: disable=g-import-not-at-top
-from bertjax.errors import fail, run_cli  # pylint: disable=g-import-not-at-top
+from bertjax.errors import doc_summary, fail, run_cli  # pylint: disable=g-import-not-at-top
 from bertjax.registry import get_objective  # pylint: disable=g-import-not-at-top
 
 
@@ -33,7 +33,7 @@ def drop(rows: list[dict]) -> str:
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p = argparse.ArgumentParser(description=doc_summary(__doc__))
   p.add_argument("--workdir", required=True, help="a quickstart run's workdir")
   args = p.parse_args(argv)
   workdir = pathlib.Path(args.workdir)

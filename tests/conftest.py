@@ -9,8 +9,11 @@ BERTJAX_DATA, defaulting to ../shared/data next to the repository, and skip with
 it is absent.
 """
 
+import gc
 import os
 import pathlib
+import resource
+import sys
 
 import pytest
 
@@ -62,3 +65,52 @@ def fake_gcs(tmp_path, monkeypatch):
   from tests import fake_gcs as fake  # pylint: disable=import-outside-toplevel
   with fake.serve(tmp_path / "bucketroot", tmp_path / "cache", monkeypatch) as root:
     yield root
+
+
+# ----------------------------------------------------------------------------- the suite's end
+# An xdist worker that has reported its end gets 5 s (execnet's grace) to exit before execnet
+# sends it SIGINT. pytest's last act in a worker is 5 full garbage collections (its unraisable-
+# exception check), each running JAX's GC callback: with many tests' objects alive that took
+# longer on a loaded machine, and the KeyboardInterrupt landed in the callback, reported as a
+# PytestUnraisableExceptionWarning after a green run. So a worker collects before it reports its
+# end, and freezes what survives: the collections after it then have nothing to walk.
+
+_PEAKS: dict[str, int] = {}  # worker id -> peak resident memory, KiB (the controller's record)
+
+
+def peak_rss_kib() -> int:
+  """This process's peak resident memory so far, KiB (ru_maxrss: KiB on Linux, bytes on macOS)."""
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  return peak // 1024 if sys.platform == "darwin" else peak
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+  """Runs in each worker after the session's fixtures are torn down and before xdist's report of
+  its end (xdist sends it after every pytest_sessionfinish)."""
+  jax = sys.modules.get("jax")
+  if jax is not None:
+    jax.clear_caches()
+  for _ in range(3):
+    gc.collect()
+  gc.freeze()
+  output = getattr(session.config, "workeroutput", None)
+  if output is not None:  # an xdist worker: the controller prints it
+    output["peak_rss_kib"] = peak_rss_kib()
+  else:  # the process that ran the tests, or under -n the controller (the workers are in)
+    _PEAKS["controller" if _PEAKS else "main"] = peak_rss_kib()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):  # xdist, in the controller: a worker ended
+  del error
+  peak = getattr(node, "workeroutput", {}).get("peak_rss_kib")
+  if peak is not None:
+    _PEAKS[node.gateway.id] = peak
+
+
+def pytest_terminal_summary(terminalreporter):
+  """One line: each test process's peak resident memory (README, "Run the tests")."""
+  if _PEAKS:
+    terminalreporter.write_line("peak memory per test process (ru_maxrss): " + ", ".join(
+        f"{name} {kib / 2 ** 20:.2f} GiB" for name, kib in sorted(_PEAKS.items())))

@@ -108,8 +108,11 @@ def test_training_and_pretraining_eval_print_lines_and_the_end_table_holds_the_t
     m = LINE.match(l)
     assert m and m["total"] == "12", l
     # The loss of the last logged row (none before the first): no line waits for the device.
+    # It is that row's mean over its steps, and the line says which.
     logged = [r for r in rows if r["split"] == "train" and r["step"] <= int(m["done"])]
-    assert m["fields"] == (f" loss {progress._number(logged[-1]['loss'])}" if logged else ""), l
+    since = logged[-2]["step"] + 1 if len(logged) > 1 else 1
+    assert m["fields"] == (f" loss {progress._number(logged[-1]['loss'])} (mean of steps "
+                           f"{since}-{logged[-1]['step']})" if logged else ""), l
     assert seconds(m["eta"]) == pytest.approx((12 - int(m["done"])) / per_second(m), abs=1)
   assert any(m["fields"] for m in map(LINE.match, train_lines)), train_lines
   for step in (6, 12):

@@ -8,6 +8,7 @@ zero through fine-tuning with weight decay.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -21,6 +22,7 @@ import transformers as T
 
 import bertjax
 from bertjax import checkpoints, config_checks, convert, optim, train
+from bertjax.convert import sources
 from conftest import DATA_DIR
 from helpers import TINY, load_config, run_module
 from bertjax.data import tokenizers
@@ -233,6 +235,57 @@ def test_pruned_classifier_round_trips_through_orbax(tmp_path):
       np.asarray(Encoder(cfg).apply({"params": small["encoder"]}, ids, mask, types).pooler_output))
 
 
+def _pruned_sst2_classifier(tmp_path, task=True):
+  """A pruned 2-label SST-2 classifier written by save_pruned (with its task head recorded)."""
+  params = random_params(SequenceClassifier(CFG, 2), CFG)
+  small, cfg = pruning.prune_heads(params, CFG, REMOVE)
+  head = dataclasses.asdict(sources.task_head({"objective": "glue", "task": "sst2"}, small))
+  info = {"scores": [[0.5, float("nan")], [float("inf"), 1.0]]}
+  folder = folders.save_pruned(tmp_path / "p", cfg, small, None, info, head if task else None)
+  return folder, cfg, small
+
+
+@pytest.mark.slow
+def test_pruned_folder_loads_and_exports_with_its_head(tmp_path):
+  folder, cfg, small = _pruned_sst2_classifier(tmp_path)
+  meta = json.loads((folder / "model.json").read_text(),
+                    parse_constant=lambda c: pytest.fail(f"model.json holds {c}"))
+  assert meta["task"]["kind"] == "sequence" and meta["task"]["num_labels"] == 2
+  assert meta["pruning"]["scores"] == [[0.5, None], [None, 1.0]]
+  ids, mask, types = inputs()
+  want = SequenceClassifier(cfg, 2).apply({"params": small}, ids, mask, types)
+  loaded = bertjax.load(folder)
+  assert loaded.task.labels == ("negative", "positive")
+  np.testing.assert_allclose(loaded.logits(ids, mask, types), want, atol=1e-6)
+  lines = []
+  convert.convert_to_hf(folder, tmp_path / "hf", log=lines.append)
+  assert any("BertForSequenceClassification" in l and "classifier" in l for l in lines), lines
+  model, info = T.BertForSequenceClassification.from_pretrained(tmp_path / "hf",
+                                                                output_loading_info=True)
+  assert info["missing_keys"] == [] and info["unexpected_keys"] == [], info
+  assert model.config.id2label == {0: "negative", 1: "positive"}
+  with torch.no_grad():
+    theirs = model.eval()(input_ids=torch.tensor(np.asarray(ids)),
+                          attention_mask=torch.tensor(np.asarray(mask)),
+                          token_type_ids=torch.tensor(np.asarray(types))).logits.numpy()
+  np.testing.assert_allclose(theirs, want, atol=1e-4)
+
+
+def test_a_head_model_json_does_not_name_is_named_when_left_out(tmp_path):
+  """A pruned folder written before heads were recorded: to-hf says it leaves the classifier
+  out, and .logits says there is no task head in one line."""
+  folder, _, _ = _pruned_sst2_classifier(tmp_path, task=False)
+  lines = []
+  convert.convert_to_hf(folder, tmp_path / "hf", log=lines.append)
+  assert any(l.startswith("left out classifier: model.json does not name") for l in lines), lines
+  with pytest.raises(UserError, match="has no task head"):
+    bertjax.load(folder).logits(*inputs())
+  with pytest.raises(UserError, match="is a model folder .* not a run: fine-tune it"):
+    prune_cli.main(["--workdir", str(folder), "--output", str(tmp_path / "out"),
+                    "--target-heads", "0.5"])
+  assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("scope", ["global", "layer"])
 def test_magnitude_pruning_hits_the_target_exactly(scope):
   params = random_params(SequenceClassifier(CFG, 2), CFG)
@@ -339,9 +392,14 @@ def test_prune_heads_in_steps_with_fine_tuning(finetuned, tmp_path):
   for name in ("pruning.md", "pruning.csv", "pruning.png", "summary.json"):
     assert (out / name).stat().st_size > 0
   assert "| 2 | 4 | 0.5000 |" in (out / "pruning.md").read_text()
-  # The pruned folder exports to Hugging Face with its pruned_heads.
+  strict = dict(parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
+  json.loads((out / "summary.json").read_text(), **strict)
+  meta = json.loads((out / "step_2" / "pruned" / "model.json").read_text(), **strict)
+  assert meta["task"]["task"] == "glue/sst2" and meta["task"]["name"] == "classifier"
+  assert bertjax.load(out / "step_2" / "pruned").task.num_labels == 2
+  # The pruned folder exports to Hugging Face with its pruned_heads and its classifier.
   convert.convert_to_hf(out / "step_2" / "pruned", tmp_path / "hf", log=lambda _: None)
-  hf = T.AutoModel.from_pretrained(tmp_path / "hf")
+  hf = T.BertForSequenceClassification.from_pretrained(tmp_path / "hf")
   assert sum(len(v) for v in hf.config.pruned_heads.values()) == 4
 
 

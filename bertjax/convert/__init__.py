@@ -28,7 +28,9 @@ A head the architecture has but the checkpoint lacks (a bare BertModel, a senten
 model) is initialized fresh with the model's own init and reported; so is a missing pooler.
 model.json records them under "missing", and `to-hf` leaves them out unless named.
 
-Fine-tuning heads (in training workdirs only): GLUE's `classifier` -> *ForSequenceClassification
+Fine-tuning heads (in training workdirs, and in the converted folders `bertjax.prune` writes,
+whose model.json names the head under "task"; a head model.json does not name is left out and
+said so): GLUE's `classifier` -> *ForSequenceClassification
 (`classifier`; RoBERTa: `classifier.dense` is our pooler, `classifier.out_proj` our classifier),
 CoNLL's `classifier` -> *ForTokenClassification, SQuAD's `qa_outputs` ->
 *ForQuestionAnswering.

@@ -7,7 +7,7 @@ import argparse
 from bertjax.convert.hf_configs import ELECTRA_PARTS
 from bertjax.convert.export import convert_to_hf
 from bertjax.convert.workdirs import convert_from_hf
-from bertjax.errors import fail, run_cli
+from bertjax.errors import doc_summary, fail, run_cli
 import bertjax.convert
 
 
@@ -17,18 +17,18 @@ import bertjax.convert
 
 def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(prog="python -m bertjax.convert",
-                                   description=bertjax.convert.__doc__.split("\n\n", maxsplit=1)[0])
+                                   description=doc_summary(bertjax.convert.__doc__))
   sub = parser.add_subparsers(dest="command", required=True)
   p = sub.add_parser("from-hf", help="Hugging Face folder -> bertjax workdir")
   p.add_argument("--model-dir", required=True, help="folder with config.json and model.safetensors")
-  p.add_argument("--workdir", required=True, help="new folder to write (must not be non-empty)")
+  p.add_argument("--workdir", required=True, help="a new folder to write (or an empty one)")
   p.add_argument("--part", choices=ELECTRA_PARTS, default=None,
                  help="ELECTRA: which network the folder holds (default: detect); 'both' reads "
                       "MODEL_DIR/discriminator and MODEL_DIR/generator")
   p = sub.add_parser("to-hf", help="bertjax workdir -> Hugging Face folder")
   p.add_argument("--workdir", required=True,
                  help="a training workdir, its best/ folder, or a folder written by from-hf")
-  p.add_argument("--output", required=True, help="new folder to write (must not be non-empty)")
+  p.add_argument("--output", required=True, help="a new folder to write (or an empty one)")
   p.add_argument("--step", default=None,
                  help="training workdir: the checkpoint step to export (default: the newest)")
   p.add_argument("--include-untrained-heads", default="", metavar="PARTS",

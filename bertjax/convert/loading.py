@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from bertjax.convert.models import build_model
 from bertjax.convert.sources import Source, TaskHead, read_source
+from bertjax.errors import fail
 from bertjax.models.classifiers import SequenceClassifier, TokenClassifier
 from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import Encoder
@@ -48,7 +49,8 @@ class Loaded:
     """The task head's logits, deterministic: <float32>[batch, num_labels] (sequence) or
     [batch, seq, num_labels] (token; QA: [..., 0] start and [..., 1] end logits)."""
     if self.task is None:
-      raise ValueError("this model has no task head; call head_model.apply for its heads")
+      fail(f"{self.source.path} has no task head (pretraining heads: "
+           f"{', '.join(self.heads) or 'none'}); fine-tune it, or call head_model.apply")
     return self.head_model.apply({"params": self.head_params}, jnp.asarray(input_ids),
                                  jnp.asarray(attention_mask), jnp.asarray(token_type_ids),
                                  deterministic=True)

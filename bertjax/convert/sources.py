@@ -21,6 +21,7 @@ import os
 import pathlib
 from typing import Any
 
+import jax
 import numpy as np
 
 from bertjax import checkpoints, paths, run_files
@@ -88,8 +89,15 @@ def read_source(path: PathLike, step: int | None = None) -> Source:
   if (d / "model.json").is_file():
     _no_step(step, d, "a converted folder")
     c = load_workdir(d)
-    return Source(c, "converted", untrained=tuple(c.missing), step=None, path=d,
-                  tokenizer=_tokenizer(d))
+    source = Source(c, "converted", untrained=tuple(c.missing), step=None, path=d,
+                    tokenizer=_tokenizer(d))
+    if c.task is not None:
+      source.task = _recorded_task(c, d)
+      source.objective = source.task.task.split("/")[0]
+    for name in c.unnamed:
+      source.left_out[name] = ("model.json does not name this head (a folder written before "
+                               "heads were recorded); prune the run again to keep it")
+    return source
   if (d / "best.json").is_file() and (d / "params").is_dir():
     _no_step(step, d, "a best/ folder")
     config = _read_config(d.parent)
@@ -143,7 +151,25 @@ def _best_step(d: paths.Path) -> int | None:
   return int(step) if step is not None else None
 
 
-def _task_head(config: dict[str, Any], params: dict[str, Any]) -> TaskHead:
+def _recorded_task(c: Converted, d: paths.Path) -> TaskHead:
+  """model.json's "task" (see `task_head`), checked against the head's tree."""
+  try:
+    t = dict(c.task)
+    t["labels"] = tuple(t["labels"]) if t.get("labels") is not None else None
+    t["layers"] = tuple(t.get("layers", (-4, -3, -2, -1)))
+    task = TaskHead(**t)
+  except (TypeError, ValueError) as e:
+    fail(f"cannot read the task head in {d / 'model.json'} ({_one_line(e)}); write it again")
+  kernels = [np.shape(v) for k, v in jax.tree_util.tree_leaves_with_path(c.params[task.name])
+             if jax.tree_util.keystr(k).endswith("['kernel']")]
+  if not kernels or kernels[-1][-1] != task.num_labels:
+    fail(f"{d / 'params'}: the {task.name} head does not output the {task.num_labels} labels "
+         "model.json names; write the folder again")
+  return task
+
+
+def task_head(config: dict[str, Any], params: dict[str, Any]) -> TaskHead:
+  """The fine-tuning head of a run with resolved `config` (config.json) and `params`."""
   objective = config["objective"]
   head = config.get("head") or {}
   reads = {"features": head.get("features", "standard"),
@@ -169,7 +195,7 @@ def _from_training(config: dict[str, Any], params: dict[str, Any], kind: str, st
   source = Source(Converted(cfg, params, (), hf_model_type=cfg.architecture), kind, step=step,
                   path=d, tokenizer=_tokenizer(run), objective=objective)
   if objective in TASKS:
-    source.task = _task_head(config, params)
+    source.task = task_head(config, params)
     source.kind = "fine-tuning" if kind == "training" else kind
     where = f"{d} [{objective} model]"
     # The task model's tree: encoder + its head, checked like a converted one.

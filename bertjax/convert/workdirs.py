@@ -32,7 +32,10 @@ Params = dict[str, Any]
 @dataclasses.dataclass
 class Converted:
   """A model in our format: config, params {"encoder", *heads} (numpy float32) and what the
-  conversion did. For ELECTRA `--part both`, `generator` holds the generator network too."""
+  conversion did. For ELECTRA `--part both`, `generator` holds the generator network too.
+  `task`: model.json's fine-tuning head (kind, name, num_labels, ...: a pruned classifier's,
+  bertjax.prune), whose tree params[task["name"]] holds; `unnamed`: trees in params/ that
+  model.json describes nowhere (left out of `params`)."""
   config: ModelConfig
   params: Params
   heads: tuple[str, ...]
@@ -41,6 +44,8 @@ class Converted:
   hf_model_type: str = ""
   part: str | None = None
   generator: "Converted | None" = None
+  task: dict[str, Any] | None = None
+  unnamed: tuple[str, ...] = ()
 
 
 def _electra_part(sd: Mapping[str, np.ndarray], part: str | None, model_dir: PathLike) -> str:
@@ -173,8 +178,10 @@ def convert_from_hf(model_dir: PathLike, workdir: PathLike, part: str | None = N
     tok_src = src / "discriminator" if c.part == "both" else src
     copied = hf_tokenizer.copy_files(tok_src, tmp / "tokenizer")
     (tmp / "model.json").write_text(json.dumps(meta, indent=2) + "\n")
+  # The heads read from the checkpoint; those initialized fresh have a line of their own below.
+  read = [h for h in c.heads if h not in c.missing]
   log(f"converted {c.hf_model_type} checkpoint {model_dir} -> {out} "
-      f"(heads: {', '.join(c.heads) or 'none'}"
+      f"(heads: {', '.join(read) or 'none'}"
       f"{'; generator: mlm' if c.generator is not None else ''})")
   for name, conv in (("", c), ("generator ", c.generator)):
     if conv is None:
@@ -202,6 +209,9 @@ def load_workdir(workdir: PathLike) -> Converted:
     # The kernel set is chosen where the model runs, not where it was written.
     cfg = ModelConfig.from_dict({**meta["model"], "kernels": "auto"})
     heads = tuple(meta["heads"])
+    task = meta.get("task")
+    task_trees = ((str(task["name"]),) + (("scalar_mix",) if task.get("features") == "scalar_mix"
+                                          else ())) if task else ()
   except (ValueError, KeyError, TypeError) as e:
     fail(f"cannot read {meta_path}: {_one_line(e)}; re-run the conversion")
   except UserError as e:  # a setting of the wrong type or value: name the file it came from
@@ -213,8 +223,10 @@ def load_workdir(workdir: PathLike) -> Converted:
   except Exception as e:  # pylint: disable=broad-except
     fail(f"cannot restore {d / 'params'}: {_one_line(e)}; re-run the conversion")
   params = _to_numpy(params)
-  # A task's own head (a pruned classifier's "classifier", bertjax.prune) is not one Hugging Face
-  # export carries: the encoder and the listed heads are what this folder converts.
+  # A fine-tuning head (a pruned classifier, bertjax.prune) is checked by its reader
+  # (sources.read_source); a tree model.json does not describe is set aside and named.
+  unnamed = tuple(sorted(set(params) - {"encoder", "generator", *heads, *task_trees}))
+  task_params = {k: params.pop(k) for k in task_trees if k in params}
   params = {k: v for k, v in params.items() if k in ("encoder", "generator", *heads)}
   generator = None
   if "generator" in meta:
@@ -228,5 +240,10 @@ def load_workdir(workdir: PathLike) -> Converted:
     generator = Converted(gen_cfg, gen_params, gen_heads, part="generator",
                           hf_model_type=meta.get("hf_model_type", gen_cfg.architecture))
   _check_tree(params, cfg, heads, str(d / "params"))
-  return Converted(cfg, params, heads, tuple(meta.get("missing", ())), (),
-                   meta.get("hf_model_type", cfg.architecture), meta.get("part"), generator)
+  absent = [k for k in task_trees if k not in task_params]
+  if absent:
+    fail(f"{d / 'params'} has no {absent[0]} tree though model.json names that task head; "
+         "write the folder again")
+  return Converted(cfg, {**params, **task_params}, heads, tuple(meta.get("missing", ())), (),
+                   meta.get("hf_model_type", cfg.architecture), meta.get("part"), generator,
+                   task, unnamed)

@@ -7,8 +7,8 @@
 
 RUN is a fine-tuning workdir (launch.py with a GLUE/SQuAD/CoNLL config); its latest checkpoint
 is pruned, scored and evaluated on its own dev set. OUT (new) receives per step the pruned model
-(OUT/step_<j>/pruned: model.json, params/, tokenizer/; `--config.init_from` and
-`python -m bertjax.convert to-hf` read it) and its brief re-fine-tuning (OUT/step_<j>/finetuned),
+(OUT/step_<j>/pruned: model.json, naming the task head under "task", params/, tokenizer/;
+`--config.init_from`, `bertjax.load` and `python -m bertjax.convert to-hf` read it with its head) and its brief re-fine-tuning (OUT/step_<j>/finetuned),
 and pruning.md / pruning.csv / pruning.png / summary.json: the dev metric against the heads (or
 sparsity) kept. `--override key=value` changes the re-fine-tuning's config (e.g.
 learning_rate=1e-4). RUN and OUT may be remote (gs://...): a remote OUT is written in a local
@@ -22,22 +22,24 @@ import sys
 from typing import Sequence
 
 from bertjax import checkpoints, paths
-from bertjax.errors import ArgumentParser, fail, run_cli
+from bertjax.errors import ArgumentParser, doc_summary, fail, run_cli
 from bertjax.prune import flow, magnitude, table
 from bertjax.prune.session import Session
 
 
 def _parser() -> ArgumentParser:
-  p = ArgumentParser(prog="python -m bertjax.prune", description=__doc__.splitlines()[0])
+  p = ArgumentParser(prog="python -m bertjax.prune", description=doc_summary(__doc__))
   p.add_argument("--workdir", required=True, help="a fine-tuning run to prune")
   p.add_argument("--output", required=True, help="a new folder for the pruned models and report")
   p.add_argument("--target-heads", type=float, default=1.0, help="fraction of heads kept")
   p.add_argument("--target-layers", type=float, default=1.0, help="fraction of layers kept")
   p.add_argument("--target-sparsity", type=float, default=0.0,
                  help="fraction of the encoder layers' kernel weights set to zero")
-  p.add_argument("--sparsity-scope", choices=magnitude.SCOPES, default="global")
+  p.add_argument("--sparsity-scope", choices=magnitude.SCOPES, default="global",
+                 help="rank weights by magnitude over all layers at once, or within each layer")
   p.add_argument("--steps", type=int, default=1, help="prune in this many equal steps")
-  p.add_argument("--finetune-steps", type=int, default=0, help="fine-tuning steps after each")
+  p.add_argument("--finetune-steps", type=int, default=0,
+                 help="fine-tuning steps after each pruning step (0: none)")
   p.add_argument("--ranking", choices=flow.RANKINGS, default="importance",
                  help="which heads/layers go first: Michel et al.'s importance, or random (a control)")
   p.add_argument("--seed", type=int, default=0, help="the random ranking's seed")
@@ -58,6 +60,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   workdir = paths.as_path(args.workdir)
   if not workdir.is_dir():
     fail(f"--workdir {args.workdir} does not exist; point it at a fine-tuning run")
+  if (workdir / "model.json").is_file():
+    fail(f"--workdir {args.workdir} is a model folder (model.json), not a run: fine-tune it "
+         f"(--config.init_from={args.workdir}) and prune that run; for OUT/step_N/pruned, "
+         "prune OUT/step_N/finetuned")
   if not any((workdir / d).is_dir() for d in ("checkpoints", "params")):
     fail(f"--workdir {args.workdir} holds no checkpoints/; point it at a fine-tuning run that "
          "saved a checkpoint")

@@ -122,6 +122,7 @@ def run(s: Session, plan: Plan, params, tokenizer: pathlib.Path | None, override
     s.batches = s.importance_batches()
   base = s.evaluate(cfg, params, s.out / "step_0")
   rows = [_row(0, cfg, original, params, base, base, s.metric, None)]
+  task = s.task_head(params)
   log(f"step 0: {pruning.count_heads(cfg)} heads, dev {s.metric} {base[s.metric]:.4f}")
   for j in range(1, plan.steps + 1):
     t0 = time.time()
@@ -132,7 +133,8 @@ def run(s: Session, plan: Plan, params, tokenizer: pathlib.Path | None, override
                                          plan.sparsity_scope)
       removed = {"sparsity": plan.target_sparsity * j / plan.steps}
     where = s.out / f"step_{j}"
-    folder = folders.save_pruned(where / "pruned", cfg, params, tokenizer, {"step": j, **removed})
+    folder = folders.save_pruned(where / "pruned", cfg, params, tokenizer, {"step": j, **removed},
+                                 task)
     pruned = s.evaluate(cfg, params, where)
     tuned = None
     if plan.finetune_steps:

@@ -1,13 +1,16 @@
 """A pruned model on disk: a converted-checkpoint folder (model.json, params/, tokenizer/).
 
-`init_from` reads it (the encoder and, when the shapes match, a task head such as the
-classifier), `bertjax.load` returns its encoder, and `python -m bertjax.convert to-hf` exports
-it (the config's `pruned_heads` included).
+model.json's "task" names the fine-tuning head params/ holds (kind, name, num_labels, labels:
+`bertjax.convert.sources.TaskHead`). `init_from` reads the folder (the encoder and, when the
+shapes match, that head), `bertjax.load` returns the model with its head (`.logits`), and
+`python -m bertjax.convert to-hf` exports it as the matching transformers class (the config's
+`pruned_heads` included).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 import shutil
 from typing import Any
@@ -20,9 +23,22 @@ from bertjax import checkpoints
 from bertjax.models.config import ModelConfig
 
 
+def json_safe(value: Any) -> Any:
+  """`value` with every non-finite float as None (JSON has no NaN: a pruned head's score)."""
+  if isinstance(value, dict):
+    return {k: json_safe(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [json_safe(v) for v in value]
+  if isinstance(value, float) and not math.isfinite(value):
+    return None
+  return value
+
+
 def save_pruned(path: str | pathlib.Path, cfg: ModelConfig, params: Any,
-                tokenizer: str | pathlib.Path | None, info: dict | None = None) -> pathlib.Path:
-  """Writes `params` ({"encoder": ..., task heads...}) and `cfg` into a new folder `path`."""
+                tokenizer: str | pathlib.Path | None, info: dict | None = None,
+                task: dict | None = None) -> pathlib.Path:
+  """Writes `params` ({"encoder": ..., task head}) and `cfg` into a new folder `path`; `task`
+  describes the task head (`Session.task_head`), None when params holds the encoder alone."""
   path = pathlib.Path(path).absolute()
   tmp = path.with_name(path.name + ".tmp")
   shutil.rmtree(tmp, ignore_errors=True)
@@ -31,8 +47,12 @@ def save_pruned(path: str | pathlib.Path, cfg: ModelConfig, params: Any,
   checkpointer = ocp.StandardCheckpointer()
   checkpointer.save(tmp / "params", host)
   checkpointer.wait_until_finished()
-  meta = {"model": cfg.to_dict(), "heads": [], "missing": [], "pruning": info or {}}
-  (tmp / "model.json").write_text(json.dumps(meta, indent=2) + "\n")
+  if task is not None and task["name"] not in params:
+    raise ValueError(f"params has no {task['name']} tree for the task head")
+  meta = {"model": cfg.to_dict(), "heads": [], "missing": [], "pruning": json_safe(info or {})}
+  if task is not None:
+    meta["task"] = task
+  (tmp / "model.json").write_text(json.dumps(meta, indent=2, allow_nan=False) + "\n")
   if tokenizer is not None and pathlib.Path(tokenizer).is_dir():
     shutil.copytree(tokenizer, tmp / "tokenizer")
   if path.exists():

@@ -17,6 +17,7 @@ import ml_collections
 import numpy as np
 
 from bertjax import checkpoints, config_lib, paths, sharding, train
+from bertjax.convert import sources
 from bertjax.errors import fail, read_text
 from bertjax.models.config import ModelConfig
 from bertjax.registry import get_objective
@@ -88,6 +89,10 @@ class Session:
       fail(f"--metric {self.metric} is not a dev metric of this task; choose one of "
            f"{', '.join(sorted(metrics))}")
     return metrics
+
+  def task_head(self, params) -> dict[str, Any]:
+    """The run's fine-tuning head as a pruned folder's model.json records it ("task")."""
+    return dataclasses.asdict(sources.task_head(self.config.to_dict(), params))
 
   def importance_batches(self) -> list[dict[str, np.ndarray]]:
     """Labelled dev batches for the importance scores: the dev rows with the gold labels their

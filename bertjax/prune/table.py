@@ -9,6 +9,8 @@ from typing import Any, Sequence
 
 from matplotlib.figure import Figure
 
+from bertjax.prune.folders import json_safe
+
 COLUMNS = ("step", "heads", "heads_kept", "layers", "sparsity", "encoder_params", "dev_pruned",
            "dev_finetuned")
 
@@ -64,6 +66,6 @@ def write_all(out: pathlib.Path, rows: Sequence[dict], metric: str, command: str
   text = markdown(rows, metric, command)
   (out / "pruning.md").write_text(text)
   plot(rows, metric, out / "pruning.png", unstructured)
-  (out / "summary.json").write_text(json.dumps({"metric": metric, "command": command,
-                                                "rows": list(rows)}, indent=2))
+  record = {"metric": metric, "command": command, "rows": json_safe(list(rows))}
+  (out / "summary.json").write_text(json.dumps(record, indent=2, allow_nan=False))
   return text

@@ -17,6 +17,7 @@ train_file, dev_file, test_file), or the tfds `conll2003` dataset when data_dir 
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Sequence
 
 import jax
@@ -28,6 +29,8 @@ from bertjax.errors import UserError, fail
 from bertjax.metrics import ner as ner_eval
 from bertjax.models import classifiers
 from bertjax.tasks import base
+
+_log = logging.getLogger(__name__)
 
 # Label sets in tfds' ClassLabel order, so tfds label ids index them directly.
 NER_LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
@@ -169,6 +172,11 @@ class TaggingTask(base.TaskObjective):
     everything, train_from = read_sentences(config, self.task, "train")
     train = everything[:config.max_train_examples or None]
     tok = self.load_tokenizer(config, workdir, lambda: (" ".join(w) for w, _ in everything))
+    if self.task == "ner" and tok.lowercase:
+      # Capitals are the strongest entity cue: an uncased model loses them (configs/ner.py).
+      _log.warning("ner: the tokenizer lower-cases its input (%s); NER needs a cased one: "
+                   "fine-tune a cased checkpoint (e.g. bert-base-cased)",
+                   config.data.tokenizer or config.init_from or "trained with --lowercase")
     arrays, _, _ = tag_features(tok, train, self.labels, config.max_seq_length)
     base.announce(f"{self.task} train ({train_from}): {len(train)} sentences -> "
                   f"{base.num_rows(arrays)} rows")
