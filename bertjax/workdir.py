@@ -57,6 +57,8 @@ INERT_DEFAULTS = {"freeze.encoder": False, "freeze.train_top_layers": 0,
                   "freeze.train_embeddings": False, "head.features": "standard",
                   "head.layers": [-4, -3, -2, -1], "head.pooling": "cls",
                   "optimizer.keep_pruned": False, "data.generated": "",
+                  "optimizer.fully_decoupled_weight_decay": False,
+                  "optimizer.wsd_decay_fraction": 0.1, "optimizer.wsd_decay_shape": "1-sqrt",
                   "data.generated_families": 1, "data.generated_tokens": 8,
                   "model.attention_dropout_kernel": "auto",
                   "model.dropout_impl": "auto", "model.kernel_overrides": ""}

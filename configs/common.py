@@ -81,16 +81,21 @@ def base_config() -> ml_collections.ConfigDict:
   c.electra.disc_weight = 50.0     # lambda: loss = generator MLM + lambda * discriminator BCE
 
   c.optimizer = ml_collections.ConfigDict()
-  c.optimizer.name = "adamw"       # adamw | lamb | adam | sgd
+  c.optimizer.name = "adamw"       # adamw | lamb | adam | sgd | stableadamw (AdamW + per-tensor update clipping)
   c.optimizer.b1 = 0.9
   c.optimizer.b2 = 0.999
   c.optimizer.eps = 1e-6
   c.optimizer.weight_decay = 0.01  # not applied to LayerNorm parameters and biases
+  # Each step decays by (lr_t / learning_rate) * weight_decay instead of lr_t * weight_decay:
+  # the schedule's shape without the peak's size (optimi's decouple_lr; ModernBERT uses 1e-5 so).
+  c.optimizer.fully_decoupled_weight_decay = False
   c.optimizer.grad_clip_norm = 1.0 # global-norm clipping; 0 disables
   c.optimizer.warmup_steps = -1    # -1: use warmup_fraction
   c.optimizer.warmup_fraction = 0.01
-  c.optimizer.decay = "linear"     # linear | polynomial | constant
+  c.optimizer.decay = "linear"     # linear | polynomial | constant | wsd (warmup, plateau, decay)
   c.optimizer.decay_power = 1.0    # for polynomial decay
+  c.optimizer.wsd_decay_fraction = 0.1  # wsd: the last fraction of total_steps that decays
+  c.optimizer.wsd_decay_shape = "1-sqrt"  # wsd: 1-sqrt (lr falls as 1 - sqrt(done)) | linear
   c.optimizer.end_learning_rate_factor = 0.0
   c.optimizer.layerwise_lr_decay = 1.0
   # Weights of the encoder layers' kernels that are zero when the run starts (a magnitude-pruned

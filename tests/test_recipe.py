@@ -1,0 +1,131 @@
+"""ModernBERT's training-recipe settings: StableAdamW, the warmup-stable-decay schedule, batch-size
+warmup and the masking-rate schedule, each checked against a direct computation."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from bertjax import optim
+from configs.common import base_config
+
+
+def recipe_config(**optimizer):
+  c = base_config()
+  c.total_steps, c.learning_rate = 20, 8e-4
+  c.optimizer.name, c.optimizer.b1, c.optimizer.b2, c.optimizer.eps = "stableadamw", 0.9, 0.98, 1e-6
+  c.optimizer.weight_decay, c.optimizer.fully_decoupled_weight_decay = 1e-5, True
+  c.optimizer.grad_clip_norm = 0.0
+  c.optimizer.warmup_steps, c.optimizer.decay = 4, "wsd"
+  c.optimizer.wsd_decay_fraction = 0.25
+  for key, value in optimizer.items():
+    c.optimizer[key] = value
+  return c
+
+
+def debias(beta, t):
+  """optimi's debiased beta: Adam's bias correction folded into the moving averages."""
+  return (beta**t - beta) / (beta**t - 1)
+
+
+def optimi_stableadamw(params, grads, lrs, *, b1, b2, eps, wd, max_lr, decayed):
+  """optimi's StableAdamW step (decouple_lr=True) written out in float64 numpy, per tensor."""
+  params = {k: v.astype(np.float64) for k, v in params.items()}
+  m = {k: np.zeros_like(v) for k, v in params.items()}
+  v = {k: np.zeros_like(v) for k, v in params.items()}
+  clipped = []
+  for t, (g_t, lr) in enumerate(zip(grads, lrs), start=1):
+    for k in params:
+      g = g_t[k].astype(np.float64)
+      b1_hat, b2_hat = debias(b1, t), debias(b2, t)
+      m[k] = b1_hat * m[k] + (1 - b1_hat) * g
+      v[k] = b2_hat * v[k] + (1 - b2_hat) * g * g
+      rms = math.sqrt(np.mean(g * g / np.maximum(v[k], eps * eps)))
+      clipped.append(rms > 1)
+      eta = lr / max(1.0, rms)
+      if decayed[k]:
+        params[k] = params[k] * (1 - (eta / max_lr) * wd)
+      params[k] = params[k] - eta * m[k] / (np.sqrt(v[k]) + eps)
+  return params, clipped
+
+
+def test_stableadamw_equals_a_direct_implementation_of_its_update_over_20_steps():
+  config = recipe_config()
+  rng = np.random.default_rng(0)
+  params = {"dense": {"kernel": rng.normal(size=(4, 3)).astype(np.float32),
+                      "bias": rng.normal(size=(3,)).astype(np.float32)},
+            "layer_norm": {"scale": rng.normal(size=(3,)).astype(np.float32)}}
+  flat = lambda tree: {"/".join(getattr(p, "key", str(p)) for p in path): np.asarray(x)
+                       for path, x in jax.tree_util.tree_leaves_with_path(tree)}
+  grads = []
+  for t in range(20):
+    g = jax.tree.map(lambda p: rng.normal(size=p.shape).astype(np.float32), params)
+    if t in (8, 14):  # a gradient spike: the update clipping must act on these steps
+      g = jax.tree.map(lambda x: 30.0 * x, g)
+    grads.append(g)
+  schedule = optim.make_schedule(config)
+  lrs = [float(schedule(t)) for t in range(20)]
+  want, clipped = optimi_stableadamw(
+      flat(params), [flat(g) for g in grads], lrs, b1=0.9, b2=0.98, eps=1e-6, wd=1e-5,
+      max_lr=8e-4, decayed={"dense/kernel": True, "dense/bias": False, "layer_norm/scale": False})
+  assert any(clipped) and not all(clipped)  # both branches of max(1, RMS) are exercised
+
+  optimizer = optim.make_optimizer(config)
+  state = optimizer.init(params)
+
+  @jax.jit
+  def step(p, s, g):
+    updates, s = optimizer.update(g, s, p)
+    return optax.apply_updates(p, updates), s
+
+  got = params
+  for g in grads:
+    got, state = step(got, state, g)
+  for key, value in flat(got).items():
+    np.testing.assert_allclose(value, want[key], rtol=2e-5, atol=1e-7, err_msg=key)
+  moved = flat(got)["dense/kernel"] - flat(params)["dense/kernel"]
+  assert np.max(np.abs(moved)) > 1e-3  # the steps did something measurable
+
+
+def test_stableadamw_decays_kernels_by_the_scheduled_share_of_weight_decay_only():
+  """With zero gradients the only change is the decay: kernels by (lr_t / peak) * wd per step
+  (fully decoupled), or lr_t * wd without it; biases and norms not at all."""
+  params = {"dense": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones((2,))}}
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  for fully, per_step in ((True, 0.1), (False, 8e-4 * 0.1)):
+    config = recipe_config(weight_decay=0.1, fully_decoupled_weight_decay=fully,
+                           warmup_steps=0, wsd_decay_fraction=0.0)  # lr_t = the peak, 8e-4
+    optimizer = optim.make_optimizer(config)
+    updates, _ = optimizer.update(zeros, optimizer.init(params), params)
+    np.testing.assert_allclose(updates["dense"]["kernel"], -per_step, rtol=1e-6)
+    np.testing.assert_array_equal(updates["dense"]["bias"], 0.0)
+
+
+@pytest.mark.parametrize("shape", ["1-sqrt", "linear"])
+def test_wsd_schedule_warms_up_holds_the_peak_then_decays(shape):
+  config = recipe_config(warmup_steps=10, wsd_decay_fraction=0.2, wsd_decay_shape=shape,
+                         end_learning_rate_factor=0.1)
+  config.total_steps, config.learning_rate = 100, 1.0
+  lr = lambda step: float(optim.make_schedule(config)(step))
+  # Warmup: linear from 0 to the peak over 10 steps.
+  assert lr(0) == 0.0
+  assert lr(5) == pytest.approx(0.5)
+  # Plateau: the peak from the end of warmup until the decay's 20 steps begin at step 80.
+  for step in (10, 40, 79, 80):
+    assert lr(step) == pytest.approx(1.0)
+  # Decay: end + (peak - end) * (1 - f(x)), x the share of the 20 decay steps done.
+  f = math.sqrt if shape == "1-sqrt" else (lambda x: x)
+  for step in (85, 90, 99, 100):
+    x = (step - 80) / 20
+    assert lr(step) == pytest.approx(0.1 + 0.9 * (1 - f(x)), rel=1e-6)
+  assert lr(90) == pytest.approx(0.1 + 0.9 * (1 - math.sqrt(0.5)) if shape == "1-sqrt" else 0.55)
+  assert lr(150) == pytest.approx(0.1)  # past the end: the end value
+
+
+def test_wsd_schedule_without_warmup_or_decay_is_the_peak():
+  config = recipe_config(warmup_steps=0, wsd_decay_fraction=0.0)
+  config.learning_rate = 3e-4
+  assert all(float(optim.make_schedule(config)(s)) == pytest.approx(3e-4) for s in (0, 7, 19))
