@@ -25,7 +25,7 @@ from typing import Any
 import jax
 
 from bertjax import optim, paths, sharding
-from bertjax.data import tokenizers
+from bertjax.data import batch_warmup, tokenizers
 from bertjax.errors import fail
 from bertjax.models import dropout, features, kernels
 
@@ -68,6 +68,8 @@ RULES: tuple[tuple[str, Range, str, Any], ...] = (
     ("total_steps", NON_NEGATIVE, "optimizer steps; 0 in fine-tuning configs: from num_epochs", 1000),
     ("batch_size", AT_LEAST_1, "rows per optimizer step", 32),
     ("grad_accum_steps", AT_LEAST_1, "micro-batches per step", 1),
+    ("batch_warmup_tokens", NON_NEGATIVE, "tokens over which the batch grows; 0: no warmup", 0),
+    ("batch_warmup_start", AT_LEAST_1, "micro-batches per step as the batch warmup starts", 1),
     ("prefetch_batches", NON_NEGATIVE, "batches sent to the devices ahead; 0: none", 2),
     # 0 is allowed: the weights stay as restored (tests/test_task_glue.py checks a restore so).
     ("learning_rate", NON_NEGATIVE, "the peak learning rate", 1e-4),
@@ -355,6 +357,7 @@ def check_run(config, objective, model_cfg, mesh, workdir=None) -> int:
     fail(f"max_predictions_per_seq={config.max_predictions_per_seq} must be below max_seq_length="
          f"{config.max_seq_length}; fix: --config.max_predictions_per_seq="
          f"{max(1, round(config.max_seq_length * 0.15))}")
+  batch_warmup.check(config, accum, task=objective.data_kind == "task")
   check_positions(config, model_cfg)
   check_mesh(config, model_cfg, mesh, from_checkpoint=model_from_checkpoint(config, objective))
   check_corpus_tokenizer(config, objective, workdir)

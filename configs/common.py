@@ -26,6 +26,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.total_steps = 1000             # optimizer steps
   c.batch_size = 256               # global batch of one optimizer step (all hosts, all micro-batches)
   c.grad_accum_steps = 1           # micro-batches per step, accumulated inside the jitted step
+  # Batch-size warmup (ModernBERT): a step runs batch_warmup_start micro-batches at first, growing
+  # to grad_accum_steps as the tokens trained (rows x max_seq_length) reach batch_warmup_tokens.
+  c.batch_warmup_tokens = 0        # 0: every step runs the full batch
+  c.batch_warmup_start = 1         # micro-batches per step when the warmup starts
   c.prefetch_batches = 2           # batches sent to the devices ahead of the step (0: none)
   c.learning_rate = 1e-4           # peak learning rate
   c.seed = 0

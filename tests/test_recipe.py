@@ -2,6 +2,7 @@
 warmup and the masking-rate schedule, each checked against a direct computation."""
 
 import math
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -9,8 +10,11 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax import optim
+from bertjax import checkpoints, metric_writers, optim, train
+from bertjax.data import batch_warmup
+from bertjax.registry import get_objective
 from configs.common import base_config
+from test_train import tiny_config
 
 
 def recipe_config(**optimizer):
@@ -129,3 +133,69 @@ def test_wsd_schedule_without_warmup_or_decay_is_the_peak():
   config = recipe_config(warmup_steps=0, wsd_decay_fraction=0.0)
   config.learning_rate = 3e-4
   assert all(float(optim.make_schedule(config)(s)) == pytest.approx(3e-4) for s in (0, 7, 19))
+
+
+def test_batch_warmup_grows_in_whole_micro_batches_as_the_tokens_come():
+  # accum 4 from 1, 10 tokens per micro-batch, 100 warmup tokens: k = 1 + 3 * seen // 100.
+  counts = batch_warmup.micro_batches_per_step(4, 1, 10, 100)
+  seen, want = 0, []
+  while (k := 1 + 3 * seen // 100) < 4:
+    want.append(k)
+    seen += 10 * k
+  assert counts == want and counts[0] == 1 and counts[-1] == 3
+  assert counts == sorted(counts) and set(counts) == {1, 2, 3}
+  assert batch_warmup.micro_batches_per_step(4, 2, 10, 100)[0] == 2
+  assert batch_warmup.micro_batches_per_step(4, 1, 10, 0) == []  # off: every step is full
+
+
+class _Numbered:
+  """Micro-batches of 2 rows numbered 0, 1, 2, ... with a resumable position."""
+
+  def __init__(self):
+    self.i = 0
+
+  def __next__(self):
+    self.i += 1
+    return {"row": np.array([2 * self.i - 2, 2 * self.i - 1])}
+
+  def get_state(self):
+    return {"i": self.i}
+
+  def set_state(self, state):
+    self.i = state["i"]
+
+
+def test_growing_batches_join_consecutive_micro_batches_and_resume_exactly():
+  counts = [1, 1, 2, 3]
+  it = batch_warmup.GrowingBatches(_Numbered(), counts, 4)
+  batches = [next(it)["row"] for _ in range(6)]
+  assert [len(b) for b in batches] == [2, 2, 4, 6, 8, 8]
+  np.testing.assert_array_equal(np.concatenate(batches), np.arange(sum(map(len, batches))))
+  again = batch_warmup.GrowingBatches(_Numbered(), counts, 4)
+  for _ in range(3):
+    next(again)
+  state = again.get_state()
+  resumed = batch_warmup.GrowingBatches(_Numbered(), counts, 4)
+  resumed.set_state(state)
+  for want in batches[3:]:
+    np.testing.assert_array_equal(next(resumed)["row"], want)
+
+
+@pytest.mark.slow
+def test_a_run_with_batch_warmup_trains_smaller_steps_first_and_resumes_exactly(tmp_path):
+  """Three steps of one micro-batch (4 rows), then both (8 rows); the run resumed from the
+  step-2 checkpoint, mid-warmup, ends where the uninterrupted run ended."""
+  kw = {"batch_size": 8, "grad_accum_steps": 2, "batch_warmup_tokens": 3 * 4 * 16,
+        "checkpoint_every": 2, "eval_every": 0, "log_every": 1, "total_steps": 4}
+  config = tiny_config(**kw)
+  data = get_objective(config).build_inputs(config, tmp_path / "data")
+  assert batch_warmup.micro_batches_per_step(2, 1, 4 * 16, 3 * 4 * 16) == [1, 1, 1]
+  assert [len(next(data.train)["input_ids"]) for _ in range(5)] == [4, 4, 4, 8, 8]
+  work = tmp_path / "work"
+  train.train_and_evaluate(tiny_config(**kw), work)
+  full = jax.device_get(checkpoints.restore_params(work))
+  shutil.rmtree(work / "checkpoints" / "4")
+  assert train.train_and_evaluate(tiny_config(**kw), work)["step"] == 4
+  for a, b in zip(jax.tree.leaves(full), jax.tree.leaves(checkpoints.restore_params(work))):
+    np.testing.assert_array_equal(a, b)
+  assert [r["step"] for r in metric_writers.read_metrics(work)] == [1, 2, 3, 4]
