@@ -25,7 +25,7 @@ from typing import Any
 import jax
 
 from bertjax import optim, paths, sharding
-from bertjax.data import batch_warmup, tokenizers
+from bertjax.data import batch_warmup, masking, tokenizers
 from bertjax.errors import fail
 from bertjax.models import dropout, features, kernels
 
@@ -167,6 +167,7 @@ def check_ranges(config) -> None:
     value = _get(config, key)
     if value is not _MISSING and value not in choices:
       fail(f"{key}={value!r} must be one of {', '.join(choices)}; fix: --config.{key}={choices[0]}")
+  masking.check_rate_schedule(config.get("masking", {}).get("rate_schedule", ()))
   model = config.model
   if model.pad_token_id >= model.vocab_size:
     fail(f"model.pad_token_id={model.pad_token_id} must be below model.vocab_size="

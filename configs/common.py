@@ -67,12 +67,16 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.eval_documents = 50       # documents held out for evaluation
   c.data.eval_batches = 4          # batches per evaluation
   c.data.short_seq_prob = 0.1      # BERT: probability of a shorter target length
-  c.data.pack = False              # several instances per row, kept apart by segment ids (span_sbo data)
+  c.data.kind = ""                 # instances: empty, the objective's; full | single for mlm and rtd
+  c.data.pack = False              # several instances per row, kept apart by segment ids ('single' data)
   c.data.pack_bins = 64            # rows filled at once, first-fit, when packing
 
   c.masking = ml_collections.ConfigDict()
   c.masking.strategy = ""          # token | whole_word | ngram | span; empty: the objective's default
   c.masking.rate = 0.15            # fraction of tokens selected for prediction
+  # ((from_step, rate), ...): training rows of steps >= from_step are masked at that rate
+  # (mmBERT: 30% to 5% across phases); masking.rate before the first, and for evaluation.
+  c.masking.rate_schedule = ()
   c.masking.max_ngram = 3          # ALBERT n-gram masking
   c.masking.span_p = 0.2           # SpanBERT geometric span length parameter
   c.masking.span_max = 10          # SpanBERT span length clip (in words)

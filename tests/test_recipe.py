@@ -1,5 +1,6 @@
 """ModernBERT's training-recipe settings: StableAdamW, the warmup-stable-decay schedule, batch-size
 warmup and the masking-rate schedule, each checked against a direct computation."""
+# Packing ("a packed row computes each instance as it does alone") is tested in test_packing.py.
 
 import math
 import shutil
@@ -11,7 +12,8 @@ import optax
 import pytest
 
 from bertjax import checkpoints, metric_writers, optim, train
-from bertjax.data import batch_warmup
+from bertjax.data import batch_warmup, masking, pipeline
+from bertjax.errors import UserError
 from bertjax.registry import get_objective
 from configs.common import base_config
 from test_train import tiny_config
@@ -199,3 +201,75 @@ def test_a_run_with_batch_warmup_trains_smaller_steps_first_and_resumes_exactly(
   for a, b in zip(jax.tree.leaves(full), jax.tree.leaves(checkpoints.restore_params(work))):
     np.testing.assert_array_equal(a, b)
   assert [r["step"] for r in metric_writers.read_metrics(work)] == [1, 2, 3, 4]
+
+
+def test_masking_rate_schedule_is_piecewise_constant_in_the_step():
+  schedule = ((3, 0.15), (6, 0.05))
+  assert [masking.rate_at(s, 0.3, schedule) for s in range(8)] == [0.3] * 3 + [0.15] * 3 + [0.05] * 2
+  assert masking.rate_at(5, 0.3, ()) == 0.3
+  for bad in (((2, 0.1), (1, 0.2)), ((1, 1.0),), ((-1, 0.1),), ((1, 0.1, 2),)):
+    with pytest.raises(UserError, match="rate_schedule"):
+      masking.check_rate_schedule(bad)
+
+
+def test_masking_rate_schedule_masks_each_step_at_its_rate_and_resumes_exactly():
+  from test_pipeline import SPECIAL, WORD_START, corpus
+  make = lambda: pipeline.make_pretraining_iterator(
+      corpus(), kind="full", max_seq_length=48, batch_size=4, seed=0, special=SPECIAL,
+      word_start_mask=WORD_START, max_predictions=40, mask_rate=0.4,
+      mask_rate_schedule=((2, 0.1),))
+  it = make()
+  batches = [next(it) for _ in range(4)]
+  real = lambda b: np.sum(b["input_ids"] != SPECIAL.pad, axis=1)
+  for step, batch in enumerate(batches):
+    rate = 0.4 if step < 2 else 0.1
+    want = np.maximum(1, np.round(real(batch) * rate))
+    np.testing.assert_array_equal(batch["masked_weights"].sum(axis=1), want, err_msg=str(step))
+  resumed = make()
+  for _ in range(1):
+    next(resumed)
+  state = resumed.get_state()
+  resumed = make()
+  resumed.set_state(state)
+  for want in batches[1:]:
+    got = next(resumed)
+    for key in want:
+      np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+def test_with_a_batch_warmup_a_micro_batch_is_masked_at_the_rate_of_its_step():
+  # counts [1, 1, 2]: micro-batches 0, 1 are steps 0, 1; 2-3 step 2; then 4 per step (accum 4).
+  steps = [batch_warmup.step_of_micro_batch(i, [1, 1, 2], 4) for i in range(12)]
+  assert steps == [0, 1, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4]
+
+
+def test_a_config_masking_rate_schedule_follows_the_steps_of_a_batch_warmup(tmp_path):
+  """Steps 0, 1 run one micro-batch of 4 rows, then two (counts [1, 1]); from step 3 the rate
+  is 0.6: all of step 2's rows (micro-batches 2, 3) at 0.1, all of step 3's at 0.6."""
+  config = tiny_config(**{"data.synthetic": False, "data.generated": "context", "objective": "mlm",
+                          "max_predictions_per_seq": 12, "masking.rate": 0.1, "batch_size": 8,
+                          "grad_accum_steps": 2, "batch_warmup_tokens": 2 * 4 * 16})
+  config.masking.rate_schedule = ((3, 0.6),)
+  data = get_objective(config).build_inputs(config, tmp_path)
+  for step, rate in enumerate((0.1, 0.1, 0.1, 0.6, 0.6)):
+    batch = next(data.train)
+    real = np.sum(batch["input_ids"] != 0, axis=1)
+    assert len(real) == (4 if step < 2 else 8)
+    want = np.minimum(12, np.maximum(1, np.round(real * rate)))
+    np.testing.assert_array_equal(batch["masked_weights"].sum(axis=1), want, err_msg=str(step))
+
+
+def test_mlm_trains_on_packed_documents_with_data_kind_single(tmp_path):
+  """ModernBERT's packing: mlm on 'single' instances (each [CLS] document [SEP]) packed into
+  rows kept apart by segment ids (the encoder computing each as alone: test_packing.py)."""
+  config = tiny_config(**{"data.synthetic": False, "data.generated": "context", "objective": "mlm",
+                          "data.kind": "single", "data.pack": True, "max_seq_length": 64})
+  objective = get_objective(config)
+  batch = next(objective.build_inputs(config, tmp_path / "packed").train)
+  assert batch["segment_ids"].max() > 1 and "segment_ids" in objective.model_inputs(batch)
+  cls = batch["input_ids"] == 2  # every packed document opens with its own [CLS]
+  starts = np.diff(batch["segment_ids"], axis=1, prepend=0) > 0
+  np.testing.assert_array_equal(cls, starts & (batch["segment_ids"] > 0))
+  nsp = tiny_config(**{"data.synthetic": False, "data.generated": "context", "data.kind": "single"})
+  with pytest.raises(UserError, match="data.kind='single' does not suit objective 'mlm_nsp'"):
+    get_objective(nsp).build_inputs(nsp, tmp_path / "nsp")

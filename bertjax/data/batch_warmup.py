@@ -56,6 +56,16 @@ def micro_batches_per_step(accum: int, start: int, micro_tokens: int,
   return counts
 
 
+def step_of_micro_batch(index: int, counts: list[int], accum: int) -> int:
+  """The (0-based) step that trains the micro-batch `index` of the stream."""
+  done = 0
+  for step, k in enumerate(counts):
+    done += k
+    if index < done:
+      return step
+  return len(counts) + (index - done) // accum
+
+
 class GrowingBatches:
   """An iterator of batches of k micro-batches each, k from `counts` (then `accum`)."""
 
