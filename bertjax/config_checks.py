@@ -109,7 +109,7 @@ RULES: tuple[tuple[str, Range, str, Any], ...] = (
     ("optimizer.grad_clip_norm", NON_NEGATIVE, "global-norm clipping; 0 disables", 1.0),
     ("optimizer.warmup_steps", Range(-1), "warmup steps; -1: warmup_fraction", -1),
     ("optimizer.warmup_fraction", UNIT, "warmup as a fraction of total_steps", 0.01),
-    ("optimizer.wsd_decay_fraction", UNIT, "the share of the steps a wsd schedule decays over", 0.1),
+    ("optimizer.wsd_decay_fraction", UNIT, "the share of the steps a wsd decay takes", 0.1),
     ("optimizer.decay_power", POSITIVE, "the polynomial decay's power", 1.0),
     ("optimizer.end_learning_rate_factor", UNIT, "the final learning rate / the peak", 0.0),
     ("optimizer.layerwise_lr_decay", SHARE, "per-layer learning-rate factor; 1 disables", 1.0),

@@ -239,7 +239,8 @@ def _generated(config, objective, per_process: int, train_rows: int,
 def _pretraining_inputs(config, objective, per_process: int, train_rows: int, train_docs,
                         eval_docs, special, word_start_mask, vocab_size: int, tokenizer,
                         step_of_row: Callable[[int], int] | None = None) -> Inputs:
-  kw = dict(kind=data_kind(config, objective), max_seq_length=config.max_seq_length, special=special,
+  kw = dict(kind=data_kind(config, objective), max_seq_length=config.max_seq_length,
+            special=special,
             word_start_mask=word_start_mask, short_seq_prob=config.data.short_seq_prob,
             pack=config.data.pack, pack_bins=config.data.pack_bins,
             **objective.masking_kwargs(config))

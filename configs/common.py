@@ -67,8 +67,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.eval_documents = 50       # documents held out for evaluation
   c.data.eval_batches = 4          # batches per evaluation
   c.data.short_seq_prob = 0.1      # BERT: probability of a shorter target length
-  c.data.kind = ""                 # instances: empty, the objective's; full | single for mlm and rtd
-  c.data.pack = False              # several instances per row, kept apart by segment ids ('single' data)
+  c.data.kind = ""                 # instances: empty, the objective's; full | single (mlm, rtd)
+  c.data.pack = False              # several instances per row, kept apart by segment ids (single)
   c.data.pack_bins = 64            # rows filled at once, first-fit, when packing
 
   c.masking = ml_collections.ConfigDict()
@@ -89,7 +89,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.electra.disc_weight = 50.0     # lambda: loss = generator MLM + lambda * discriminator BCE
 
   c.optimizer = ml_collections.ConfigDict()
-  c.optimizer.name = "adamw"       # adamw | lamb | adam | sgd | stableadamw (AdamW + per-tensor update clipping)
+  # adamw | lamb | adam | sgd | stableadamw (AdamW with per-tensor update clipping)
+  c.optimizer.name = "adamw"
   c.optimizer.b1 = 0.9
   c.optimizer.b2 = 0.999
   c.optimizer.eps = 1e-6

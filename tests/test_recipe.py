@@ -205,7 +205,8 @@ def test_a_run_with_batch_warmup_trains_smaller_steps_first_and_resumes_exactly(
 
 def test_masking_rate_schedule_is_piecewise_constant_in_the_step():
   schedule = ((3, 0.15), (6, 0.05))
-  assert [masking.rate_at(s, 0.3, schedule) for s in range(8)] == [0.3] * 3 + [0.15] * 3 + [0.05] * 2
+  rates = [masking.rate_at(s, 0.3, schedule) for s in range(8)]
+  assert rates == [0.3] * 3 + [0.15] * 3 + [0.05] * 2
   assert masking.rate_at(5, 0.3, ()) == 0.3
   for bad in (((2, 0.1), (1, 0.2)), ((1, 1.0),), ((-1, 0.1),), ((1, 0.1, 2),)):
     with pytest.raises(UserError, match="rate_schedule"):
