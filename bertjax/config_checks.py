@@ -30,7 +30,7 @@ from bertjax import paths, sharding
 # The table of allowed values (bertjax/config_rules.py); its names are also read from here.
 from bertjax.config_rules import (AT_LEAST_1, CHOICES, NON_NEGATIVE, OPEN_UNIT, POSITIVE,
                                   PROBABILITY, RULES, SHARE, UNIT, Range)
-from bertjax.data import instances, packing, tokenizers
+from bertjax.data import instances, masking, packing, tokenizers
 from bertjax.errors import fail
 from bertjax.models import features
 from bertjax.models.config import ModelConfig
@@ -58,6 +58,7 @@ def check_ranges(config) -> None:
     if value is not _MISSING and value not in choices:
       named = ", ".join(c or "''" for c in choices)
       fail(f"{key}={value!r} must be one of {named}; fix: --config.{key}={choices[0] or repr('')}")
+  masking.check_rate_schedule(config.get("masking", {}).get("rate_schedule", ()))
   model = config.model
   if model.pad_token_id >= model.vocab_size:
     fail(f"model.pad_token_id={model.pad_token_id} must be below model.vocab_size="
@@ -263,6 +264,7 @@ def check_run(config, objective, model_cfg, mesh, workdir=None) -> int:
     fail(f"max_predictions_per_seq={config.max_predictions_per_seq} must be below max_seq_length="
          f"{config.max_seq_length}; fix: --config.max_predictions_per_seq="
          f"{max(1, round(config.max_seq_length * 0.15))}")
+  batch_warmup.check(config, accum, task=objective.data_kind == "task")
   check_positions(config, model_cfg)
   check_mesh(config, model_cfg, mesh, from_checkpoint=model_from_checkpoint(config, objective))
   check_corpus_tokenizer(config, objective, workdir)

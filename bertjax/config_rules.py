@@ -51,6 +51,8 @@ RULES: tuple[tuple[str, Range, str, Any], ...] = (
     ("total_steps", NON_NEGATIVE, "optimizer steps; 0 in fine-tuning configs: from num_epochs", 1000),
     ("batch_size", AT_LEAST_1, "rows per optimizer step", 32),
     ("grad_accum_steps", AT_LEAST_1, "micro-batches per step", 1),
+    ("batch_warmup_tokens", NON_NEGATIVE, "tokens over which the batch grows; 0: no warmup", 0),
+    ("batch_warmup_start", AT_LEAST_1, "micro-batches per step as the batch warmup starts", 1),
     ("prefetch_batches", NON_NEGATIVE, "batches sent to the devices ahead; 0: none", 2),
     # 0 is allowed: the weights stay as restored (tests/test_task_glue.py checks a restore so).
     ("learning_rate", NON_NEGATIVE, "the peak learning rate", 1e-4),
@@ -90,6 +92,7 @@ RULES: tuple[tuple[str, Range, str, Any], ...] = (
     ("optimizer.grad_clip_norm", NON_NEGATIVE, "global-norm clipping; 0 disables", 1.0),
     ("optimizer.warmup_steps", Range(-1), "warmup steps; -1: warmup_fraction", -1),
     ("optimizer.warmup_fraction", UNIT, "warmup as a fraction of total_steps", 0.01),
+    ("optimizer.wsd_decay_fraction", UNIT, "the share of the steps a wsd decay takes", 0.1),
     ("optimizer.decay_power", POSITIVE, "the polynomial decay's power", 1.0),
     ("optimizer.end_learning_rate_factor", UNIT, "the final learning rate / the peak", 0.0),
     ("optimizer.layerwise_lr_decay", SHARE, "per-layer learning-rate factor; 1 disables", 1.0),
@@ -120,6 +123,7 @@ CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("data.format", sources.FORMATS),
     ("optimizer.name", optim.OPTIMIZERS),
     ("optimizer.decay", optim.DECAYS),
+    ("optimizer.wsd_decay_shape", optim.WSD_SHAPES),
     ("data.generated", ("", "context")),   # bertjax/data/synthetic.py
     ("head.features", features.FEATURES),
     ("head.pooling", features.POOLINGS),

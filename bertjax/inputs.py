@@ -18,7 +18,8 @@ import jax
 import numpy as np
 
 from bertjax import paths
-from bertjax.data import packing, pipeline, prepare, records, sources, synthetic, tokenizers
+from bertjax.data import (batch_warmup, packing, pipeline, prepare, records, sources, synthetic,
+                          tokenizers)
 from bertjax.data.masking import SpecialIds
 from bertjax.errors import fail
 
@@ -158,10 +159,44 @@ class SyntheticBatches:
 
 
 def build(config, workdir: paths.Path, objective) -> Inputs:
+  """The pretraining inputs of `config`; with `batch_warmup_tokens`, the train iterator yields
+  micro-batches joined into batches that grow (bertjax/data/batch_warmup.py)."""
   per_process = config.batch_size // jax.process_count()
+  warmup_tokens = int(config.get("batch_warmup_tokens", 0))
+  if not warmup_tokens:
+    return _build(config, workdir, objective, per_process, per_process)
+  accum = int(config.grad_accum_steps)
+  counts = batch_warmup.micro_batches_per_step(
+      accum, int(config.batch_warmup_start), config.batch_size // accum * config.max_seq_length,
+      warmup_tokens)
+  rows = per_process // accum
+  built = _build(config, workdir, objective, per_process, rows,
+                 lambda row: batch_warmup.step_of_micro_batch(row // rows, counts, accum))
+  return dataclasses.replace(built, train=batch_warmup.GrowingBatches(built.train, counts, accum))
+
+
+# Unlabelled kinds: an objective that reads no sentence-pair label may train on either.
+UNLABELLED_KINDS = ("full", "single")
+
+
+def data_kind(config, objective) -> str:
+  """The instances the pipeline builds: `data.kind`, or the objective's. ModernBERT's packed
+  documents are 'single' instances (each [CLS] document [SEP], split to fit) with data.pack."""
+  kind = config.data.get("kind", "") or objective.data_kind
+  if kind != objective.data_kind and {kind, objective.data_kind} - set(UNLABELLED_KINDS):
+    fail(f"data.kind={kind!r} does not suit objective {objective.name!r} (its instances are "
+         f"{objective.data_kind!r}); fix: --config.data.kind= (empty), or full or single for an "
+         "objective without a sentence-pair label")
+  return kind
+
+
+def _build(config, workdir: paths.Path, objective, per_process: int, train_rows: int,
+           step_of_row: Callable[[int], int] | None = None) -> Inputs:
+  """`build`'s inputs, the train iterator yielding `train_rows` rows per process (row r of its
+  stream trained in step `step_of_row(r)`; None: r // train_rows)."""
   if config.data.synthetic:
     vocab = config.model.vocab_size
-    train = SyntheticBatches(config, vocab, config.seed, per_process)
+    train = SyntheticBatches(config, vocab, config.seed, train_rows)
 
     def synthetic_eval():
       it = SyntheticBatches(config, vocab, config.seed + 1, per_process)
@@ -170,21 +205,23 @@ def build(config, workdir: paths.Path, objective) -> Inputs:
                   num_eval_batches=config.data.eval_batches)
 
 
-  if config.data.pack:  # refuse before a tokenizer is trained or a corpus prepared
-    packing.check_packing(objective.data_kind, config.data.pack_bins)
+  kind = data_kind(config, objective)  # refused before a tokenizer is trained or a corpus prepared
+  if config.data.pack:
+    packing.check_packing(kind, config.data.pack_bins)
   if config.data.generated:
-    return _generated(config, objective, per_process)
+    return _generated(config, objective, per_process, train_rows, step_of_row)
   corpus = prepare.PreparedCorpus(prepared_corpus_dir(config, workdir))
   tokenizer = corpus.tokenizer
   n = len(corpus)
   n_eval = min(config.data.eval_documents, n // 5) if config.eval_every else 0
   return _pretraining_inputs(
-      config, objective, per_process, DocumentSlice(corpus, 0, n - n_eval),
+      config, objective, per_process, train_rows, DocumentSlice(corpus, 0, n - n_eval),
       DocumentSlice(corpus, n - n_eval, n), SpecialIds.from_tokenizer(tokenizer),
-      tokenizer.word_start_mask(), tokenizer.vocab_size, tokenizer)
+      tokenizer.word_start_mask(), tokenizer.vocab_size, tokenizer, step_of_row)
 
 
-def _generated(config, objective, per_process: int) -> Inputs:
+def _generated(config, objective, per_process: int, train_rows: int,
+               step_of_row: Callable[[int], int] | None) -> Inputs:
   """The generated corpus `config.data.generated` names (bertjax/data/synthetic.py): training
   documents from seed `config.seed`, held-out ones from another seed, of the same language."""
   if config.data.generated != "context":
@@ -195,20 +232,23 @@ def _generated(config, objective, per_process: int) -> Inputs:
   train = synthetic.CycleDocuments(language, synthetic.TRAIN_DOCUMENTS, seed=config.seed)
   held_out = synthetic.CycleDocuments(language, config.data.eval_documents if config.eval_every
                                       else 0, seed=config.seed + synthetic.TRAIN_DOCUMENTS)
-  return _pretraining_inputs(config, objective, per_process, train, held_out,
+  return _pretraining_inputs(config, objective, per_process, train_rows, train, held_out,
                              language.special_ids(), language.word_start_mask(),
-                             language.vocab_size, None)
+                             language.vocab_size, None, step_of_row)
 
 
-def _pretraining_inputs(config, objective, per_process: int, train_docs, eval_docs, special,
-                        word_start_mask, vocab_size: int, tokenizer) -> Inputs:
-  kw = dict(kind=objective.data_kind, max_seq_length=config.max_seq_length, special=special,
+def _pretraining_inputs(config, objective, per_process: int, train_rows: int, train_docs,
+                        eval_docs, special, word_start_mask, vocab_size: int, tokenizer,
+                        step_of_row: Callable[[int], int] | None = None) -> Inputs:
+  kw = dict(kind=data_kind(config, objective), max_seq_length=config.max_seq_length,
+            special=special,
             word_start_mask=word_start_mask, short_seq_prob=config.data.short_seq_prob,
             pack=config.data.pack, pack_bins=config.data.pack_bins,
             **objective.masking_kwargs(config))
   train = pipeline.make_pretraining_iterator(
-      train_docs, batch_size=per_process, seed=config.seed, shard_index=jax.process_index(),
-      shard_count=jax.process_count(), **kw)
+      train_docs, batch_size=train_rows, seed=config.seed, shard_index=jax.process_index(),
+      shard_count=jax.process_count(), step_of_row=step_of_row,
+      mask_rate_schedule=tuple(map(tuple, config.masking.get("rate_schedule", ()))), **kw)
 
   def eval_batches() -> Iterator[dict]:
     if not len(eval_docs):

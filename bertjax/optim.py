@@ -1,9 +1,11 @@
 """Optimizer and learning-rate schedule, assembled from optax pieces.
 
-LAMB (the large-batch recipe of "Large Batch Optimization for Deep Learning") and AdamW, both
-with weight decay kept off LayerNorm parameters and biases; linear warmup, then linear or
-polynomial decay; global-norm clipping; optional layer-wise learning-rate decay (ELECTRA's
-fine-tuning recipe). The learning rate is injected as a hyperparameter so it can be logged.
+LAMB (the large-batch recipe of "Large Batch Optimization for Deep Learning"), AdamW and
+StableAdamW (AdamW with Adafactor's update clipping per tensor, ModernBERT's optimizer), all with
+weight decay kept off LayerNorm parameters and biases; linear warmup, then linear or polynomial
+decay, or warmup-stable-decay (a plateau, then a short linear or 1-sqrt decay); global-norm
+clipping; optional layer-wise learning-rate decay (ELECTRA's fine-tuning recipe). The learning
+rate is injected as a hyperparameter so it can be logged.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ import optax
 
 from bertjax.errors import fail
 
-OPTIMIZERS = ("adamw", "lamb", "adam", "sgd")
-DECAYS = ("linear", "polynomial", "constant")
+OPTIMIZERS = ("adamw", "lamb", "adam", "sgd", "stableadamw")
+DECAYS = ("linear", "polynomial", "constant", "wsd")
+WSD_SHAPES = ("1-sqrt", "linear")  # the decay of a warmup-stable-decay schedule
 
 
 def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
-  """Linear warmup to `learning_rate`, then linear ('linear') or polynomial decay to `end`."""
+  """Linear warmup to `learning_rate`, then linear ('linear') or polynomial decay to `end`, or
+  ('wsd') the peak held until the last `wsd_decay_fraction` of the steps, which decay to `end`."""
   o = config.optimizer
   total = max(int(config.total_steps), 1)
   warmup = int(o.warmup_steps if o.warmup_steps >= 0 else round(o.warmup_fraction * total))
@@ -33,7 +37,9 @@ def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
   end = peak * o.end_learning_rate_factor
   power = 1.0 if o.decay == "linear" else o.decay_power
   if o.decay not in DECAYS:
-    fail(f"unknown optimizer.decay={o.decay!r}; use linear, polynomial or constant")
+    fail(f"unknown optimizer.decay={o.decay!r}; use one of {', '.join(DECAYS)}")
+  if o.decay == "wsd":
+    return _warmup_stable_decay(o, total, warmup, peak, end)
   if o.decay == "constant":
     decay = optax.constant_schedule(peak)
   else:
@@ -41,6 +47,27 @@ def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
   if warmup == 0:
     return decay
   return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), decay], [warmup])
+
+
+def _warmup_stable_decay(o, total: int, warmup: int, peak: float, end: float) -> optax.Schedule:
+  """ModernBERT's trapezoidal schedule ("warmup-stable-decay"): linear warmup, the peak, then
+  over the last `decay` steps lr = end + (peak - end) * (1 - f(x)), x the fraction of the decay
+  done, f(x) = sqrt(x) ('1-sqrt', Hägele et al. 2024, as ModernBERT's decay) or x ('linear')."""
+  shape = o.get("wsd_decay_shape", "1-sqrt")
+  if shape not in WSD_SHAPES:
+    fail(f"unknown optimizer.wsd_decay_shape={shape!r}; use one of {', '.join(WSD_SHAPES)}")
+  decay = min(int(round(o.get("wsd_decay_fraction", 0.1) * total)), total - warmup)
+  stable = total - warmup - decay
+
+  def decaying(count):
+    x = jnp.clip(count / max(decay, 1), 0.0, 1.0)
+    return end + (peak - end) * (1.0 - (jnp.sqrt(x) if shape == "1-sqrt" else x))
+
+  parts = [optax.linear_schedule(0.0, peak, warmup), optax.constant_schedule(peak), decaying]
+  bounds = [warmup, warmup + stable]
+  keep = [i for i, n in enumerate((warmup, stable, decay)) if n > 0 or i == 1]
+  return optax.join_schedules([parts[i] for i in keep],
+                              [bounds[i - 1] for i in keep[1:]])
 
 
 def decay_mask(params):
@@ -146,21 +173,75 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
+def clip_updates_per_tensor(inner: optax.GradientTransformation, b2: float,
+                            eps: float) -> optax.GradientTransformation:
+  """StableAdamW's update clipping (Wortsman et al. 2023, "Stable and low-precision training for
+  large-scale vision-language models"): each tensor's update from `inner` is divided by
+  max(1, RMS), RMS = sqrt(mean(g_t**2 / max(v_hat_t, eps**2))), Adafactor's clipping as a
+  per-tensor learning-rate factor. `inner` is a chain whose first link is `optax.scale_by_adam`
+  (with this `b2`): v_hat_t is its second moment after the update, bias-corrected. Whatever
+  `inner` adds after Adam (weight decay) is scaled by the same factor, as optimi's StableAdamW
+  scales the decay by the clipped learning rate."""
+  def update(updates, state, params=None):
+    grads = updates
+    updates, state = inner.update(updates, state, params)
+    adam = state[0]
+    correction = 1.0 - b2 ** adam.count.astype(jnp.float32)
+
+    def clipped(u, g, nu):
+      g = g.astype(jnp.float32)
+      v_hat = nu.astype(jnp.float32) / correction
+      rms = jnp.sqrt(jnp.mean(g * g / jnp.maximum(v_hat, eps * eps)))
+      return (u / jnp.maximum(1.0, rms)).astype(u.dtype)
+
+    return jax.tree.map(clipped, updates, grads, adam.nu), state
+
+  return optax.GradientTransformation(inner.init, update)
+
+
+def stable_adamw(learning_rate, b1: float, b2: float, eps: float, weight_decay: float,
+                 mask=None) -> optax.GradientTransformation:
+  """StableAdamW as optax pieces: Adam's scaling, decoupled weight decay on the `mask`ed tensors,
+  the per-tensor update clipping over both, then the learning rate. Each step is
+  theta -= lr_t / max(1, RMS) * (m_hat / (sqrt(v_hat) + eps) + weight_decay * theta), optimi's
+  StableAdamW (with optimizer.fully_decoupled_weight_decay, weight_decay arrives here already
+  divided by the peak learning rate: optimi's decouple_lr=True, ModernBERT's
+  decoupled_stableadamw)."""
+  inner = optax.chain(optax.scale_by_adam(b1, b2, eps),
+                      optax.add_decayed_weights(weight_decay, mask))
+  return optax.chain(clip_updates_per_tensor(inner, b2, eps),
+                     optax.scale_by_learning_rate(learning_rate))
+
+
+def decay_coefficient(config: ml_collections.ConfigDict) -> float:
+  """The weight decay passed to the optimizer: `weight_decay`, or with
+  `fully_decoupled_weight_decay` weight_decay / learning_rate (the peak), so that each step
+  decays by (lr_t / peak) * weight_decay, following the schedule but not the peak's size
+  (Loshchilov & Hutter's decoupling; optimi's decouple_lr)."""
+  o = config.optimizer
+  if not o.get("fully_decoupled_weight_decay", False):
+    return o.weight_decay
+  return o.weight_decay / config.learning_rate if config.learning_rate > 0 else 0.0
+
+
 def make_optimizer(config: ml_collections.ConfigDict, params=None,
                    num_layers: int | None = None) -> optax.GradientTransformation:
   o = config.optimizer
   if o.name not in OPTIMIZERS:
     fail(f"unknown optimizer.name={o.name!r}; use one of {', '.join(OPTIMIZERS)}")
   schedule = make_schedule(config)
+  wd = decay_coefficient(config)
 
   @optax.inject_hyperparams
   def build(learning_rate):
     if o.name == "lamb":
-      opt = optax.lamb(learning_rate, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
+      opt = optax.lamb(learning_rate, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=wd,
                        mask=decay_mask)
     elif o.name == "adamw":
-      opt = optax.adamw(learning_rate, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
+      opt = optax.adamw(learning_rate, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=wd,
                         mask=decay_mask)
+    elif o.name == "stableadamw":
+      opt = stable_adamw(learning_rate, o.b1, o.b2, o.eps, wd, mask=decay_mask)
     elif o.name == "adam":
       opt = optax.adam(learning_rate, b1=o.b1, b2=o.b2, eps=o.eps)
     else:

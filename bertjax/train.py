@@ -59,24 +59,29 @@ def split_micro_batches(batch, accum: int):
 
 
 def make_train_step(objective, model, optimizer, accum: int, skip_nonfinite: bool = False,
-                    partition: freezing.Partition | None = None) -> Callable:
+                    partition: freezing.Partition | None = None,
+                    micro_rows: int | None = None) -> Callable:
   """The jitted-to-be step. Every step reports `nonfinite` (1 when its loss or gradient norm is
   not finite); with `skip_nonfinite` such a step leaves parameters and optimizer state as they
   were (bertjax.divergence). `partition` (a frozen encoder, bertjax.freezing): gradients,
-  optimizer state and updates cover its trainable parameters only."""
+  optimizer state and updates cover its trainable parameters only. With `micro_rows` (a batch
+  warmup, bertjax/data/batch_warmup.py) a batch of k * micro_rows rows runs as k micro-batches,
+  k read from its shape (one compilation per k); else as `accum`."""
   partition = partition or freezing.Partition(frozenset(), frozen_any=False)
 
   def train_step(state: TrainState, batch):
+    rows = jax.tree.leaves(batch)[0].shape[0]
+    accum_now = rows // micro_rows if micro_rows else accum
     rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     denominators = objective.denominators(batch)
     trainable, frozen = partition.split(state.params)
     loss_fn = lambda p, mb, r: objective.loss(model, partition.merge(p, frozen), mb, r,
                                               denominators, deterministic=False)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-    if accum == 1:
+    if accum_now == 1:
       (loss, metrics), grads = grad_fn(trainable, batch, rng)
     else:
-      micro = split_micro_batches(batch, accum)
+      micro = split_micro_batches(batch, accum_now)
 
       def body(carry, xs):
         i, mb = xs
@@ -87,7 +92,7 @@ def make_train_step(objective, model, optimizer, accum: int, skip_nonfinite: boo
       (l0, m0), g0 = jax.eval_shape(grad_fn, trainable, jax.tree.map(lambda x: x[0], micro), rng)
       zeros = lambda t: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), t)
       (loss, metrics, grads), _ = jax.lax.scan(
-          body, (zeros(l0), zeros(m0), zeros(g0)), (jnp.arange(accum), micro))
+          body, (zeros(l0), zeros(m0), zeros(g0)), (jnp.arange(accum_now), micro))
     updates, opt_state = optimizer.update(grads, state.opt_state, trainable)
     params = partition.merge(optax.apply_updates(trainable, updates), frozen)
     grad_norm = optax.tree.norm(grads)
@@ -263,7 +268,9 @@ def setup(config, objective, model_cfg: ModelConfig, mesh) -> tuple[Setup, Train
   batch_shard = sharding.batch_sharding(mesh)
   metric_shard = sharding.replicated(mesh)
   skip = divergence.check_policy(config.get("nonfinite_policy", "stop")) == "skip"
-  train_step = jax.jit(make_train_step(objective, model, optimizer, accum, skip, partition),
+  micro_rows = config.batch_size // accum if config.get("batch_warmup_tokens", 0) else None
+  train_step = jax.jit(make_train_step(objective, model, optimizer, accum, skip, partition,
+                                       micro_rows),
                        in_shardings=(state_shardings, batch_shard),
                        out_shardings=(state_shardings, metric_shard), donate_argnums=(0,))
   eval_step = jax.jit(make_eval_step(objective, model),

@@ -26,6 +26,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.total_steps = 1000             # optimizer steps
   c.batch_size = 256               # global batch of one optimizer step (all hosts, all micro-batches)
   c.grad_accum_steps = 1           # micro-batches per step, accumulated inside the jitted step
+  # Batch-size warmup (ModernBERT): a step runs batch_warmup_start micro-batches at first, growing
+  # to grad_accum_steps as the tokens trained (rows x max_seq_length) reach batch_warmup_tokens.
+  c.batch_warmup_tokens = 0        # 0: every step runs the full batch
+  c.batch_warmup_start = 1         # micro-batches per step when the warmup starts
   c.prefetch_batches = 2           # batches sent to the devices ahead of the step (0: none)
   c.learning_rate = 1e-4           # peak learning rate
   c.seed = 0
@@ -63,12 +67,16 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.eval_documents = 50       # documents held out for evaluation
   c.data.eval_batches = 4          # batches per evaluation
   c.data.short_seq_prob = 0.1      # BERT: probability of a shorter target length
-  c.data.pack = False              # several instances per row, kept apart by segment ids (span_sbo data)
+  c.data.kind = ""                 # instances: empty, the objective's; full | single (mlm, rtd)
+  c.data.pack = False              # several instances per row, kept apart by segment ids (single)
   c.data.pack_bins = 64            # rows filled at once, first-fit, when packing
 
   c.masking = ml_collections.ConfigDict()
   c.masking.strategy = ""          # token | whole_word | ngram | span; empty: the objective's default
   c.masking.rate = 0.15            # fraction of tokens selected for prediction
+  # ((from_step, rate), ...): training rows of steps >= from_step are masked at that rate
+  # (mmBERT: 30% to 5% across phases); masking.rate before the first, and for evaluation.
+  c.masking.rate_schedule = ()
   c.masking.max_ngram = 3          # ALBERT n-gram masking
   c.masking.span_p = 0.2           # SpanBERT geometric span length parameter
   c.masking.span_max = 10          # SpanBERT span length clip (in words)
@@ -81,16 +89,22 @@ def base_config() -> ml_collections.ConfigDict:
   c.electra.disc_weight = 50.0     # lambda: loss = generator MLM + lambda * discriminator BCE
 
   c.optimizer = ml_collections.ConfigDict()
-  c.optimizer.name = "adamw"       # adamw | lamb | adam | sgd
+  # adamw | lamb | adam | sgd | stableadamw (AdamW with per-tensor update clipping)
+  c.optimizer.name = "adamw"
   c.optimizer.b1 = 0.9
   c.optimizer.b2 = 0.999
   c.optimizer.eps = 1e-6
   c.optimizer.weight_decay = 0.01  # not applied to LayerNorm parameters and biases
+  # Each step decays by (lr_t / learning_rate) * weight_decay instead of lr_t * weight_decay:
+  # the schedule's shape without the peak's size (optimi's decouple_lr; ModernBERT uses 1e-5 so).
+  c.optimizer.fully_decoupled_weight_decay = False
   c.optimizer.grad_clip_norm = 1.0 # global-norm clipping; 0 disables
   c.optimizer.warmup_steps = -1    # -1: use warmup_fraction
   c.optimizer.warmup_fraction = 0.01
-  c.optimizer.decay = "linear"     # linear | polynomial | constant
+  c.optimizer.decay = "linear"     # linear | polynomial | constant | wsd (warmup, plateau, decay)
   c.optimizer.decay_power = 1.0    # for polynomial decay
+  c.optimizer.wsd_decay_fraction = 0.1  # wsd: the last fraction of total_steps that decays
+  c.optimizer.wsd_decay_shape = "1-sqrt"  # wsd: 1-sqrt (lr falls as 1 - sqrt(done)) | linear
   c.optimizer.end_learning_rate_factor = 0.0
   c.optimizer.layerwise_lr_decay = 1.0
   # Weights of the encoder layers' kernels that are zero when the run starts (a magnitude-pruned

@@ -29,7 +29,7 @@ from tests.test_train import REPO, run_launch, tiny_config
 
 CONFIGS = ["quickstart.py", "quickstart.py:runlocal", "bert.py", "bert.py:runlocal", "albert.py",
            "roberta.py", "electra.py", "spanbert.py", "distill.py", "glue.py", "glue.py:runlocal",
-           "squad.py", "ner.py"]
+           "squad.py", "ner.py", "modernbert.py", "modernbert.py:runlocal"]
 # Numeric settings whose every value is meaningful, or that other code checks where they are read.
 UNRANGED = {"null_score_diff_threshold",  # SQuAD v2: any margin, negative included
             "distill.temperature", "distill.soft_weight", "distill.hard_weight",  # distill_settings

@@ -344,6 +344,27 @@ def _check_replace_probs(replace_probs: Sequence[float]) -> np.ndarray:
   return probs
 
 
+def check_rate_schedule(schedule: Sequence[Sequence[float]]) -> None:
+  """A masking-rate schedule is ((step, rate), ...): steps >= 0 rising, rates in (0, 1)."""
+  steps = [s for s, _ in schedule] if all(len(p) == 2 for p in schedule) else None
+  if steps is None or any(int(s) != s or s < 0 for s in steps) or steps != sorted(set(steps)):
+    raise UserError(f"masking.rate_schedule={tuple(map(tuple, schedule))} must be (step, rate) "
+                    "pairs with rising steps >= 0, e.g. ((1000, 0.15), (2000, 0.05))")
+  for step, rate in schedule:
+    if not 0.0 < rate < 1.0:
+      raise UserError(f"masking.rate_schedule: rate {rate} at step {step} must be in (0, 1)")
+
+
+def rate_at(step: int, rate: float, schedule: Sequence[Sequence[float]]) -> float:
+  """The masking rate at a (0-based) step: `rate`, or that of the last (from_step, rate) pair of
+  `schedule` with from_step <= step (mmBERT lowers it from 30% to 5% across its phases)."""
+  for from_step, scheduled in schedule:
+    if step < from_step:
+      break
+    rate = scheduled
+  return float(rate)
+
+
 def check_masking_config(special: SpecialIds, *, mask_rate: float = 0.15,
                          max_predictions: int = 20, strategy: str = "token",
                          word_start_mask: np.ndarray | None = None, max_ngram: int = 3,

@@ -2,6 +2,7 @@
 
   documents --(_InstanceDataset: epochs of `instances.walk_epoch`)--> instances
             [--(packing.PackedDataset, when pack=True: several instances per row)--> rows]
+            [--(_NumberedDataset, with a masking-rate schedule: each row's index)--> rows]
             --map(_Featurize: pad to max_seq_length, dynamic masking)--> examples
             --batch(batch_size)--> batches of numpy arrays
 
@@ -15,11 +16,14 @@ Masking is dynamic: every example is masked with a generator seeded from (seed, 
 example_key), where example_key names the instance within the epoch independently of sharding,
 so masks change every epoch yet a given seed and step always give the same batch.
 Shards (one per process) own disjoint documents: document i belongs to shard i % shard_count.
+A masking-rate schedule masks each row at the rate of the training step it lands in, read from
+the row's index in the stream (kept in the iterator state, so a resumed run masks as before).
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import copy
+from typing import Any, Callable, Sequence
 
 import grain
 import numpy as np
@@ -98,15 +102,47 @@ class _InstanceIterator(grain.DatasetIterator):
     self._walk = None
 
 
+class _NumberedDataset(grain.IterDataset):
+  """The parent's rows, each with its index in the stream as "row"."""
+
+  def __iter__(self) -> "_NumberedIterator":
+    return _NumberedIterator(self._parent.__iter__())
+
+
+class _NumberedIterator(grain.DatasetIterator):
+  """Its state: the parent's and how many rows came out."""
+
+  def __init__(self, parent: grain.DatasetIterator):
+    super().__init__(parent)
+    self._rows = 0
+
+  def __next__(self) -> instances.Instance:
+    row = {**next(self._parent), "row": self._rows}
+    self._rows += 1
+    return row
+
+  def get_state(self) -> dict[str, Any]:
+    return {"numbered": copy.deepcopy(self._parent.get_state()), "rows": self._rows}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    if "numbered" not in state:
+      raise UserError("the checkpoint's input state is from a run without a masking-rate "
+                      "schedule; resume with the masking.rate_schedule it was written with")
+    self._parent.set_state(state["numbered"])
+    self._rows = int(state["rows"])
+
+
 class _Featurize:
-  """Pads an instance to max_seq_length and masks it; the result is all numpy arrays."""
+  """Pads an instance to max_seq_length and masks it; the result is all numpy arrays. With
+  `rate_of_row`, a numbered row is masked at the rate that gives."""
 
   def __init__(self, *, max_seq_length: int, seed: int, special: SpecialIds,
-               masking_kwargs: dict[str, Any]):
+               masking_kwargs: dict[str, Any], rate_of_row: Callable[[int], float] | None = None):
     self.max_seq_length = max_seq_length
     self.seed = seed
     self.special = special
     self.masking_kwargs = masking_kwargs
+    self.rate_of_row = rate_of_row
 
   def __call__(self, instance: instances.Instance) -> dict[str, np.ndarray]:
     length = instance["length"]
@@ -118,7 +154,10 @@ class _Featurize:
     attention_mask[:length] = 1
     key = instance["example_key"]
     rng = np.random.default_rng([self.seed, instance["epoch"], key[0], key[1], _MASK_TAG])
-    example = masking.mask_tokens(input_ids, self.special, rng, **self.masking_kwargs)
+    kwargs = self.masking_kwargs
+    if self.rate_of_row is not None:
+      kwargs = {**kwargs, "mask_rate": self.rate_of_row(instance["row"])}
+    example = masking.mask_tokens(input_ids, self.special, rng, **kwargs)
     example["token_type_ids"] = token_type_ids
     example["attention_mask"] = attention_mask
     example["next_sentence_label"] = np.int32(instance["next_sentence_label"])
@@ -136,8 +175,9 @@ def make_pretraining_dataset(
     max_ngram: int = 3, span_p: float = 0.2, span_max: int = 10,
     replace_probs: Sequence[float] = (0.8, 0.1, 0.1), shard_index: int = 0,
     shard_count: int = 1, num_epochs: int | None = None, short_seq_prob: float | None = None,
-    drop_remainder: bool = True, pack: bool = False,
-    pack_bins: int = 64) -> grain.IterDataset:
+    drop_remainder: bool = True, pack: bool = False, pack_bins: int = 64,
+    mask_rate_schedule: Sequence[Sequence[float]] = (),
+    step_of_row: Callable[[int], int] | None = None) -> grain.IterDataset:
   """The pretraining `grain.IterDataset` of batches; see `make_pretraining_iterator`."""
   instances.check_kind(kind, max_seq_length)
   if pack:
@@ -152,6 +192,7 @@ def make_pretraining_dataset(
                         word_start_mask=word_start_mask, max_ngram=max_ngram, span_p=span_p,
                         span_max=span_max, replace_probs=tuple(replace_probs))
   masking.check_masking_config(special, **masking_kwargs)
+  masking.check_rate_schedule(mask_rate_schedule)
   if word_start_mask is not None:
     masking_kwargs["word_start_mask"] = np.asarray(word_start_mask, bool)
   dataset = _InstanceDataset(documents, kind=kind, max_seq_length=max_seq_length, seed=seed,
@@ -161,8 +202,13 @@ def make_pretraining_dataset(
   if pack:
     dataset = packing.PackedDataset(dataset, max_seq_length=max_seq_length,
                                       num_bins=pack_bins)
+  rate_of_row = None
+  if mask_rate_schedule:
+    dataset = _NumberedDataset(dataset)
+    step_of_row = step_of_row or (lambda row: row // batch_size)
+    rate_of_row = lambda row: masking.rate_at(step_of_row(row), mask_rate, mask_rate_schedule)
   featurize = _Featurize(max_seq_length=max_seq_length, seed=seed, special=special,
-                         masking_kwargs=masking_kwargs)
+                         masking_kwargs=masking_kwargs, rate_of_row=rate_of_row)
   return dataset.map(featurize).batch(batch_size, drop_remainder=drop_remainder)
 
 
@@ -173,8 +219,9 @@ def make_pretraining_iterator(
     max_ngram: int = 3, span_p: float = 0.2, span_max: int = 10,
     replace_probs: Sequence[float] = (0.8, 0.1, 0.1), shard_index: int = 0,
     shard_count: int = 1, num_epochs: int | None = None, short_seq_prob: float | None = None,
-    drop_remainder: bool = True, pack: bool = False,
-    pack_bins: int = 64) -> grain.DatasetIterator:
+    drop_remainder: bool = True, pack: bool = False, pack_bins: int = 64,
+    mask_rate_schedule: Sequence[Sequence[float]] = (),
+    step_of_row: Callable[[int], int] | None = None) -> grain.DatasetIterator:
   """An iterator of pretraining batches with exact checkpoint/resume via get_state/set_state.
 
   Args:
@@ -193,6 +240,9 @@ def make_pretraining_iterator(
     drop_remainder: drop a last partial batch (only reachable with num_epochs).
     pack: put several instances into each row (kind 'single'; see `bertjax.data.packing`).
     pack_bins: rows filled at once when packing (first-fit over that many rows).
+    mask_rate_schedule: ((from_step, rate), ...): rows of step >= from_step are masked at that
+      rate (`masking.rate_at`); mask_rate before the first.
+    step_of_row: the (0-based) step a row of the stream is trained in; None: row // batch_size.
 
   Returns:
     A `grain.DatasetIterator` of dicts: input_ids, token_type_ids, attention_mask
@@ -207,4 +257,5 @@ def make_pretraining_iterator(
       max_predictions=max_predictions, strategy=strategy, max_ngram=max_ngram, span_p=span_p,
       span_max=span_max, replace_probs=replace_probs, shard_index=shard_index,
       shard_count=shard_count, num_epochs=num_epochs, short_seq_prob=short_seq_prob,
-      drop_remainder=drop_remainder, pack=pack, pack_bins=pack_bins))
+      drop_remainder=drop_remainder, pack=pack, pack_bins=pack_bins,
+      mask_rate_schedule=mask_rate_schedule, step_of_row=step_of_row))
