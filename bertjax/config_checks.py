@@ -30,7 +30,7 @@ from bertjax import paths, sharding
 # The table of allowed values (bertjax/config_rules.py); its names are also read from here.
 from bertjax.config_rules import (AT_LEAST_1, CHOICES, NON_NEGATIVE, OPEN_UNIT, POSITIVE,
                                   PROBABILITY, RULES, SHARE, UNIT, Range)
-from bertjax.data import instances, masking, packing, tokenizers
+from bertjax.data import batch_warmup, instances, masking, packing, tokenizers
 from bertjax.errors import fail
 from bertjax.models import features
 from bertjax.models.config import ModelConfig
