@@ -18,7 +18,8 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # pylint: disable=wrong-import-position
 import jax
 
-from bertjax import config_lib, distributed, multiseed, progress, sweep, train, xla_defaults
+from bertjax import (config_lib, distributed, multiseed, paths, progress, sweep, train,
+                     xla_defaults)
 from bertjax.errors import EXIT_PREEMPTED, run_cli
 # pylint: enable=wrong-import-position
 
@@ -60,6 +61,7 @@ def configure_logging():
 
 def main(argv=None):
   args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+  paths.check_output_folder(args.workdir)  # before anything is loaded, prepared or written
   configure_logging()
   if xla_defaults.onednn_active():
     # On CPUs the oneDNN matmuls cannot be cached (bertjax/xla_defaults.py); say nothing per step.

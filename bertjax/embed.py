@@ -138,16 +138,18 @@ def write_atomically(path: paths.Path, arrays: dict[str, np.ndarray]) -> None:
     else:
       np.savez(buffer, **arrays)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(buffer.getvalue())
+    paths.replace_bytes(path, buffer.getvalue())
     return
   path = pathlib.Path(path)
   fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
   try:
-    with os.fdopen(fd, "wb") as f:
+    with paths.disk_errors(path, sum(a.nbytes for a in arrays.values())), os.fdopen(fd, "wb") as f:
       if path.suffix == ".npy":
         np.save(f, arrays["pooled"])
       else:
         np.savez(f, **arrays)
+      f.flush()
+      os.fsync(f.fileno())
     os.replace(tmp, path)
   except BaseException:
     pathlib.Path(tmp).unlink(missing_ok=True)
