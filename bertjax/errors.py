@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import re
 import sys
 from typing import Callable, NoReturn
 
@@ -76,12 +77,18 @@ def _size(n: int) -> str:
 
 
 def disk_error_of(error: BaseException) -> OSError | None:
-  """The disk-full OSError that caused `error` (itself or along its causes), if any."""
+  """The disk-full OSError that caused `error` (itself or along its causes), if any; also one
+  that a library only reported in words (tensorstore's and ArrayRecord's errors carry the C
+  library's message, not an OSError)."""
   seen = set()
   while error is not None and id(error) not in seen:
     seen.add(id(error))
     if isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS:
       return error
+    for code in DISK_FULL_ERRNOS:
+      if not isinstance(error, OSError) and os.strerror(code) in str(error):
+        named = re.search(r"(?:[a-z0-9]+://|/)[^\s'\"\[\],;]+", str(error))
+        return OSError(code, os.strerror(code), named.group(0) if named else None)
     error = error.__cause__ or error.__context__
   return None
 

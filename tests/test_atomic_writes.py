@@ -70,9 +70,14 @@ def test_a_size_limit_is_one_line_and_the_old_file_stays(tmp_path):
   assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
 
 
-def test_a_disk_error_inside_a_library_is_one_line(capsys):
-  """A library's own writer (orbax, ArrayRecord) meeting a full disk: one line naming the file."""
+@pytest.mark.parametrize("worded", [False, True])
+def test_a_disk_error_inside_a_library_is_one_line(capsys, worded):
+  """A library's own writer (orbax, ArrayRecord) meeting a full disk, as an OSError or only in
+  words (tensorstore): one line naming the file."""
   def save():
+    if worded:
+      raise ValueError('RESOURCE_EXHAUSTED: Error writing "/runs/a/checkpoints/4/state": '
+                       'No space left on device [OS error 28]')
     try:
       raise disk_full("/runs/a/checkpoints/4/state")
     except OSError as e:

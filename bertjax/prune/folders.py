@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from bertjax import checkpoints
+from bertjax import checkpoints, paths
 from bertjax.models.config import ModelConfig
 
 
@@ -32,7 +32,7 @@ def save_pruned(path: str | pathlib.Path, cfg: ModelConfig, params: Any,
   checkpointer.save(tmp / "params", host)
   checkpointer.wait_until_finished()
   meta = {"model": cfg.to_dict(), "heads": [], "missing": [], "pruning": info or {}}
-  (tmp / "model.json").write_text(json.dumps(meta, indent=2) + "\n")
+  paths.replace_text(tmp / "model.json", json.dumps(meta, indent=2) + "\n")
   if tokenizer is not None and pathlib.Path(tokenizer).is_dir():
     shutil.copytree(tokenizer, tmp / "tokenizer")
   if path.exists():
