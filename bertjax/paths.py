@@ -119,8 +119,8 @@ def check_output_folder(folder: str | os.PathLike | None, flag: str = "--workdir
          f"{flag} runs/my_run")
   if is_remote(text):
     if not text.split("://", 1)[1].strip("/"):
-      fail(f"{flag} {text} names no folder; fix: pass a folder in the bucket, e.g. {text.rstrip('/')}"
-           "/runs/my_run")
+      fail(f"{flag} {text} names no bucket or folder; fix: pass one, e.g. {flag} "
+           f"{text.split('://')[0]}://BUCKET/runs/my_run")
     return
   path = pathlib.Path(text).expanduser().absolute().resolve()
   home = pathlib.Path.home().resolve()

@@ -110,6 +110,7 @@ def _size_limited(nbytes: int, argv: list[str]) -> list[str]:
     ("/", "is the filesystem root"),
     ("~", "is your home folder"),
     (str(REPO), "is this repository's folder"),
+    ("gs://", "names no bucket or folder"),
 ])
 def test_workdirs_that_cannot_be_meant_are_refused(folder, needle):
   with pytest.raises(UserError, match=needle.replace("(", r"\(").replace(")", r"\)").replace(
