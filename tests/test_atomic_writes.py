@@ -19,7 +19,7 @@ import numpy as np
 
 import pytest
 
-from bertjax import checkpoints, errors, paths, train
+from bertjax import checkpoints, convert, errors, paths, train
 from bertjax.errors import UserError
 
 from test_train import tiny_config
@@ -250,7 +250,8 @@ def test_a_size_limit_on_resume_keeps_config_json(tmp_path):
   # It resumes (the settings check reads config.json) and exports.
   summary = train.train_and_evaluate(tiny_config(**{**RUN, "total_steps": 6}), workdir)
   assert summary["step"] == 6
-  assert jax.tree.leaves(checkpoints.restore_params(workdir))
+  convert.convert_to_hf(workdir, tmp_path / "hf", log=lambda line: None)
+  assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "bert"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,3 +369,5 @@ def test_each_write_failing_in_turn_then_resuming_ends_as_an_uninterrupted_run(
   for a, b in zip(jax.tree.leaves(checkpoints.restore_params(tmp_path / "uninterrupted")),
                   jax.tree.leaves(checkpoints.restore_params(workdir)), strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  convert.convert_to_hf(workdir, tmp_path / "hf", log=lambda line: None)  # and it exports
+  assert (tmp_path / "hf" / "model.safetensors").is_file()
