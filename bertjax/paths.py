@@ -9,6 +9,9 @@ uses too. What object stores lack is done here, once:
 - libraries that read or write only local files (ArrayRecord, sentencepiece, tokenizers,
   tensorboardX) get a local folder: `writing` uploads it when done, `reading` downloads a
   remote folder into a local cache (kept while its files' sizes are unchanged).
+Every file written into a workdir or an output folder goes through `replace_bytes` (whole or not
+at all; a full disk is one line naming the file), and every such folder argument through
+`check_output_folder` before anything is written.
 """
 
 from __future__ import annotations
