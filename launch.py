@@ -70,6 +70,7 @@ def end_lines(summary, workdir) -> str:
 
 def main(argv=None):
   args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+  paths.check_output_folder(args.workdir)  # before anything is loaded, prepared or written
   configure_logging()
   if xla_defaults.onednn_active():
     # On CPUs the oneDNN matmuls cannot be cached (bertjax/xla_defaults.py); say nothing per step.

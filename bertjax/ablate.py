@@ -46,7 +46,7 @@ import sys
 import tempfile
 import time
 
-from bertjax import config_lib, metric_writers
+from bertjax import config_lib, metric_writers, paths
 from bertjax.errors import fail
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -370,9 +370,7 @@ def format_table(title: str, base: dict, references: list[dict], rows: list[dict
 
 
 def write_atomically(path: pathlib.Path, text: str) -> None:
-  tmp = path.with_name(f".{path.name}.tmp")
-  tmp.write_text(text)
-  os.replace(tmp, path)
+  paths.replace_text(path, text)
 
 
 def run_ablation(spec_name: str, output: str | None = None, timeout: float | None = None) -> dict:

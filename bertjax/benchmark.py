@@ -36,7 +36,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax import ablate, config_checks, config_lib, inputs, profiling, sharding, train
+from bertjax import (ablate, config_checks, config_lib, inputs, paths, profiling, sharding,
+                     train)
 from bertjax.errors import ArgumentParser, doc_summary, fail, run_cli
 from bertjax.host_memory import host_peak_rss_bytes
 from bertjax.models import encoder, kernels
@@ -242,8 +243,8 @@ def profile_steps(compiled, state, device_batches, profile_dir: str, steps: int 
       state, m = compiled(state, device_batches[k % len(device_batches)])
       jax.block_until_ready((state.step, m))
   table = profiling.op_table(out, steps)
-  (out / "ops.json").write_text(json.dumps(table, indent=1))
-  (out / "ops.md").write_text(profiling.format_table(table))
+  paths.replace_text(out / "ops.json", json.dumps(table, indent=1))
+  paths.replace_text(out / "ops.md", profiling.format_table(table))
   print(profiling.format_table(table))
   return {"table": str(out / "ops.md"), "step_device_ms": table["step_device_ms"],
           "top": table["ops"][:5], "state": state}

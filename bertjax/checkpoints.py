@@ -293,8 +293,8 @@ class BestKeeper:
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(paths.absolute(tmp / "params"), jax.device_get(params))
     checkpointer.wait_until_finished()
-    (tmp / "best.json").write_text(json.dumps({"step": step, "metric": self.metric, "value": value,
-                                               "metrics": metrics}))
+    paths.replace_text(tmp / "best.json", json.dumps({"step": step, "metric": self.metric,
+                                                      "value": value, "metrics": metrics}))
     old = self.dir.with_name("best.old")
     if self.dir.exists():
       self.dir.rename(old)

@@ -29,7 +29,6 @@ import io
 import os
 import pathlib
 import sys
-import tempfile
 import time
 
 import jax
@@ -138,17 +137,19 @@ def write_atomically(path: paths.Path, arrays: dict[str, np.ndarray]) -> None:
     else:
       np.savez(buffer, **arrays)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(buffer.getvalue())
+    paths.replace_bytes(path, buffer.getvalue())
     return
   path = pathlib.Path(path)
   # Opened as every other output is (mode 0666 less the umask: 0644), not mkstemp's 0600.
   tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
   try:
-    with open(tmp, "wb") as f:
+    with paths.disk_errors(path, sum(a.nbytes for a in arrays.values())), open(tmp, "wb") as f:
       if path.suffix == ".npy":
         np.save(f, arrays["pooled"])
       else:
         np.savez(f, **arrays)
+      f.flush()
+      os.fsync(f.fileno())
     os.replace(tmp, path)
   except BaseException:
     pathlib.Path(tmp).unlink(missing_ok=True)

@@ -8,7 +8,8 @@ and exits with the error's status; genuine bugs still surface as tracebacks (sta
 Exit statuses of every command (README, "Exit statuses"):
   0   finished
   1   a bug: a Python traceback (please report it)
-  2   a user error: the one line says what to change (nothing of an earlier run was changed)
+  2   a user error: the one line says what to change (nothing of an earlier run was changed);
+      also a full disk: the one line names the file and the space that was needed
   3   the run diverged (a non-finite loss or gradient): the last finite checkpoint is kept
   75  preempted (SIGTERM): a checkpoint was saved, run the same command again to go on
   130 interrupted (Ctrl-C)
@@ -17,7 +18,9 @@ Exit statuses of every command (README, "Exit statuses"):
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import re
 import sys
 from typing import Callable, NoReturn
 
@@ -45,6 +48,51 @@ def fail(message: str) -> NoReturn:
   raise UserError(message)
 
 
+class DiskFull(UserError):
+  """A write met a full disk, a quota or a file-size limit; what was written before is kept."""
+
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def disk_full(path: str | os.PathLike | None, error: OSError, size: int | None = None
+              ) -> NoReturn:
+  """One line for a write that found no space: the path, the bytes being written when known,
+  and the fix. Raised from `error`, so a traceback (a bug's) would still show where."""
+  reason = {errno.EDQUOT: "the disk quota is exceeded",
+            errno.EFBIG: "the file is larger than the file-size limit (ulimit -f)"}.get(
+                error.errno, "no space is left on the device")
+  need = f" ({_size(size)} being written)" if size else ""
+  raise DiskFull(f"cannot write {os.fspath(path) if path else 'a file'}: {reason}{need}; "
+                 "files written before are kept: free space there (or point the output at "
+                 "another disk) and run the same command again") from error
+
+
+def _size(n: int) -> str:
+  for unit in ("bytes", "KiB", "MiB", "GiB"):
+    if n < 1024 or unit == "GiB":
+      return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+    n /= 1024
+  return f"{n} bytes"
+
+
+def disk_error_of(error: BaseException) -> OSError | None:
+  """The disk-full OSError that caused `error` (itself or along its causes), if any; also one
+  that a library only reported in words (tensorstore's and ArrayRecord's errors carry the C
+  library's message, not an OSError)."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS:
+      return error
+    for code in DISK_FULL_ERRNOS:
+      if not isinstance(error, OSError) and os.strerror(code) in str(error):
+        named = re.search(r"(?:[a-z0-9]+://|/)[^\s'\"\[\],;]+", str(error))
+        return OSError(code, os.strerror(code), named.group(0) if named else None)
+    error = error.__cause__ or error.__context__
+  return None
+
+
 def read_text(path: str | os.PathLike, what: str = "file") -> str:
   """The whole of `path` decoded as UTF-8 (a leading byte-order mark dropped; line ends kept as
   they are); local or remote (gs://...). A missing or unreadable file, or bytes that are not
@@ -69,7 +117,13 @@ def read_text(path: str | os.PathLike, what: str = "file") -> str:
 def run_cli(main: Callable[[], object]) -> None:
   """Runs `main`, turning a `UserError` into one line on stderr and exit status 2."""
   try:
-    main()
+    try:
+      main()
+    except Exception as e:  # a full disk in a library's own writer (orbax, ArrayRecord, ...)
+      full = None if isinstance(e, UserError) else disk_error_of(e)
+      if full is None:
+        raise
+      disk_full(full.filename, full)
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(e.exit_code)

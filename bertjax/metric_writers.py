@@ -96,7 +96,7 @@ class MetricWriter:
         self._next = _next_number(self.workdir)
         (self.workdir / METRICS_DIR).mkdir(parents=True, exist_ok=True)
       # A single write: the object holds the whole row or is absent, never a torn line.
-      (self.workdir / METRICS_DIR / f"{self._next:0{_DIGITS}d}.jsonl").write_text(line)
+      paths.replace_text(self.workdir / METRICS_DIR / f"{self._next:0{_DIGITS}d}.jsonl", line)
       self._next += 1
     else:
       paths.append_text(self.path, line)

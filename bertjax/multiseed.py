@@ -88,7 +88,7 @@ def run_seeds(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
     if not runs[str(seed)]:
       _log.warning("seed %d finished without dev metrics (is eval_every 0?)", seed)
   result = {"seeds": seeds, "runs": runs, "summary": summarize(runs)}
-  (workdir / "seeds_summary.json").write_text(json.dumps(result, indent=2) + "\n")
+  paths.replace_text(workdir / "seeds_summary.json", json.dumps(result, indent=2) + "\n")
   for name, s in result["summary"].items():
     _log.info("%s over %d seeds: median %.4f (min %.4f, max %.4f, std %.4f)", name, s["n"],
               s["median"], s["min"], s["max"], s["std"])

@@ -416,7 +416,7 @@ def write_report(sweep_dir: str | pathlib.Path, metric: str | None = None) -> di
   scope = metric_scope(points, metric)
   groups, best, glue_result = seed_groups(points), best_points(points), glue_summary(points)
   text = render_markdown(sweep_dir, points, metric, groups, best, glue_result, scope)
-  (sweep_dir / "report.md").write_text(text)
+  paths.replace_text(sweep_dir / "report.md", text)
   plot_train_loss(points, sweep_dir / "train_loss.png")
   plot_dev_vs_lr(points, metric, sweep_dir / "dev_vs_lr.png", scope,
                  lower_is_better(metric or ""))

@@ -55,8 +55,8 @@ def _save(fig, ax, path: paths.Path, data: dict[str, Any]) -> dict[str, Any]:
   png = io.BytesIO()
   fig.savefig(png, format="png")
   path = paths.as_path(path)
-  path.write_bytes(png.getvalue())
-  path.with_suffix(".json").write_text(json.dumps(data, indent=1))
+  paths.replace_bytes(path, png.getvalue())
+  paths.replace_text(path.with_suffix(".json"), json.dumps(data, indent=1))
   return data
 
 

@@ -36,6 +36,7 @@ from bertjax.progress import EVERY_S, Progress
 from bertjax.run_record import RunRecord, add_metrics, summarize
 from bertjax.registry import get_objective
 from bertjax.tasks import base as task_base
+from bertjax.data.tokenizers import CONFIG_FILE as TOKENIZER_MARK  # written last by its save
 
 
 @flax.struct.dataclass
@@ -297,13 +298,14 @@ def _resolved(config, model_cfg: ModelConfig | None) -> dict:
   return {**resolved, "model": model_cfg.to_dict()} if model_cfg else resolved
 
 
-def _write_run_files(config, workdir: paths.Path, model_cfg: ModelConfig, data) -> None:
-  """config.json (`_resolved`) and the tokenizer."""
-  resolved = _resolved(config, model_cfg)
-  (workdir / "config.json").write_text(json.dumps(resolved, indent=2, sort_keys=True, default=str))
-  if data.tokenizer is not None and jax.process_index() == 0 and not (workdir / "tokenizer").exists():
-    with paths.writing(workdir / "tokenizer") as folder:
-      data.tokenizer.save(folder)
+def _write_tokenizer(workdir: paths.Path, data) -> None:
+  """WORKDIR/tokenizer, written beside and moved into place whole (its config file last on a
+  bucket), so a write that fails leaves none rather than a part the next run would keep."""
+  target = workdir / "tokenizer"
+  if data.tokenizer is None or jax.process_index() != 0 or (target / TOKENIZER_MARK).exists():
+    return
+  with paths.writing_whole(target, last=(TOKENIZER_MARK,)) as folder:
+    data.tokenizer.save(folder)
 
 
 # What every step that reads nothing from the devices (`reads_devices`) runs under: a factory of
@@ -337,11 +339,12 @@ def check_step_memory(s: Setup, state: TrainState, device_batch) -> str:
 
 
 def _train_loop(config, s: Setup, state: TrainState, data, ckpt, writer: MetricWriter,
-                run_eval: Callable, progress: RunRecord, clock: Callable[[], float]
+                run_eval: Callable, progress: RunRecord, clock: Callable[[], float],
+                started: Callable[[int], None] = lambda step: None
                 ) -> tuple[TrainState, int, str]:
   """Steps until total_steps or SIGTERM: logging, evaluation and checkpoints on their cadence,
-  a progress line every `progress_every_s` seconds. Returns the state, the step reached and why
-  the loop ended."""
+  a progress line every `progress_every_s` seconds; `started(step)` once the first step is
+  trained. Returns the state, the step reached and why the loop ended."""
   step = int(jax.device_get(state.step))
   stop_reason = "finished"
   batches = prefetch.DevicePrefetch(data.train, lambda b: sharding.shard_batch(b, s.mesh),
@@ -358,7 +361,10 @@ def _train_loop(config, s: Setup, state: TrainState, data, ckpt, writer: MetricW
           check_step_memory(s, state, device_batch)
         with jax.set_mesh(s.mesh), nn.logical_axis_rules(s.rules):
           state, metrics = s.train_step(state, device_batch)
-        progress.add(batch, metrics, state.step)
+        first = progress.compiling
+        progress.add(batch, metrics, state.step)  # the first step: waits until it is trained
+        if first:
+          started(step)
         if step % config.log_every == 0 or step == config.total_steps:
           progress.log(writer, step, metrics)
           progress.watch.check()
@@ -383,6 +389,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns a summary.
   One run at a time holds the workdir (bertjax/workdir.py). `clock` times the progress lines
   (bertjax/progress.py)."""
+  paths.check_output_folder(workdir)  # "" (an unset variable) would train into the current folder
   workdir = paths.as_path(workdir)
   # Settings are checked before anything is created, prepared, trained or written.
   config_checks.check_settings(config, workdir)
@@ -400,7 +407,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.Path, 
                         mesh, model_cfg: ModelConfig, clock: Callable[[], float]) -> dict:
   # A resumed run's settings against its config.json, before anything is prepared or written;
   # the schedule again once the inputs have derived it.
-  settings = workdir_lib.Settings(workdir, config.get("allow_changed_settings", False))
+  settings = workdir_lib.Settings(workdir, config.get("allow_changed_settings", False),
+                                  trained=workdir_lib.has_checkpoints(workdir))
   settings.check(_resolved(config, model_cfg), pending=workdir_lib.SCHEDULE)
   data = objective.build_inputs(config, workdir)
   config = with_schedule(config, objective.schedule(config, data))
@@ -424,9 +432,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.Path, 
     elif config.init_from:
       state, report = checkpoints.load_init_from(state, config.init_from, s.state_shardings)
       task_base.announce(report)  # once: in the log where one is set up, else on stdout
-    # Every check has passed: only now is the record of the run written.
-    _write_run_files(config, workdir, model_cfg, data)
-    settings.record(step0)
+    # Every check has passed: the tokenizer is written now; the record of the run (config.json,
+    # changes.jsonl) once its first step is trained, so a run failing before it blocks no fix.
+    _write_tokenizer(workdir, data)
     writer = MetricWriter(workdir, config.total_steps, tensorboard=config.tensorboard)
 
     def run_eval(step, state):
@@ -444,8 +452,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.Path, 
     progress = RunRecord.resumed(writer.resume_at(step0), divergence.Watch(
         config.get("nonfinite_policy", "stop"), int(jax.device_get(state.step)),
         config.learning_rate, model_cfg.dtype))
-    state, step, stop_reason = _train_loop(config, s, state, data, ckpt, writer, run_eval, progress,
-                                           clock)
+    state, step, stop_reason = _train_loop(
+        config, s, state, data, ckpt, writer, run_eval, progress, clock,
+        started=lambda step: settings.record(step0, _resolved(config, model_cfg)))
     if config.eval_every and step == config.total_steps and progress.last_eval_step != step:
       progress.last_eval = run_eval(step, state) or progress.last_eval
   finally:
@@ -458,5 +467,5 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.Path, 
              "last_eval": progress.last_eval, "first_train_step": progress.first_step,
              "last_train_step": progress.last_step, "last_eval_step": progress.last_eval_step,
              "num_params": int(s.num_params)}
-  (workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+  paths.replace_text(workdir / "summary.json", json.dumps(summary, indent=2, default=str))
   return summary

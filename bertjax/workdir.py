@@ -8,7 +8,9 @@
   checked only on the host the lock names. An object store offers no exclusive create through
   fsspec, so there the lock is written, then read back (ours: taken); two runs starting within
   that round trip could both proceed: start one run per workdir.
-- WORKDIR/config.json is the record of the run. A resumed run compares its resolved config with
+- WORKDIR/config.json is the record of the run, written once the run has trained its first step
+  (a run failing before it leaves the old record as it was); one beside no checkpoint records
+  nothing a run resumes and binds nothing. A resumed run compares its resolved config with
   it key by key: cadence and placement settings (`CADENCE`, `PLACEMENT`) and a longer
   `total_steps` may change; any other change is refused with the list of changed keys, unless
   `allow_changed_settings=True`. Every change a resumed run makes is appended to
@@ -245,11 +247,17 @@ def allowed(key: str, old: Any, new: Any) -> str | None:
 class Settings:
   """The comparison of a run's resolved config with the record of the workdir it resumes."""
 
-  def __init__(self, workdir: paths.Path, allow_changes: bool):
+  def __init__(self, workdir: paths.Path, allow_changes: bool, trained: bool = True):
+    """`trained`: whether the workdir holds a checkpoint (`has_checkpoints`); without one its
+    config.json is not compared."""
     self.workdir, self.allow_changes = paths.as_path(workdir), bool(allow_changes)
     path = self.workdir / "config.json"
     self.recorded = None
-    if path.exists():
+    if path.exists() and not trained:
+      # The record of a run that saved no step: nothing it trained is resumed, so it binds nothing.
+      logging.warning("%s records a run that saved no checkpoint: a new run starts here, with "
+                      "its own settings", path)
+    elif path.exists():
       try:
         self.recorded = flatten(as_recorded(json.loads(read_text(path, "run record"))))
       except ValueError as e:
@@ -285,9 +293,14 @@ class Settings:
             f"--config.{OVERRIDE}=True to change them anyway (recorded in "
             f"{self.workdir / CHANGES})")
 
-  def record(self, step: int) -> None:
-    """Appends this run's changes to WORKDIR/changes.jsonl and says what they mean (once per
-    resume, so a remote changes.jsonl rewritten whole each time costs little)."""
+  def record(self, step: int, resolved: dict | None = None) -> None:
+    """Writes the run's record once it has trained a step (a run failing before its first step
+    leaves the old record in place): `resolved` as WORKDIR/config.json, whole or not at all; its
+    changes appended to WORKDIR/changes.jsonl, with what they mean (once per resume, so a
+    remote changes.jsonl rewritten whole each time costs little)."""
+    if resolved is not None:
+      paths.replace_text(self.workdir / "config.json",
+                         json.dumps(resolved, indent=2, sort_keys=True, default=str))
     if not self.changed or jax.process_index() != 0:
       return
     logging.warning("resuming at step %d with changed settings: %s%s", step,
@@ -301,6 +314,12 @@ class Settings:
                  timespec="seconds"),
              "changed": {k: [a, b] for k, (a, b) in self.changed.items()}, "forced": self.forced}
     paths.append_text(self.workdir / CHANGES, json.dumps(entry) + "\n")
+
+
+def has_checkpoints(workdir: paths.Path) -> bool:
+  """Whether WORKDIR/checkpoints holds a saved step (orbax names each by its number)."""
+  directory = paths.as_path(workdir) / "checkpoints"
+  return directory.is_dir() and any(p.name.isdigit() for p in directory.iterdir())
 
 
 def _short(value: Any, limit: int = 40) -> str:

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable
 
 from safetensors.numpy import save_file
 
+from bertjax import paths
 from bertjax.convert.hf_configs import (_HEAD_ORDER, _HF_CLASSES, _POOLER_CLASSES, _TASK_CLASSES,
                                         model_config_to_hf_config)
 from bertjax.convert.hf_tokenizer import write_hf_tokenizer
@@ -151,7 +152,7 @@ def plans(source: Source, include: Iterable[str] = ()) -> dict[str, Plan]:
 
 def _write(plan: Plan, out: pathlib.Path) -> None:
   out.mkdir(parents=True, exist_ok=True)
-  (out / "config.json").write_text(json.dumps(plan.config, indent=2, sort_keys=True) + "\n")
+  paths.replace_text(out / "config.json", json.dumps(plan.config, indent=2, sort_keys=True) + "\n")
   save_file(plan.tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 

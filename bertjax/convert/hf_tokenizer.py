@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import json
 import pathlib
-import shutil
 from typing import Any
 
 from tokenizers import processors
 
+from bertjax import paths
 from bertjax.convert.hf_configs import TOKENIZER_FILES
 from bertjax.data import tokenizers
 from bertjax.errors import fail
@@ -43,7 +43,7 @@ def copy_files(src: pathlib.Path, dst: pathlib.Path) -> list[str]:
   for name in TOKENIZER_FILES:
     if (src / name).is_file():
       dst.mkdir(parents=True, exist_ok=True)
-      shutil.copy2(src / name, dst / name)
+      paths.copy_file(src / name, dst / name)
       copied.append(name)
   return copied
 
@@ -64,7 +64,7 @@ def write_hf_tokenizer(src: pathlib.Path, out: pathlib.Path, max_length: int) ->
                             "clean_up_tokenization_spaces": False}
   out.mkdir(parents=True, exist_ok=True)
   if tok.kind == "sentencepiece":
-    shutil.copyfile(src / tokenizers.SPM_FILE, out / "spiece.model")
+    paths.copy_file(src / tokenizers.SPM_FILE, out / "spiece.model")
     # Lower-casing, if any, is inside the model's own normalizer; it keeps accents.
     config.update(tokenizer_class="AlbertTokenizer", do_lower_case=False, keep_accents=True,
                   remove_space=True, bos_token=specials["cls_token"],
@@ -92,6 +92,6 @@ def write_hf_tokenizer(src: pathlib.Path, out: pathlib.Path, max_length: int) ->
     backend.save(str(out / "tokenizer.json"))
     files.append("tokenizer.json")
   # Replaces the bertjax tokenizer_config.json `tok.save` wrote with transformers' own.
-  (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-  (out / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n")
+  paths.replace_text(out / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
+  paths.replace_text(out / "special_tokens_map.json", json.dumps(specials, indent=2) + "\n")
   return files + ["tokenizer_config.json", "special_tokens_map.json"]

@@ -121,6 +121,7 @@ def _to_numpy(tree: Any) -> Any:
 
 
 def _check_target(path: PathLike, flag: str) -> paths.Path:
+  paths.check_output_folder(path, flag)
   path = paths.absolute(path)
   if path.exists() and (not path.is_dir() or any(path.iterdir())):
     fail(f"{flag} {path} is not empty; choose a new folder or delete it first")
@@ -177,7 +178,7 @@ def convert_from_hf(model_dir: PathLike, workdir: PathLike, part: str | None = N
     _save_params(tmp / "params", params)
     tok_src = src / "discriminator" if c.part == "both" else src
     copied = hf_tokenizer.copy_files(tok_src, tmp / "tokenizer")
-    (tmp / "model.json").write_text(json.dumps(meta, indent=2) + "\n")
+    paths.replace_text(tmp / "model.json", json.dumps(meta, indent=2) + "\n")
   # The heads read from the checkpoint; those initialized fresh have a line of their own below.
   read = [h for h in c.heads if h not in c.missing]
   log(f"converted {c.hf_model_type} checkpoint {model_dir} -> {out} "

@@ -36,7 +36,7 @@ import tqdm
 from array_record.python import array_record_data_source
 from array_record.python import array_record_module
 
-from bertjax import errors
+from bertjax import errors, paths
 from bertjax.data import records
 from bertjax.data import sources
 from bertjax.data import tokenizers
@@ -284,9 +284,7 @@ def _prepare_into(staging: pathlib.Path, source: Iterable[Sequence[str]],
       "max_documents": max_documents,
   }
   # Last file written: its presence is what marks the corpus complete.
-  tmp = staging / (records.META_FILE + ".tmp")
-  tmp.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-  os.replace(tmp, staging / records.META_FILE)
+  paths.replace_text(staging / records.META_FILE, json.dumps(meta, indent=2) + "\n")
   _log.info("prepared %d documents, %d sentences, %d tokens in %d shard(s)",
             counts.documents, counts.sentences, counts.tokens, num_shards)
   return meta
@@ -300,12 +298,12 @@ def changed_inputs(recorded: dict | None, current: dict) -> str:
   old_files = {f["path"]: f for f in recorded.get("files", [])}
   new_files = {f["path"]: f for f in current.get("files", [])}
   parts = []
-  for what, paths in (("added", sorted(set(new_files) - set(old_files))),
+  for what, names in (("added", sorted(set(new_files) - set(old_files))),
                       ("removed", sorted(set(old_files) - set(new_files))),
                       ("changed", sorted(p for p in new_files
                                          if p in old_files and new_files[p] != old_files[p]))):
-    if paths:
-      parts.append(f"{what} {paths[0]}" + (f" and {len(paths) - 1} more" if len(paths) > 1 else ""))
+    if names:
+      parts.append(f"{what} {names[0]}" + (f" and {len(names) - 1} more" if len(names) > 1 else ""))
   for key in sorted((set(recorded) | set(current)) - {"files"}):
     if recorded.get(key) != current.get(key):
       parts.append(f"{key} {recorded.get(key)!r} -> {current.get(key)!r}")
@@ -418,6 +416,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   else:
     source = sources.TfdsSource(args.tfds, split=args.split, data_dir=args.data_dir,
                                 field=args.tfds_field)
+  paths.check_output_folder(args.output, "--output")
   _check_output(pathlib.Path(args.output), args.overwrite)  # fail before training a tokenizer
   if args.tokenizer is not None:
     tokenizer = tokenizers.load_tokenizer(args.tokenizer)

@@ -54,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   plan = flow.Plan(args.target_heads, args.target_layers, args.target_sparsity,
                    args.sparsity_scope, args.steps, args.finetune_steps, args.ranking, args.seed)
   plan.check()
+  paths.check_output_folder(args.output, "--output")
   out = paths.absolute(args.output)
   if out.exists() and any(out.iterdir()):
     fail(f"--output {out} exists and is not empty; give a new folder")

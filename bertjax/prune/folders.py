@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from bertjax import checkpoints
+from bertjax import checkpoints, paths
 from bertjax.models.config import ModelConfig
 
 
@@ -52,7 +52,7 @@ def save_pruned(path: str | pathlib.Path, cfg: ModelConfig, params: Any,
   meta = {"model": cfg.to_dict(), "heads": [], "missing": [], "pruning": json_safe(info or {})}
   if task is not None:
     meta["task"] = task
-  (tmp / "model.json").write_text(json.dumps(meta, indent=2, allow_nan=False) + "\n")
+  paths.replace_text(tmp / "model.json", json.dumps(meta, indent=2, allow_nan=False) + "\n")
   if tokenizer is not None and pathlib.Path(tokenizer).is_dir():
     shutil.copytree(tokenizer, tmp / "tokenizer")
   if path.exists():

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import pathlib
 from typing import Any, Sequence
 
 from matplotlib.figure import Figure
 
+from bertjax import paths
 from bertjax.prune.folders import json_safe
 
 COLUMNS = ("step", "heads", "heads_kept", "layers", "sparsity", "encoder_params", "dev_pruned",
@@ -22,10 +24,11 @@ def _fmt(value: Any) -> str:
 
 
 def write_csv(rows: Sequence[dict], path: pathlib.Path) -> None:
-  with path.open("w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(rows)
+  text = io.StringIO(newline="")
+  writer = csv.DictWriter(text, fieldnames=COLUMNS, extrasaction="ignore")
+  writer.writeheader()
+  writer.writerows(rows)
+  paths.replace_text(path, text.getvalue())
 
 
 def markdown(rows: Sequence[dict], metric: str, command: str) -> str:
@@ -57,15 +60,17 @@ def plot(rows: Sequence[dict], metric: str, path: pathlib.Path, unstructured: bo
   ax.grid(alpha=0.3)
   ax.legend(loc="best")
   fig.tight_layout()
-  fig.savefig(path)
+  png = io.BytesIO()
+  fig.savefig(png, format="png")
+  paths.replace_bytes(path, png.getvalue())
 
 
 def write_all(out: pathlib.Path, rows: Sequence[dict], metric: str, command: str,
               unstructured: bool) -> str:
   write_csv(rows, out / "pruning.csv")
   text = markdown(rows, metric, command)
-  (out / "pruning.md").write_text(text)
+  paths.replace_text(out / "pruning.md", text)
   plot(rows, metric, out / "pruning.png", unstructured)
   record = {"metric": metric, "command": command, "rows": json_safe(list(rows))}
-  (out / "summary.json").write_text(json.dumps(record, indent=2, allow_nan=False))
+  paths.replace_text(out / "summary.json", json.dumps(record, indent=2, allow_nan=False))
   return text

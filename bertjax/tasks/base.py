@@ -461,8 +461,8 @@ def derive_schedule(config, num_train: int, what: str) -> Schedule:
 
 def write_json(path: paths.Path, obj: Any) -> None:
   if jax.process_index() == 0:
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False, default=_json_default) + "\n",
-                    encoding="utf-8")
+    paths.replace_text(path, json.dumps(obj, indent=2, ensure_ascii=False,
+                                        default=_json_default) + "\n")
 
 
 def _json_default(o: Any) -> Any:

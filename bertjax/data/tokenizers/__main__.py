@@ -6,7 +6,7 @@ import argparse
 import logging
 from typing import Sequence
 
-from bertjax import errors
+from bertjax import errors, paths
 from bertjax.data import sources
 from bertjax.data.tokenizers.spm_tokenizer import train_sentencepiece
 from bertjax.errors import ArgumentParser
@@ -36,6 +36,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   args = _parser().parse_args(argv)
   logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
   logging.getLogger("bertjax").setLevel(logging.INFO)  # ours, not every library's
+  paths.check_output_folder(args.output, "--output")
   source = sources.TextFileSource(args.input, format=args.format)
   tokenizer = train_sentencepiece(sources.iter_sentences(source), args.output,
                                   vocab_size=args.vocab_size, model_type=args.model_type,

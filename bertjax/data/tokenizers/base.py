@@ -12,6 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
+from bertjax import paths
+
 
 _log = logging.getLogger("bertjax.data.tokenizers")  # not __name__: that is __main__ under -m
 
@@ -135,7 +137,7 @@ class Tokenizer(abc.ABC):
     directory.mkdir(parents=True, exist_ok=True)
     self._save_files(directory)
     config = {"kind": self.kind, "do_lower_case": self.lowercase, **self._config()}
-    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    paths.replace_text(directory / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
 
   def __repr__(self) -> str:
     return (f"{type(self).__name__}(kind={self.kind!r}, vocab_size={self.vocab_size}, "

@@ -9,7 +9,7 @@ from typing import Iterable, Iterator, Sequence
 
 import sentencepiece as spm
 
-from bertjax import errors
+from bertjax import errors, paths
 from bertjax.data.tokenizers.base import (SPM_FILE, SPM_SPECIALS, Tokenizer, _byte_to_char,
                                           _trim_span)
 
@@ -97,7 +97,7 @@ class SentencePieceTokenizer(Tokenizer):
     return token.startswith("▁")
 
   def _save_files(self, directory: pathlib.Path) -> None:
-    (directory / SPM_FILE).write_bytes(self._proto)
+    paths.replace_bytes(directory / SPM_FILE, self._proto)
 
   def _config(self) -> dict:
     return {}

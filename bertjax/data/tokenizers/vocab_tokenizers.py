@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import os
 import pathlib
-import shutil
 from typing import Sequence
 
 import tokenizers as hf_tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
-from bertjax import errors
+from bertjax import errors, paths
 from bertjax.data.tokenizers.base import (BERT_SPECIALS, BPE_MERGES, BPE_VOCAB, ROBERTA_SPECIALS,
                                           Tokenizer, WORDPIECE_VOCAB, _BYTE_LEVEL_WORD_STARTS,
                                           _trim_span)
@@ -98,7 +97,7 @@ class WordPieceTokenizer(_HFTokenizer):
   def _save_files(self, directory: pathlib.Path) -> None:
     target = directory / WORDPIECE_VOCAB
     if target.resolve() != self._vocab_file.resolve():
-      shutil.copyfile(self._vocab_file, target)
+      paths.copy_file(self._vocab_file, target)
 
   def _config(self) -> dict:
     return {"strip_accents": self.strip_accents}
@@ -136,7 +135,7 @@ class ByteLevelBPETokenizer(_HFTokenizer):
   def _save_files(self, directory: pathlib.Path) -> None:
     for src, name in ((self._vocab_file, BPE_VOCAB), (self._merges_file, BPE_MERGES)):
       if (directory / name).resolve() != src.resolve():
-        shutil.copyfile(src, directory / name)
+        paths.copy_file(src, directory / name)
 
   def _config(self) -> dict:
     return {"add_prefix_space": self.add_prefix_space}
