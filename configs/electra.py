@@ -18,7 +18,7 @@ MLM + 50 x discriminator, 85% [MASK] / 15% unchanged at the selected positions.
 
 runlocal selects half the tokens (32 of 64) at a constant lr 5e-4, and its discriminator passes
 always answering "original" within the 200 steps (eval at step 200: accuracy about 0.70 against
-0.50, recall about 0.8; tests/test_electra_recipe.py). Its generator is still weak there (MLM
+0.50, recall about 0.8; tests/test_local_recipes.py). Its generator is still weak there (MLM
 accuracy about 0.05), so what the discriminator detects is mostly implausible tokens; as the
 generator improves the margin narrows (0.57 against 0.51 at step 600). At the sizes' 15% (lr 2e-3,
 linear decay: this variant's earlier setting) the discriminator sat at the prior for all 200
