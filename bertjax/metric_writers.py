@@ -28,9 +28,11 @@ import jax
 
 from bertjax import paths, run_files
 
-# The metrics a logged row's console line shows next to the loss, when present.
-SHOWN = ("mlm_accuracy", "nsp_accuracy", "sop_accuracy", "rtd_accuracy", "accuracy", "score", "f1",
-         "exact_match")
+# The metrics a logged row's console line shows next to the loss, when present. Distillation's
+# soft_kl, KL(teacher || student), comes first: its loss holds the teacher's entropy and barely
+# moves (bertjax/objectives/distill.py).
+SHOWN = ("soft_kl", "mlm_accuracy", "nsp_accuracy", "sop_accuracy", "rtd_accuracy", "accuracy",
+         "score", "f1", "exact_match", "agreement")
 METRICS = "metrics.jsonl"  # the rows of a local workdir
 METRICS_DIR = "metrics.jsonl.d"  # those of a remote one: one object per logging event
 _DIGITS = 8  # an object's sequence number, zero-padded so that names sort in order

@@ -131,7 +131,9 @@ def end_table(summary: Mapping[str, Any], summary_path: str | pathlib.Path | Non
   keys: list[str] = []
   for _, values in columns:
     keys += [k for k, v in values.items() if _shown(k, v) and k not in keys]
-  keys.sort(key=lambda k: k != "loss")  # loss first, the rest as logged
+  # loss first, then distillation's soft_kl (what falls there: bertjax/objectives/distill.py),
+  # the rest as logged.
+  keys.sort(key=lambda k: (k != "loss", k != "soft_kl"))
   lines = [f"run {summary.get('status', '?')} at step {summary.get('step', '?')}: "
            f"{summary.get('workdir', '')}"]
   if columns:

@@ -82,7 +82,7 @@ class PointResult:
 
 
 def lower_is_better(metric: str) -> bool:
-  return "loss" in metric or "perplexity" in metric
+  return "loss" in metric or "perplexity" in metric or metric.endswith("_kl")
 
 
 def _is_metric(key: str, value: Any) -> bool:

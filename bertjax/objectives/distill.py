@@ -184,6 +184,15 @@ class Distill(_Distillation, Objective):
   masking = "token"
   head = "mlm"
 
+  @classmethod
+  def main_metric(cls, settings) -> str:
+    """soft_kl, T^2 * KL(teacher || student) at the masked positions: the quantity distillation
+    drives to 0. The loss holds soft_weight x T^2 x the teacher's entropy on top (about 160 of
+    configs/distill.py:runlocal's 173), so it hardly moves while the student learns. Without a
+    soft term: the eval loss."""
+    distill_settings = settings.get("distill") or {}
+    return "soft_kl" if distill_settings.get("soft_weight") else "loss"
+
   def __init__(self, config):
     super().__init__(config)
     self._setup(config)

@@ -23,6 +23,9 @@ from bertjax.objective import Objective, masked_lm_terms
 
 # ELECTRA's corruption of the selected tokens: ([MASK], random, unchanged).
 ELECTRA_REPLACE_PROBS = (0.85, 0.0, 0.15)
+# Precision's denominator when no token is predicted "replaced": precision reads 0 there (sums of
+# several batches: 0 unless one predicts something, whose count this leaves unchanged in float32).
+_NONE_PREDICTED = 1e-9
 
 
 class Rtd(Objective):
@@ -68,7 +71,9 @@ def rtd_terms(logits, labels, attention_mask, denominator) -> tuple[jax.Array, d
   logits <float32>[batch, seq] ("replaced" logits), labels <int32>[batch, seq] (1 = replaced),
   attention_mask <int32>[batch, seq]. Metrics are (numerator, denominator) sums: rtd_accuracy,
   rtd_precision / rtd_recall of "replaced", and rtd_baseline_accuracy, the accuracy of always
-  answering "original", which a useful discriminator must beat.
+  answering "original", which a useful discriminator must beat. With no token predicted
+  "replaced", precision is 0 (nothing found), not 0/0: its denominator is at least
+  `_NONE_PREDICTED`, too small to move it otherwise.
   """
   real = attention_mask.astype(jnp.float32)
   y = labels.astype(jnp.float32)
@@ -81,7 +86,7 @@ def rtd_terms(logits, labels, attention_mask, denominator) -> tuple[jax.Array, d
   return loss_sum / denominator, {
       "rtd_loss": (loss_sum, n),
       "rtd_accuracy": (correct, n),
-      "rtd_precision": (true_positive, jnp.sum(predicted)),
+      "rtd_precision": (true_positive, jnp.maximum(jnp.sum(predicted), _NONE_PREDICTED)),
       "rtd_recall": (true_positive, jnp.sum(actual)),
       "rtd_baseline_accuracy": (n - jnp.sum(actual), n),
   }
