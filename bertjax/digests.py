@@ -26,6 +26,8 @@ import logging
 import os
 import zlib
 
+import fsspec
+
 from bertjax import paths
 
 DIGEST = "digest.json"
@@ -51,7 +53,6 @@ def _files(folder: paths.Path, prefix: str = "") -> list[tuple[str, paths.Path]]
 def _store_crc32c(path: paths.Path) -> str | None:
   """The object's CRC-32C as the store lists it (gcsfs: `crc32c`), None where it has none."""
   try:
-    import fsspec  # pylint: disable=g-import-not-at-top
     fs, inner = fsspec.core.url_to_fs(os.fspath(path))
     value = fs.info(inner).get("crc32c")
   except Exception:  # pylint: disable=broad-except  # no such listing: read the bytes instead
