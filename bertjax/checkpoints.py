@@ -17,7 +17,6 @@ import logging
 import os
 import pathlib
 import shutil
-import threading
 import time
 from typing import Any, Callable
 
@@ -35,8 +34,8 @@ class Checkpointer:
   """Saves and restores {state, data} items under `workdir/checkpoints` (local or remote).
 
   Each finished save gets a digest of its files (bertjax/digests.py), written once orbax has
-  finalized it: right away for a synchronous save, in the background while the next steps train
-  for an asynchronous one. A restore checks it first.
+  finalized it: right away for a synchronous save; for an asynchronous one at the first `poll`
+  (every step) after orbax is done, at the next save, or at `close`. A restore checks it first.
   """
 
   def __init__(self, directory: str | pathlib.Path, *, keep: int = 3, async_save: bool = True):
@@ -51,8 +50,6 @@ class Checkpointer:
     self._saved: int | None = None     # the step this process saved last
     self._pending: int | None = None   # saved, its digest not yet written
     self._needed = 0                   # bytes of the state being saved
-    self._sealing: threading.Thread | None = None
-    self._seal_error: BaseException | None = None
     _quiet_no_space_logs()
 
   def all_steps(self) -> list[int]:
@@ -79,50 +76,30 @@ class Checkpointer:
     if saved:
       self._saved = self._pending = step
       if not self.async_save:
-        self._seal(block=True)
+        self._seal()
     return saved
 
   def wait(self) -> None:
-    self._seal(block=True)
+    self._seal()
     self.manager.wait_until_finished()
 
-  def _seal(self, block: bool = False) -> None:
-    """Waits for the save in flight, then writes its digest (in a thread unless `block`)."""
-    self._join_sealing()
+  def poll(self) -> None:
+    """Writes the digest of an asynchronous save that has finished meanwhile (one flag read when
+    none has); the training loop calls it after every step."""
+    if self._pending is not None and not self.manager.is_saving_in_progress():
+      self._seal()
+
+  def _seal(self) -> None:
+    """Waits for the save in flight, then writes its digest. Not in a thread of its own: orbax
+    deletes old steps (keep_checkpoints) while finalizing the next save, under a digest being
+    written."""
     if self._pending is None:
       return
     step, self._pending = self._pending, None
     with self._no_space(step):
       self.manager.wait_until_finished()
-    if jax.process_index() != 0:
-      return
-    if block:
-      with self._no_space(step):
-        self._write_digest(step)
-      return
-    self._sealing = threading.Thread(target=self._write_digest, args=(step, True), daemon=True)
-    self._sealing.step = step
-    self._sealing.start()
-
-  def _join_sealing(self) -> None:
-    if self._sealing is None:
-      return
-    self._sealing.join()
-    step, self._sealing = self._sealing.step, None
-    error, self._seal_error = self._seal_error, None
-    if error is not None:
-      with self._no_space(step):
-        raise error
-
-  def _write_digest(self, step: int, keep_error: bool = False) -> None:
-    try:
-      digests.write(self.directory / str(step))
-    except FileNotFoundError:
-      pass  # deleted meanwhile (keep_checkpoints): nothing to seal
-    except Exception as e:  # pylint: disable=broad-except
-      if not keep_error:
-        raise
-      self._seal_error = e
+      if jax.process_index() == 0:
+        digests.write(self.directory / str(step))
 
   @contextlib.contextmanager
   def _no_space(self, step: int):
@@ -215,7 +192,7 @@ class Checkpointer:
 
   def close(self) -> None:
     try:
-      self._seal(block=True)
+      self._seal()
       self.manager.wait_until_finished()
     finally:
       self.manager.close()
@@ -435,12 +412,20 @@ class BestKeeper:
     # Write beside, then swap: the previous best survives until the new one is complete.
     tmp = self.dir.with_name("best.tmp")
     paths.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(paths.absolute(tmp / "params"), jax.device_get(params))
-    checkpointer.wait_until_finished()
-    (tmp / "best.json").write_text(json.dumps({"step": step, "metric": self.metric, "value": value,
-                                               "metrics": metrics}))
+    try:
+      tmp.mkdir(parents=True)
+      checkpointer = ocp.StandardCheckpointer()
+      checkpointer.save(paths.absolute(tmp / "params"), jax.device_get(params))
+      checkpointer.wait_until_finished()
+      (tmp / "best.json").write_text(json.dumps({"step": step, "metric": self.metric,
+                                                 "value": value, "metrics": metrics}))
+    except Exception as e:  # pylint: disable=broad-except
+      if not _is_no_space(e):
+        raise
+      paths.rmtree(tmp)
+      fail(f"no space left on the device for the best parameters (step {step}) at {tmp}; the "
+           f"previous best/ and the checkpoints are kept: free some space and run the same "
+           f"command to resume")
     old = self.dir.with_name("best.old")
     if self.dir.exists():
       self.dir.rename(old)

@@ -345,6 +345,7 @@ def _train_loop(config, s: Setup, state: TrainState, data, ckpt, writer: MetricW
         if step % config.checkpoint_every == 0 or step == config.total_steps:
           progress.watch.check_checkpoint(step, state.params)
           ckpt.save(step, state, batches.get_state(), force=True)
+        ckpt.poll()  # the digest of an asynchronous save that finished meanwhile
       if preemption.requested:  # outside the guard: a preemption checkpoint may come at any step
         progress.watch.check_checkpoint(step, state.params)
         ckpt.save(step, state, batches.get_state(), force=True)

@@ -74,6 +74,20 @@ def test_digest_written_and_checked(trained, tmp_path):
     digests.verify(paths.as_path(copy))
 
 
+def test_asynchronous_save_gets_its_digest_at_the_first_poll_after_it(tmp_path):
+  ckpt = checkpoints.Checkpointer(tmp_path, async_save=True)
+  state = {"params": {"w": np.arange(12.0).reshape(3, 4)}, "step": np.int32(1)}
+  try:
+    assert ckpt.save(1, state, {"index": 1})
+    assert not ckpt.save(1, state, {"index": 1})  # a step saved already is not saved again
+    ckpt.manager.wait_until_finished()
+    assert not (tmp_path / "1" / digests.DIGEST).exists()
+    ckpt.poll()
+    assert digests.verify(paths.as_path(tmp_path / "1"))
+  finally:
+    ckpt.close()
+
+
 @pytest.mark.slow
 def test_flipped_array_bytes_are_refused_by_every_reader(tmp_path, caplog, capsys):
   """Defect 2: bytes flipped inside an array file of the newest checkpoint. `bertjax.load`, the
