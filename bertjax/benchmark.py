@@ -36,8 +36,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax import (ablate, config_checks, config_lib, inputs, paths, profiling, sharding,
-                     train)
+from bertjax import (ablate, checkpoint_cost, config_checks, config_lib, inputs, paths, profiling,
+                     sharding, train)
 from bertjax.errors import ArgumentParser, doc_summary, fail, run_cli
 from bertjax.host_memory import host_peak_rss_bytes
 from bertjax.models import encoder, kernels
@@ -333,7 +333,11 @@ def parse_args(argv):
                            "table of device time per operation (DIR/ops.md, DIR/ops.json)")
   parser.add_argument("--rounds", type=int, default=1,
                       help="with --compare: alternate bertjax and the reference this many times, "
-                           "each in its own process, and report the median of the per-round ratios")
+                           "each in its own process, and report the median of the per-round "
+                           "ratios; with --checkpoint_cost: rounds of save and restore")
+  parser.add_argument("--checkpoint_cost", action="store_true",
+                      help="time the save and restore of the model's train state and the digest "
+                           "each gets (bertjax/checkpoint_cost.py), medians of --rounds")
   parser.add_argument("--override", action="append", help="extra config override key=value")
   parser.add_argument("--reference_only", action="store_true",
                       help="with --compare: time the reference only (its JSON on the last line)")
@@ -361,6 +365,11 @@ def main(argv=None) -> dict:
   if args.output or args.timeout:
     fail("--output and --timeout go with --ablate SPEC")
   config = build_config(args)
+  if args.checkpoint_cost:
+    result = checkpoint_cost.measure(config, max(1, args.rounds))
+    print(checkpoint_cost.describe(result))
+    print(json.dumps(result))
+    return result
   if args.reference_only:
     if not args.compare:
       fail("--reference_only needs --compare hf-torch or hf-torch-compile")

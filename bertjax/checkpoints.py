@@ -10,11 +10,15 @@ one is finalized.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import json
 import logging
+import os
 import pathlib
+import shutil
 import time
-from typing import Any
+from typing import Any, Callable
 
 import flax
 import jax
@@ -22,21 +26,31 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint._src import asyncio_utils
 
-from bertjax import paths, run_files
+from bertjax import digests, paths, run_files
 from bertjax.errors import UserError, fail, read_text
 
 
 class Checkpointer:
-  """Saves and restores {state, data} items under `workdir/checkpoints` (local or remote)."""
+  """Saves and restores {state, data} items under `workdir/checkpoints` (local or remote).
+
+  Each finished save gets a digest of its files (bertjax/digests.py), written once orbax has
+  finalized it: right away for a synchronous save; for an asynchronous one at the first `poll`
+  (every step) after orbax is done, at the next save, or at `close`. A restore checks it first.
+  """
 
   def __init__(self, directory: str | pathlib.Path, *, keep: int = 3, async_save: bool = True):
     self.directory = paths.absolute(directory)
+    self.async_save = async_save
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            enable_async_checkpointing=async_save)
     self.manager = ocp.CheckpointManager(
         self.directory, options=options,
         item_handlers={"state": ocp.StandardCheckpointHandler(),
                        "data": ocp.JsonCheckpointHandler()})
+    self._saved: int | None = None     # the step this process saved last
+    self._pending: int | None = None   # saved, its digest not yet written
+    self._needed = 0                   # bytes of the state being saved
+    _quiet_no_space_logs()
 
   def all_steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
@@ -46,30 +60,92 @@ class Checkpointer:
     return steps[-1] if steps else None
 
   def save(self, step: int, state: Any, data_state: dict | None, *, force: bool = False) -> bool:
-    return self.manager.save(
-        step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                      data=ocp.args.JsonSave(data_state or {})),
-        force=force)
+    """Saves `step`; False when it was not saved. A step this process saved already is not saved
+    again (a SIGTERM during a checkpoint step's evaluation asks for the step just saved). A full
+    disk fails with one line; the older checkpoints stay."""
+    if step == self._saved:
+      return False
+    self._seal()
+    self._needed = sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize
+                       for x in jax.tree.leaves(state) if hasattr(x, "dtype"))
+    with self._no_space(step):
+      saved = self.manager.save(
+          step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                        data=ocp.args.JsonSave(data_state or {})),
+          force=force)
+    if saved:
+      self._saved = self._pending = step
+      if not self.async_save:
+        self._seal()
+    return saved
 
   def wait(self) -> None:
+    self._seal()
     self.manager.wait_until_finished()
 
-  def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict] | None:
-    """Restores the newest readable checkpoint; a damaged one is skipped with a warning.
+  def poll(self) -> None:
+    """Writes the digest of an asynchronous save that has finished meanwhile (one flag read when
+    none has); the training loop calls it after every step."""
+    if self._pending is not None and not self.manager.is_saving_in_progress():
+      self._seal()
+
+  def _seal(self) -> None:
+    """Waits for the save in flight, then writes its digest. Not in a thread of its own: orbax
+    deletes old steps (keep_checkpoints) while finalizing the next save, under a digest being
+    written."""
+    if self._pending is None:
+      return
+    step, self._pending = self._pending, None
+    with self._no_space(step):
+      self.manager.wait_until_finished()
+      if jax.process_index() == 0:
+        digests.write(self.directory / str(step))
+
+  @contextlib.contextmanager
+  def _no_space(self, step: int):
+    """A full disk while saving `step`: its partial folder removed, one line, older kept."""
+    try:
+      yield
+    except Exception as e:  # TensorStore, orbax and the OS report it as different types
+      if not _is_no_space(e):
+        raise
+      self._pending = None
+      for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+        paths.rmtree(partial)
+      where = self.directory / str(step)
+      older = [s for s in self.all_steps() if s != step]
+      fail(f"no space left on the device for the checkpoint of step {step} at {where}: it needs "
+           f"about {_size(self._needed)}, {_free(self.directory)} free there; older checkpoints "
+           f"{older or 'none'} are kept: free some space and run the same command to resume")
+
+  def restore_latest(self, abstract_state: Any, set_data_state: Callable[[dict], None] | None = None
+                     ) -> tuple[int, Any, dict] | None:
+    """Restores the newest readable checkpoint; a damaged one is moved aside with one line.
 
     Returns (step, state, data_state) or None when there is no checkpoint. A checkpoint whose
     tree does not match `abstract_state` (a different model) is a user error, not damage.
+    Damage: files that differ from the checkpoint's digest, unreadable files, an empty input
+    pipeline state. `set_data_state` receives the pipeline state (its errors name the checkpoint).
     """
     steps = self.all_steps()
     damaged = []
     for step in reversed(steps):
       try:
         self._check_same_model(step, abstract_state)
+        digests.verify(self.directory / str(step))
         restored = self.manager.restore(
             step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
                                           data=ocp.args.JsonRestore()))
-        self._set_aside(damaged)
-        return step, restored["state"], dict(restored["data"] or {})
+        data_state = restored["data"]
+        if not data_state or not isinstance(data_state, dict):
+          raise digests.Damaged(f"its input pipeline state (data/) is {data_state!r}")
+        if set_data_state is not None:
+          try:
+            set_data_state(dict(data_state))
+          except UserError as e:
+            fail(f"the checkpoint at {self.directory / str(step)}: {e}")
+        self._set_aside(damaged, step)
+        return step, restored["state"], dict(data_state)
       except UserError:
         raise
       except (ValueError, KeyError) as e:
@@ -77,16 +153,13 @@ class Checkpointer:
           fail(f"the checkpoint at {self.directory / str(step)} holds a different model or "
                f"optimizer than this config ({_short(e)}); use a new --workdir or the config it was "
                f"trained with")
-        logging.warning("checkpoint at step %d is unreadable (%s); trying an earlier one", step,
-                        _short(e))
-        damaged.append(step)
+        damaged.append((step, _short(e)))
       except Exception as e:  # damaged files surface as many error types (tensorstore, json, OS)
-        logging.warning("checkpoint at step %d is unreadable (%s); trying an earlier one", step,
-                        _short(e))
-        damaged.append(step)
+        damaged.append((step, _short(e)))
     if steps:
-      fail(f"no readable checkpoint in {self.directory} (tried steps {steps}); move the folder away "
-           f"to start fresh")
+      fail(f"no readable checkpoint in {self.directory} ("
+           + "; ".join(f"step {s}: {why}" for s, why in damaged)
+           + "); move the folder away to start fresh")
     return None
 
   def _check_same_model(self, step: int, abstract_state: Any) -> None:
@@ -105,19 +178,67 @@ class Checkpointer:
              f"{saved.get(name, 'absent')} there, {wanted.get(name, 'absent')} here); use a new "
              f"--workdir or the config it was trained with")
 
-  def _set_aside(self, steps: list[int]) -> None:
-    """Renames damaged checkpoints out of the way (kept for inspection, never deleted)."""
-    for step in steps:
+  def _set_aside(self, damaged: list[tuple[int, str]], used: int) -> None:
+    """Renames damaged checkpoints out of the way (kept for inspection, never deleted), one line
+    each."""
+    for step, why in damaged:
       src = self.directory / str(step)
       dst = self.directory / f"damaged-{step}-{int(time.time())}"
       src.rename(dst)
-      logging.warning("moved the unreadable checkpoint of step %d to %s", step, dst)
-    if steps:
+      logging.warning("checkpoint at step %d is unreadable (%s); moved it to %s and used step %d",
+                      step, why, dst, used)
+    if damaged:
       self.manager.reload()
 
   def close(self) -> None:
-    self.manager.wait_until_finished()
-    self.manager.close()
+    try:
+      self._seal()
+      self.manager.wait_until_finished()
+    finally:
+      self.manager.close()
+
+
+def _is_no_space(e: BaseException | None) -> bool:
+  """Whether `e` or an exception it came from is a full disk (ENOSPC, as the OS, TensorStore or
+  a remote store's client words it)."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+      return True
+    text = str(e)
+    if "No space left on device" in text or "ENOSPC" in text or "Disk quota exceeded" in text:
+      return True
+    e = e.__cause__ or e.__context__
+  return False
+
+
+class _NoSpaceFilter(logging.Filter):
+  """Drops orbax's background-thread tracebacks of a full disk: `Checkpointer` reports it in one
+  line (otherwise several hundred lines of orbax and TensorStore frames come first)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
+    return not (_is_no_space(error) or "No space left on device" in str(record.msg))
+
+
+def _quiet_no_space_logs() -> None:
+  logger = logging.getLogger("absl")  # orbax logs through absl
+  if not any(isinstance(f, _NoSpaceFilter) for f in logger.filters):
+    logger.addFilter(_NoSpaceFilter())
+
+
+def _size(nbytes: int) -> str:
+  return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def _free(directory: paths.Path) -> str:
+  if paths.is_remote(directory):
+    return "unknown space"
+  try:
+    return _size(shutil.disk_usage(os.fspath(directory)).free)
+  except OSError:
+    return "unknown space"
 
 
 def _run_and_drain(coro):
@@ -187,7 +308,8 @@ def restore_params(path: str | pathlib.Path) -> dict:
 def restore_checkpoint_params(workdir: str | pathlib.Path, step: int | None = None
                               ) -> tuple[int, dict]:
   """(step, params) of a training workdir's checkpoint: `step`'s, or the newest readable one
-  (orbax lists only complete checkpoints; a damaged one is skipped with a warning)."""
+  (orbax lists only complete checkpoints; a damaged one, unreadable or differing from its
+  digest, is skipped with a warning and left where it is: a reader does not change a workdir)."""
   ckpt_dir = paths.as_path(workdir) / "checkpoints"
   manager = ocp.CheckpointManager(paths.absolute(ckpt_dir), item_names=("state", "data"))
   try:
@@ -199,6 +321,7 @@ def restore_checkpoint_params(workdir: str | pathlib.Path, step: int | None = No
       steps = [step]
     for s in reversed(steps):
       try:
+        digests.verify(ckpt_dir / str(s))
         restored = manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
         return s, jax.tree.map(lambda x: x, dict(restored["state"]["params"]))
       except Exception as e:  # same fallback as training resume
@@ -289,12 +412,20 @@ class BestKeeper:
     # Write beside, then swap: the previous best survives until the new one is complete.
     tmp = self.dir.with_name("best.tmp")
     paths.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(paths.absolute(tmp / "params"), jax.device_get(params))
-    checkpointer.wait_until_finished()
-    paths.replace_text(tmp / "best.json", json.dumps({"step": step, "metric": self.metric,
-                                                      "value": value, "metrics": metrics}))
+    try:
+      tmp.mkdir(parents=True)
+      checkpointer = ocp.StandardCheckpointer()
+      checkpointer.save(paths.absolute(tmp / "params"), jax.device_get(params))
+      checkpointer.wait_until_finished()
+      paths.replace_text(tmp / "best.json", json.dumps({"step": step, "metric": self.metric,
+                                                        "value": value, "metrics": metrics}))
+    except Exception as e:  # pylint: disable=broad-except
+      if not _is_no_space(e):
+        raise
+      paths.rmtree(tmp)
+      fail(f"no space left on the device for the best parameters (step {step}) at {tmp}; the "
+           f"previous best/ and the checkpoints are kept: free some space and run the same "
+           f"command to resume")
     old = self.dir.with_name("best.old")
     if self.dir.exists():
       self.dir.rename(old)

@@ -376,6 +376,7 @@ def _train_loop(config, s: Setup, state: TrainState, data, ckpt, writer: MetricW
         if step % config.checkpoint_every == 0 or step == config.total_steps:
           progress.watch.check_checkpoint(step, state.params)
           ckpt.save(step, state, batches.get_state(), force=True)
+        ckpt.poll()  # the digest of an asynchronous save that finished meanwhile
       if preemption.requested:  # outside the guard: a preemption checkpoint may come at any step
         progress.watch.check_checkpoint(step, state.params)
         ckpt.save(step, state, batches.get_state(), force=True)
@@ -423,11 +424,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.Path, 
   ckpt = checkpoints.Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints,
                                   async_save=config.async_checkpointing)
   try:
-    restored = ckpt.restore_latest(_abstract_with_shardings(s.abstract_state, s.state_shardings))
+    restored = ckpt.restore_latest(_abstract_with_shardings(s.abstract_state, s.state_shardings),
+                                   data.train.set_state)
     step0 = 0
     if restored is not None:
-      step0, state, data_state = restored
-      data.train.set_state(data_state)
+      step0, state, _ = restored
       logging.info("resumed from the checkpoint at step %d in %s", step0, ckpt.directory)
     elif config.init_from:
       state, report = checkpoints.load_init_from(state, config.init_from, s.state_shardings)
