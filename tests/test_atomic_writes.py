@@ -177,6 +177,7 @@ def _fail_first_step(monkeypatch):
     return run, state
 
   monkeypatch.setattr(train, "setup", setup)
+  monkeypatch.setattr(train, "check_step_memory", lambda *a: "")  # it would compile `step`
 
 
 @pytest.mark.slow
@@ -357,7 +358,8 @@ def test_each_write_failing_in_turn_then_resuming_ends_as_an_uninterrupted_run(
     assert code == errors.EXIT_USER_ERROR, (what, err[-2000:])
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in err, (what, err[-2000:])
-    assert lines[0].startswith("error: cannot write ") and "no space is left" in lines[0], lines
+    # The workdir's files and orbax's saves each say so in their own words, naming the path.
+    assert "no space" in lines[0] and str(workdir) in lines[0], lines
     _assert_whole(workdir)
     if what == "checkpoint":  # the older checkpoint is kept: the next run resumes from it
       assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["2"]
