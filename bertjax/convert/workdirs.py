@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 import orbax.checkpoint as ocp
 
-from bertjax import paths
+from bertjax import checkpoints, paths
 from bertjax.convert.hf_configs import ELECTRA_PARTS, hf_config_to_model_config
 from bertjax.convert import hf_tokenizer
 from bertjax.convert.models import _check_tree, _fresh_part
@@ -219,7 +219,8 @@ def load_workdir(workdir: PathLike) -> Converted:
   if not (d / "params").is_dir():
     fail(f"{d / 'params'} not found; re-run the conversion")
   try:
-    params = ocp.StandardCheckpointer().restore(d / "params")
+    with checkpoints.draining_event_loops():
+      params = ocp.StandardCheckpointer().restore(d / "params")
   except Exception as e:  # pylint: disable=broad-except
     fail(f"cannot restore {d / 'params'}: {_one_line(e)}; re-run the conversion")
   params = _to_numpy(params)
