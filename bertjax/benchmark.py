@@ -36,7 +36,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax import ablate, config_checks, config_lib, inputs, profiling, sharding, train
+from bertjax import (ablate, config_checks, config_lib, inputs, profiling, sharding, train,
+                     xla_defaults)
 from bertjax.errors import ArgumentParser, doc_summary, fail, run_cli
 from bertjax.host_memory import host_peak_rss_bytes
 from bertjax.models import encoder, kernels
@@ -404,4 +405,5 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
+  xla_defaults.apply()  # before JAX starts a backend
   run_cli(main)
