@@ -23,6 +23,8 @@ from bertjax import (config_lib, distributed, multiseed, paths, progress, sweep,
 from bertjax.errors import EXIT_PREEMPTED, doc_summary, run_cli
 # pylint: enable=wrong-import-position
 
+xla_defaults.apply()  # the opt-in XLA:CPU flags, before JAX starts a backend
+
 
 def parse_args(argv):
   parser = argparse.ArgumentParser(description=doc_summary(__doc__))

@@ -27,10 +27,6 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from bertjax import xla_defaults
-
-xla_defaults.apply()
-
 if TYPE_CHECKING:
   from bertjax.models.config import ModelConfig
   from bertjax.models.encoder import Encoder

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax import (ablate, checkpoint_cost, config_checks, config_lib, inputs, paths, profiling,
-                     sharding, train)
+                     sharding, train, xla_defaults)
 from bertjax.errors import ArgumentParser, doc_summary, fail, run_cli
 from bertjax.host_memory import host_peak_rss_bytes
 from bertjax.models import encoder, kernels
@@ -414,4 +414,5 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
+  xla_defaults.apply()  # before JAX starts a backend
   run_cli(main)

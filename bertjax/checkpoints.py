@@ -24,7 +24,6 @@ import flax
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-from orbax.checkpoint._src import asyncio_utils
 
 from bertjax import digests, paths, run_files
 from bertjax.errors import UserError, fail, read_text
@@ -133,9 +132,10 @@ class Checkpointer:
       try:
         self._check_same_model(step, abstract_state)
         digests.verify(self.directory / str(step))
-        restored = self.manager.restore(
-            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
-                                          data=ocp.args.JsonRestore()))
+        with draining_event_loops():
+          restored = self.manager.restore(
+              step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
+                                            data=ocp.args.JsonRestore()))
         data_state = restored["data"]
         if not data_state or not isinstance(data_state, dict):
           raise digests.Damaged(f"its input pipeline state (data/) is {data_state!r}")
@@ -241,43 +241,54 @@ def _free(directory: paths.Path) -> str:
     return "unknown space"
 
 
-def _run_and_drain(coro):
-  """orbax's `run_sync` loop, which also finishes the tasks still running when `coro` fails.
+class _DrainingLoop(asyncio.SelectorEventLoop):
+  """An event loop that, when closed, first cancels and awaits the tasks still running on it (as
+  `asyncio.run` does). Tasks are tracked by a task factory rather than `asyncio.all_tasks`
+  (orbax avoids the latter across threads)."""
 
-  Restoring a damaged checkpoint, the first unreadable array ends orbax's `asyncio.gather` while
-  the reads of the others are in flight; orbax then closes the loop under them, and each late
-  read prints a traceback ("Event loop is closed", "Exception ignored in: <coroutine ...>"):
-  hundreds of lines after the one-line error. Cancelling and awaiting them first (as
-  `asyncio.run` does) keeps the output to what bertjax says. Tasks are tracked by a task factory
-  rather than `asyncio.all_tasks` (orbax avoids the latter across threads).
-  """
-  loop = asyncio.new_event_loop()
-  tasks = []
+  def __init__(self):
+    super().__init__()
+    self._tasks = []
 
-  def factory(loop, coro, **kwargs):
-    task = asyncio.Task(coro, loop=loop, **kwargs)
-    tasks.append(task)
-    return task
+    def factory(loop, coro, **kwargs):
+      task = asyncio.Task(coro, loop=loop, **kwargs)
+      self._tasks.append(task)
+      return task
 
-  loop.set_task_factory(factory)
-  try:
-    asyncio.set_event_loop(loop)
-    return loop.run_until_complete(coro)
-  finally:
-    try:
-      pending = [t for t in tasks if not t.done()]
+    self.set_task_factory(factory)
+
+  def close(self) -> None:
+    pending = [t for t in self._tasks if not t.done()]
+    if pending and not self.is_running() and not self.is_closed():
       for task in pending:
         task.cancel()
-      if pending:
-        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-    finally:
-      asyncio.set_event_loop(None)
-      loop.close()
+      self.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    super().close()
 
 
-# orbax 0.12's private helper: if a later orbax renames it, restores work as before (only noisier).
-if hasattr(asyncio_utils, "_run_sync_via_new_loop"):
-  asyncio_utils._run_sync_via_new_loop = _run_and_drain  # pylint: disable=protected-access
+class _DrainingPolicy(asyncio.DefaultEventLoopPolicy):
+  def new_event_loop(self) -> asyncio.AbstractEventLoop:
+    return _DrainingLoop()
+
+
+@contextlib.contextmanager
+def draining_event_loops():
+  """Within it, event loops created by `asyncio.new_event_loop` finish their tasks on close.
+
+  Restoring a damaged checkpoint, the first unreadable array ends orbax's `asyncio.gather` while
+  the reads of the others are in flight; orbax's `run_sync` then closes its loop under them, and
+  each late read prints a traceback ("Event loop is closed", "Exception ignored in: <coroutine
+  ...>"): hundreds of lines after the one-line error. orbax 0.12 offers no setting for its loop,
+  so the restores that may meet a damaged checkpoint run inside this block, which swaps asyncio's
+  event loop policy (its public way to choose the loops `new_event_loop` makes) and puts the
+  previous one back after.
+  """
+  previous = asyncio.get_event_loop_policy()
+  asyncio.set_event_loop_policy(_DrainingPolicy())
+  try:
+    yield
+  finally:
+    asyncio.set_event_loop_policy(previous)
 
 
 def _path(path) -> str:
@@ -298,7 +309,8 @@ def restore_params(path: str | pathlib.Path) -> dict:
   """Parameters (a plain nested dict of numpy arrays) from a converted folder or a training workdir."""
   path = paths.as_path(path)
   if (path / "params").is_dir():
-    return ocp.StandardCheckpointer().restore(paths.absolute(path / "params"))
+    with draining_event_loops():
+      return ocp.StandardCheckpointer().restore(paths.absolute(path / "params"))
   if (path / "checkpoints").is_dir():
     return restore_checkpoint_params(path)[1]
   fail(f"init_from={path} holds neither params/ (a converted checkpoint) nor checkpoints/ "
@@ -322,7 +334,8 @@ def restore_checkpoint_params(workdir: str | pathlib.Path, step: int | None = No
     for s in reversed(steps):
       try:
         digests.verify(ckpt_dir / str(s))
-        restored = manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+        with draining_event_loops():
+          restored = manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
         return s, jax.tree.map(lambda x: x, dict(restored["state"]["params"]))
       except Exception as e:  # same fallback as training resume
         logging.warning("checkpoint at step %d is unreadable (%s); trying an earlier one", s,

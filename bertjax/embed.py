@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import paths
+from bertjax import paths, xla_defaults
 from bertjax.convert import loading
 from bertjax.data import tokenizers
 from bertjax.errors import ArgumentParser, fail, read_text, run_cli
@@ -228,4 +228,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
+  xla_defaults.apply()  # before JAX starts a backend
   run_cli(main)

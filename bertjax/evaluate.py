@@ -26,7 +26,7 @@ import os
 import sys
 from typing import Any, Sequence
 
-from bertjax import paths
+from bertjax import paths, xla_defaults
 from bertjax.errors import fail, run_cli
 from bertjax.metrics import glue, ner, squad
 
@@ -178,4 +178,5 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+  xla_defaults.apply()  # before JAX starts a backend
   run_cli(main)

@@ -116,9 +116,9 @@ class MetricWriter:
         for path in pathlib.Path(self._tb_local.name).iterdir():  # uploaded complete: not again
           path.unlink()
         self._open_tensorboard()
-    self.progress(step, split, metrics)
+    self.print_row(step, split, metrics)
 
-  def progress(self, step: int, split: str, metrics: dict[str, float]) -> None:
+  def print_row(self, step: int, split: str, metrics: dict[str, float]) -> None:
     """One plain line per logged row, e.g. `train step 50/1000: loss 3.2100 mlm_accuracy 0.412 |
     12,345 tok/s` (the ETA is on the progress lines, bertjax/progress.py)."""
     parts = [f"{split} step {step}/{self.total_steps}:"]

@@ -339,7 +339,7 @@ def check_step_memory(s: Setup, state: TrainState, device_batch) -> str:
 
 
 def _train_loop(config, s: Setup, state: TrainState, data, ckpt, writer: MetricWriter,
-                run_eval: Callable, progress: RunRecord, clock: Callable[[], float],
+                run_eval: Callable, record: RunRecord, clock: Callable[[], float],
                 started: Callable[[int], None] = lambda step: None
                 ) -> tuple[TrainState, int, str]:
   """Steps until total_steps or SIGTERM: logging, evaluation and checkpoints on their cadence,
@@ -354,31 +354,31 @@ def _train_loop(config, s: Setup, state: TrainState, data, ckpt, writer: MetricW
   with _Preemption() as preemption:
     while step < config.total_steps:
       step += 1
-      quiet = not reads_devices(config, step, progress.compiling)
+      quiet = not reads_devices(config, step, record.compiling)
       with QUIET_STEP() if quiet else contextlib.nullcontext():
         batch, device_batch = next(batches)
-        if progress.compiling:  # this process's first step: known to fit before it runs
+        if record.compiling:  # this process's first step: known to fit before it runs
           check_step_memory(s, state, device_batch)
         with jax.set_mesh(s.mesh), nn.logical_axis_rules(s.rules):
           state, metrics = s.train_step(state, device_batch)
-        first = progress.compiling
-        progress.add(batch, metrics, state.step)  # the first step: waits until it is trained
+        first = record.compiling
+        record.add(batch, metrics, state.step)  # the first step: waits until it is trained
         if first:
           started(step)
         if step % config.log_every == 0 or step == config.total_steps:
-          progress.log(writer, step, metrics)
-          progress.watch.check()
-        lines.update(step, progress.shown)
+          record.log(writer, step, metrics)
+          record.watch.check()
+        lines.update(step, record.shown)
         if config.eval_every and step % config.eval_every == 0:
           t_eval = time.time()
-          progress.last_eval = run_eval(step, state) or progress.last_eval
-          progress.t_log += time.time() - t_eval  # evaluation time is not training time
+          record.last_eval = run_eval(step, state) or record.last_eval
+          record.t_log += time.time() - t_eval  # evaluation time is not training time
         if step % config.checkpoint_every == 0 or step == config.total_steps:
-          progress.watch.check_checkpoint(step, state.params)
+          record.watch.check_checkpoint(step, state.params)
           ckpt.save(step, state, batches.get_state(), force=True)
         ckpt.poll()  # the digest of an asynchronous save that finished meanwhile
       if preemption.requested:  # outside the guard: a preemption checkpoint may come at any step
-        progress.watch.check_checkpoint(step, state.params)
+        record.watch.check_checkpoint(step, state.params)
         ckpt.save(step, state, batches.get_state(), force=True)
         stop_reason = "preempted (SIGTERM): checkpoint saved"
         break
@@ -447,26 +447,26 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.Path, 
       if metrics:
         writer.write(step, "eval", metrics)
         best.update(step, metrics, state.params)
-        progress.last_eval_step = step
+        record.last_eval_step = step
       return metrics
 
-    progress = RunRecord.resumed(writer.resume_at(step0), divergence.Watch(
+    record = RunRecord.resumed(writer.resume_at(step0), divergence.Watch(
         config.get("nonfinite_policy", "stop"), int(jax.device_get(state.step)),
         config.learning_rate, model_cfg.dtype))
     state, step, stop_reason = _train_loop(
-        config, s, state, data, ckpt, writer, run_eval, progress, clock,
+        config, s, state, data, ckpt, writer, run_eval, record, clock,
         started=lambda step: settings.record(step0, _resolved(config, model_cfg)))
-    if config.eval_every and step == config.total_steps and progress.last_eval_step != step:
-      progress.last_eval = run_eval(step, state) or progress.last_eval
+    if config.eval_every and step == config.total_steps and record.last_eval_step != step:
+      record.last_eval = run_eval(step, state) or record.last_eval
   finally:
     # Also on errors: orbax's background threads must finish before the process exits.
     ckpt.close()
   writer.close()
   summary = {"workdir": str(workdir), "step": step, "status": stop_reason,
              "checkpoint": str(ckpt.directory / str(ckpt.latest_step())) if ckpt.latest_step() else None,
-             "first_train": progress.first, "last_train": progress.last,
-             "last_eval": progress.last_eval, "first_train_step": progress.first_step,
-             "last_train_step": progress.last_step, "last_eval_step": progress.last_eval_step,
+             "first_train": record.first, "last_train": record.last,
+             "last_eval": record.last_eval, "first_train_step": record.first_step,
+             "last_train_step": record.last_step, "last_eval_step": record.last_eval_step,
              "num_params": int(s.num_params)}
   paths.replace_text(workdir / "summary.json", json.dumps(summary, indent=2, default=str))
   return summary

@@ -11,8 +11,9 @@ default, so they are off unless asked for.
 
 The flags are added only for the jaxlib versions they were checked with, never when the user has
 set them (either way) in XLA_FLAGS. GPU and TPU backends ignore xla_cpu_* flags. XLA reads
-XLA_FLAGS when the first backend starts: importing bertjax before running any JAX computation is
-enough (launch.py, the benchmark and the CLIs all do).
+XLA_FLAGS when the first backend starts, so the entry points call `apply()` before any JAX
+computation (launch.py, and the `__main__` of the benchmark, evaluate, embed, convert and prune);
+importing bertjax changes no environment variable.
 
 The cost besides: XLA:CPU cannot serialize oneDNN calls, so with these flags the persistent
 compilation cache stores nothing on CPUs (each run compiles again, a few seconds for small

@@ -17,6 +17,8 @@ import sys
 
 import pytest
 
+from bertjax import xla_defaults
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 # One compilation cache for the suite and the runs it starts in subprocesses: many tests compile
@@ -27,6 +29,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # bertjax's opt-in oneDNN flags stay off here (XLA:CPU cannot cache their compiled steps;
 # bertjax/xla_defaults.py); tests/test_training_parity.py runs once with them on.
 os.environ.setdefault("BERTJAX_XLA_DEFAULTS", "0")
+xla_defaults.apply()  # the test process is an entry point: as launch.py does
 
 
 def device_requested(markexpr: str, environ=os.environ) -> str | None:

@@ -344,7 +344,8 @@ def test_fine_tuning_checks_max_seq_length_against_init_froms_positions(tmp_path
 
 def test_a_failed_restore_finishes_its_reads_before_the_loop_closes(monkeypatch):
   """orbax's run_sync closed its loop under reads still in flight when one failed: each then
-  printed a traceback ("Event loop is closed", "Exception ignored in: <coroutine ...>")."""
+  printed a traceback ("Event loop is closed", "Exception ignored in: <coroutine ...>").
+  bertjax's restores run inside checkpoints.draining_event_loops, which finishes them."""
   unraisable, finished = [], []
   monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
 
@@ -363,7 +364,7 @@ def test_a_failed_restore_finishes_its_reads_before_the_loop_closes(monkeypatch)
       raise ValueError("damaged array")
     await asyncio.gather(damaged(), *(read(i, g) for i, g in enumerate(gates)))
 
-  with pytest.raises(ValueError, match="damaged array"):
+  with pytest.raises(ValueError, match="damaged array"), checkpoints.draining_event_loops():
     asyncio_utils.run_sync(restore())
   gc.collect()
   assert sorted(finished) == list(range(8)) and not unraisable

@@ -22,7 +22,7 @@ TINY = {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 1, "num_attent
         "intermediate_size": 64, "max_position_embeddings": 32}
 
 
-def _one_line(e: pytest.ExceptionInfo) -> str:
+def one_line(e: pytest.ExceptionInfo) -> str:
   text = str(e.value)
   assert "\n" not in text
   return text
@@ -36,7 +36,7 @@ def test_a_syntax_error_names_the_file_and_line(tmp_path, kind):
   load = config_lib.load_config_file if kind == "config" else sweep.load_sweep_spec
   with pytest.raises(UserError) as e:
     load(str(path))
-  text = _one_line(e)
+  text = one_line(e)
   assert text.startswith(f"{path}:2: ") and f"syntax error in the {kind} file" in text
 
 
@@ -50,7 +50,7 @@ def test_embed_output_naming_a_folder_fails_before_any_work(tmp_path):
   with pytest.raises(UserError) as e:
     embed.main(["--workdir", str(tmp_path / "missing"), "--input", str(tmp_path / "in.txt"),
                 "--output", str(folder), "--overwrite"])
-  assert "is a folder; name a file" in _one_line(e)
+  assert "is a folder; name a file" in one_line(e)
 
 
 def test_embed_output_has_the_mode_of_every_other_output(tmp_path):
@@ -75,7 +75,7 @@ def test_evaluate_names_a_folder_as_a_folder(tmp_path, flag):
   args[flag] = str(tmp_path)
   with pytest.raises(UserError) as e:
     evaluate.main(["glue", "--task", "rte", *[x for kv in args.items() for x in kv]])
-  assert f"{flag} {tmp_path} is a folder, not a file" in _one_line(e)
+  assert f"{flag} {tmp_path} is a folder, not a file" in one_line(e)
 
 
 def test_load_calls_an_existing_file_a_file(tmp_path):
@@ -84,7 +84,7 @@ def test_load_calls_an_existing_file_a_file(tmp_path):
   path.write_bytes(b"x")
   with pytest.raises(UserError) as e:
     bertjax.load(path)
-  assert "is a file, not a folder" in _one_line(e) and "does not exist" not in str(e.value)
+  assert "is a file, not a folder" in one_line(e) and "does not exist" not in str(e.value)
 
 
 def test_load_names_a_bad_model_json_value(tmp_path):
@@ -93,7 +93,7 @@ def test_load_names_a_bad_model_json_value(tmp_path):
                                                    "heads": []}))
   with pytest.raises(UserError) as e:
     bertjax.load(tmp_path)
-  text = _one_line(e)
+  text = one_line(e)
   assert text.startswith(f"{tmp_path / 'model.json'}: model.hidden_size='32' must be an integer")
   assert "string formatting" not in text
 
@@ -109,7 +109,7 @@ def test_a_run_whose_params_do_not_match_names_config_json(tmp_path):
   checkpointer.wait_until_finished()
   with pytest.raises(UserError) as e:
     bertjax.load(best)
-  assert _one_line(e).endswith(f"the params do not match {tmp_path / 'config.json'}")
+  assert one_line(e).endswith(f"the params do not match {tmp_path / 'config.json'}")
 
 
 def test_prune_without_checkpoints_speaks_of_workdir(tmp_path):
@@ -120,7 +120,7 @@ def test_prune_without_checkpoints_speaks_of_workdir(tmp_path):
   with pytest.raises(UserError) as e:
     prune_main.main(["--workdir", str(run), "--output", str(tmp_path / "out"),
                      "--target-heads", "0.5"])
-  text = _one_line(e)
+  text = one_line(e)
   assert f"--workdir {run} holds no checkpoints/" in text and "init_from" not in text
 
 
@@ -134,7 +134,7 @@ def test_a_one_line_corpus_names_the_config_flag(tmp_path):
   config.data.vocab_size = 300
   with pytest.raises(UserError) as e:
     inputs.prepared_corpus_dir(config, tmp_path / "work")
-  assert "--config.data.vocab_size 300 is larger than this corpus supports" in _one_line(e)
+  assert "--config.data.vocab_size 300 is larger than this corpus supports" in one_line(e)
   assert "use a smaller --config.data.vocab_size" in str(e.value)
 
 
@@ -145,6 +145,6 @@ def test_benchmark_refuses_a_zero_size_in_its_own_flag(flag):
   for value in ("0", "-2"):
     with pytest.raises(UserError) as e:
       benchmark.parse_args([flag, value])
-    text = _one_line(e)
+    text = one_line(e)
     assert text.startswith(f"{flag} {value} must be >= 1") and "--config" not in text
   assert isinstance(benchmark.parse_args([flag, "4"]), argparse.Namespace)

@@ -121,7 +121,7 @@ def test_name_mapping_covers_model(name):
   for e in convert.encoder_entries(cfg) + [e for h in heads for e in convert.head_entries(cfg, h)]:
     # A zero-stride view: the real layout transforms, with no memory behind them.
     x = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), e.shape, (0,) * len(e.shape))
-    to_ours = convert._to_ours  # pylint: disable=protected-access
+    to_ours = convert.tensor_to_ours
     mapped["/".join(e.path)] = to_ours(e.kind, x, cfg).shape
   assert mapped == want
 

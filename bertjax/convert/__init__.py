@@ -51,16 +51,16 @@ pytorch_model.bin.
 from bertjax.convert.hf_configs import (ELECTRA_PARTS, HF_MODEL_TYPES, TOKENIZER_FILES,
                                         hf_config_to_model_config, model_config_to_hf_config)
 from bertjax.convert.models import abstract_params, build_model
-from bertjax.convert.names import (Entry, _to_hf, _to_ours, architecture_heads, encoder_entries,
-                                   head_entries, hf_to_params, params_to_hf)
+from bertjax.convert.names import (Entry, architecture_heads, encoder_entries, head_entries,
+                                   hf_to_params, params_to_hf, tensor_to_hf, tensor_to_ours)
 from bertjax.convert.readers import read_hf_config, read_hf_weights
 from bertjax.convert.workdirs import Converted, convert_from_hf, load_hf, load_workdir
 from bertjax.convert.sources import Source, TaskHead, read_source
 from bertjax.convert.export import convert_to_hf
 
 __all__ = ["ELECTRA_PARTS", "HF_MODEL_TYPES", "TOKENIZER_FILES", "Converted", "Entry",
-           "_to_hf", "_to_ours", "abstract_params", "architecture_heads", "build_model",
+           "abstract_params", "architecture_heads", "build_model",
            "convert_from_hf", "convert_to_hf", "encoder_entries", "head_entries",
            "hf_config_to_model_config", "hf_to_params", "load_hf", "load_workdir",
            "model_config_to_hf_config", "params_to_hf", "read_hf_config", "read_hf_weights",
-           "read_source", "Source", "TaskHead"]
+           "read_source", "Source", "TaskHead", "tensor_to_hf", "tensor_to_ours"]

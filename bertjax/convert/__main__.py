@@ -7,6 +7,7 @@ import argparse
 from bertjax.convert.hf_configs import ELECTRA_PARTS
 from bertjax.convert.export import convert_to_hf
 from bertjax.convert.workdirs import convert_from_hf
+from bertjax import xla_defaults
 from bertjax.errors import doc_summary, fail, run_cli
 import bertjax.convert
 
@@ -47,4 +48,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+  xla_defaults.apply()  # before JAX starts a backend
   run_cli(main)

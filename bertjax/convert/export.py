@@ -19,13 +19,13 @@ from typing import Any, Callable, Iterable
 from safetensors.numpy import save_file
 
 from bertjax import paths
-from bertjax.convert.hf_configs import (_HEAD_ORDER, _HF_CLASSES, _POOLER_CLASSES, _TASK_CLASSES,
+from bertjax.convert.hf_configs import (HEAD_ORDER, HF_CLASSES, POOLER_CLASSES, TASK_CLASSES,
                                         model_config_to_hf_config)
 from bertjax.convert.hf_tokenizer import write_hf_tokenizer
 from bertjax.convert.names import (encoder_entries, head_entries, params_to_hf,
                                    roberta_classifier_dense, task_head_entries)
 from bertjax.convert.sources import Source, read_source
-from bertjax.convert.workdirs import Converted, _check_target, _staging_dir
+from bertjax.convert.workdirs import Converted, check_target, staging_dir
 from bertjax.errors import fail
 
 PathLike = str | os.PathLike
@@ -53,7 +53,7 @@ def _pretraining_plan(c: Converted, source: Source | None, include: set[str]) ->
   cfg, left_out, notes = c.config, {}, []
   untrained = set(source.untrained) if source else set()
   heads = []
-  for h in _HEAD_ORDER:
+  for h in HEAD_ORDER:
     if h not in c.heads:
       continue
     if h in untrained and h not in include:
@@ -61,7 +61,7 @@ def _pretraining_plan(c: Converted, source: Source | None, include: set[str]) ->
     else:
       heads.append(h)
   heads = tuple(heads)
-  while (cfg.architecture, heads) not in _HF_CLASSES:
+  while (cfg.architecture, heads) not in HF_CLASSES:
     left_out[heads[-1]] = f"no Hugging Face {cfg.architecture} class holds it with the others"
     heads = heads[:-1]
   if "mlm" in heads:
@@ -70,7 +70,7 @@ def _pretraining_plan(c: Converted, source: Source | None, include: set[str]) ->
     if head_act != hf_act:
       fail(f"the MLM head uses {head_act!r} but Hugging Face {cfg.architecture} hard-codes "
            f"{hf_act!r}; this model cannot be exported with its MLM head")
-  cls = _HF_CLASSES[(cfg.architecture, heads)]
+  cls = HF_CLASSES[(cfg.architecture, heads)]
   entries = [e for e in encoder_entries(cfg) if e.part != "pooler"]
   entries += _pooler(c, cls, untrained, include, left_out, notes, source)
   entries += [e for h in heads for e in head_entries(cfg, h)]
@@ -82,7 +82,7 @@ def _pooler(c: Converted, cls: str, untrained: set[str], include: set[str],
             left_out: dict[str, str], notes: list[str], source: Source | None) -> list:
   """The pooler's entries when `cls` has a pooler and it was trained (or included)."""
   cfg = c.config
-  if cls not in _POOLER_CLASSES:
+  if cls not in POOLER_CLASSES:
     return []
   if not cfg.use_pooler:
     notes.append(f"this model has no pooler; transformers initializes {cls}'s pooler fresh")
@@ -97,7 +97,7 @@ def _pooler(c: Converted, cls: str, untrained: set[str], include: set[str],
 def _task_plan(source: Source) -> Plan:
   c, task = source.converted, source.task
   cfg = c.config
-  cls = _TASK_CLASSES.get((cfg.architecture, task.kind))
+  cls = TASK_CLASSES.get((cfg.architecture, task.kind))
   if task.features != "standard":
     fail(f"no transformers class holds a feature-based head (head.features={task.features!r}: "
          "it reads several layers); run it with bertjax.load(W).logits, or export the features "
@@ -171,10 +171,10 @@ def convert_to_hf(workdir: PathLike, output: PathLike, step: int | None = None,
   step: a training workdir's checkpoint (default: its newest complete one). include: untrained
   parts ("mlm", "pair", "rtd", "pooler") to write anyway. Prints what it wrote and left out.
   """
-  out = _check_target(output, "--output")
+  out = check_target(output, "--output")
   source = read_source(workdir, step)
   todo = plans(source, include)
-  with _staging_dir(out) as tmp:
+  with staging_dir(out) as tmp:
     token_files = []
     for sub, plan in todo.items():
       _write(plan, tmp / sub)

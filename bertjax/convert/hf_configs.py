@@ -38,7 +38,7 @@ _SHARED_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attenti
 _ACT_ALIASES = {"gelu_python": "gelu"}
 
 # The Hugging Face class a converted folder is saved as, by architecture and heads.
-_HF_CLASSES: dict[tuple[str, tuple[str, ...]], str] = {
+HF_CLASSES: dict[tuple[str, tuple[str, ...]], str] = {
     ("bert", ("mlm", "pair")): "BertForPreTraining", ("bert", ("mlm",)): "BertForMaskedLM",
     ("bert", ("pair",)): "BertForNextSentencePrediction", ("bert", ()): "BertModel",
     ("roberta", ("mlm",)): "RobertaForMaskedLM", ("roberta", ()): "RobertaModel",
@@ -47,10 +47,10 @@ _HF_CLASSES: dict[tuple[str, tuple[str, ...]], str] = {
     ("electra", ("rtd",)): "ElectraForPreTraining", ("electra", ("mlm",)): "ElectraForMaskedLM",
     ("electra", ()): "ElectraModel",
 }
-_HEAD_ORDER = ("mlm", "pair", "rtd")
+HEAD_ORDER = ("mlm", "pair", "rtd")
 # The class a fine-tuned model is saved as, by architecture and task head kind (absent: no
 # transformers class computes what our head computes).
-_TASK_CLASSES: dict[tuple[str, str], str] = {
+TASK_CLASSES: dict[tuple[str, str], str] = {
     ("bert", "sequence"): "BertForSequenceClassification",
     ("bert", "token"): "BertForTokenClassification", ("bert", "qa"): "BertForQuestionAnswering",
     ("roberta", "sequence"): "RobertaForSequenceClassification",
@@ -63,7 +63,7 @@ _TASK_CLASSES: dict[tuple[str, str], str] = {
     ("electra", "qa"): "ElectraForQuestionAnswering",
 }
 # The classes whose base model keeps its pooler (the others are built with add_pooling_layer=False).
-_POOLER_CLASSES = frozenset({
+POOLER_CLASSES = frozenset({
     "BertModel", "BertForPreTraining", "BertForNextSentencePrediction",
     "BertForSequenceClassification", "AlbertModel", "AlbertForPreTraining",
     "AlbertForSequenceClassification", "RobertaModel"})

@@ -54,16 +54,16 @@ class _TiedEmbeddingStub:
     return jnp.zeros(x.shape[:-1] + (self.vocab_size,), x.dtype)
 
 
-def _fresh_part(cfg: ModelConfig, part: str, seed: int) -> Params:
+def fresh_part(cfg: ModelConfig, part: str, seed: int) -> Params:
   """Fresh params of one head (or the pooler) from the model's own module and initializers.
 
   Initializing just that module, rather than the whole model, keeps it to a handful of small
-  ops; `_check_tree` later confirms the result fits the full model's tree.
+  ops; `check_tree` later confirms the result fits the full model's tree.
   """
   x = jnp.zeros((1, 1, cfg.hidden_size), jnp.float32)
   if part == "pooler":
     # The same constructor call as Encoder.setup's pooler.
-    dense = layers_lib._dense  # pylint: disable=protected-access
+    dense = layers_lib.make_dense
     module, args = dense(cfg.hidden_size, ("embed", "embed_out"), "pooler", cfg), (x,)
   elif part == "mlm":
     module, args = heads_lib.MLMHead(cfg), (x, _TiedEmbeddingStub(cfg.vocab_size))
@@ -82,7 +82,7 @@ def abstract_params(cfg: ModelConfig, heads: tuple[str, ...]) -> Params:
   return jax.eval_shape(_init_fn(cfg, heads), jax.random.key(0))
 
 
-def _check_tree(params: Params, cfg: ModelConfig, heads: tuple[str, ...], where: str,
+def check_tree(params: Params, cfg: ModelConfig, heads: tuple[str, ...], where: str,
                 record: str = "model.json") -> None:
   """Fails unless `params` has exactly the paths and shapes the model expects (the model that
   `record` describes: a converted folder's model.json, a run's or Hugging Face's config.json)."""

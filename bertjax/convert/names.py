@@ -165,7 +165,7 @@ def architecture_heads(architecture: str, part: str | None = None) -> tuple[str,
   return {"bert": ("mlm", "pair"), "roberta": ("mlm",), "albert": ("mlm", "pair")}[architecture]
 
 
-def _to_ours(kind: str, x: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+def tensor_to_ours(kind: str, x: np.ndarray, cfg: ModelConfig) -> np.ndarray:
   # The head count is the tensor's own (-1): a pruned layer has fewer heads.
   head_dim, hidden = cfg.head_dim, cfg.hidden_size
   if kind == "linear":
@@ -179,7 +179,7 @@ def _to_ours(kind: str, x: np.ndarray, cfg: ModelConfig) -> np.ndarray:
   return x
 
 
-def _to_hf(kind: str, x: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+def tensor_to_hf(kind: str, x: np.ndarray, cfg: ModelConfig) -> np.ndarray:
   hidden = cfg.hidden_size
   if kind == "linear":
     return x.T
@@ -260,7 +260,7 @@ def hf_to_params(state_dict: Mapping[str, np.ndarray], cfg: ModelConfig,
         fail(f"tensor {names[name]} has shape {tuple(x.shape)}, expected {e.shape} from "
              "config.json; the weights and config.json disagree")
       used.add(name)
-      _set(params, e.path, np.ascontiguousarray(_to_ours(e.kind, x.astype(np.float32), cfg)))
+      _set(params, e.path, np.ascontiguousarray(tensor_to_ours(e.kind, x.astype(np.float32), cfg)))
   ignored = sorted(original for n, original in names.items()
                    if n not in used and n not in _TIED_OR_BUFFERS
                    and not n.endswith((".position_ids", ".token_type_ids")))
@@ -269,7 +269,7 @@ def hf_to_params(state_dict: Mapping[str, np.ndarray], cfg: ModelConfig,
 
 def params_to_hf(params: Params, cfg: ModelConfig, heads: tuple[str, ...],
                  entries: list[Entry] | None = None) -> dict[str, np.ndarray]:
-  """Our tree -> an HF state dict (float32 numpy) for the class `_HF_CLASSES` names.
+  """Our tree -> an HF state dict (float32 numpy) for the class `HF_CLASSES` names.
 
   With no heads the names lose the base-model prefix, as a bare `BertModel` saves them; tied
   decoder weights are left out, as transformers itself leaves them out. `entries` replaces the
@@ -279,7 +279,7 @@ def params_to_hf(params: Params, cfg: ModelConfig, heads: tuple[str, ...],
     entries = encoder_entries(cfg) + [e for h in heads for e in head_entries(cfg, h)]
   out = {}
   for e in entries:
-    x = _to_hf(e.kind, np.asarray(_get(params, e.path), dtype=np.float32), cfg)
+    x = tensor_to_hf(e.kind, np.asarray(_get(params, e.path), dtype=np.float32), cfg)
     assert tuple(x.shape) == e.shape, (e.hf, x.shape, e.shape)
     name = e.hf if heads else e.hf[len(cfg.architecture) + 1:]
     out[name] = np.ascontiguousarray(x)

@@ -17,7 +17,7 @@ PathLike = str | os.PathLike
 # ----------------------------------------------------------------------------- reading HF folders
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
   lines = str(e).strip().splitlines()
   return lines[0] if lines else type(e).__name__
 
@@ -32,7 +32,7 @@ def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
   except TypeError:
     pass  # numpy has no bfloat16: parse the (simple) format ourselves below.
   except Exception as e:  # pylint: disable=broad-except
-    fail(f"cannot read {path}: {_one_line(e)}; re-download or re-save the checkpoint")
+    fail(f"cannot read {path}: {one_line(e)}; re-download or re-save the checkpoint")
   # Layout: 8-byte little-endian header length, a JSON header, then the raw tensor bytes.
   with open(path, "rb") as f:
     n = int.from_bytes(f.read(8), "little")
@@ -65,7 +65,7 @@ def _read_torch_bin(path: pathlib.Path) -> dict[str, np.ndarray]:
   try:
     state = torch.load(str(path), map_location="cpu", weights_only=True)
   except Exception as e:  # pylint: disable=broad-except
-    fail(f"cannot read {path}: {_one_line(e)}; re-download or re-save the checkpoint")
+    fail(f"cannot read {path}: {one_line(e)}; re-download or re-save the checkpoint")
   return {k: (v.float() if v.is_floating_point() else v).numpy() for k, v in state.items()}
 
 
@@ -80,7 +80,7 @@ def read_hf_config(model_dir: PathLike) -> dict[str, Any]:
   try:
     hf = json.loads(path.read_text())
   except (ValueError, OSError) as e:
-    fail(f"cannot read {path}: {_one_line(e)}; it must be a transformers config.json")
+    fail(f"cannot read {path}: {one_line(e)}; it must be a transformers config.json")
   if not isinstance(hf, dict):
     fail(f"{path} is not a JSON object; it must be a transformers config.json")
   return hf
@@ -98,7 +98,7 @@ def read_hf_weights(model_dir: PathLike) -> dict[str, np.ndarray]:
       try:
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
       except (ValueError, KeyError, OSError) as e:
-        fail(f"cannot read {index}: {_one_line(e)}; re-download the checkpoint")
+        fail(f"cannot read {index}: {one_line(e)}; re-download the checkpoint")
       out = {}
       for shard in shards:
         if not (d / shard).is_file():

@@ -25,9 +25,9 @@ import jax
 import numpy as np
 
 from bertjax import checkpoints, paths, run_files
-from bertjax.convert.models import _check_tree
-from bertjax.convert.readers import _one_line
-from bertjax.convert.workdirs import Converted, _to_numpy, load_workdir
+from bertjax.convert.models import check_tree
+from bertjax.convert.readers import one_line
+from bertjax.convert.workdirs import Converted, to_numpy, load_workdir
 from bertjax.errors import UserError, fail
 from bertjax.metrics import glue
 from bertjax.models.config import ModelConfig
@@ -106,7 +106,7 @@ def read_source(path: PathLike, step: int | None = None) -> Source:
   if (d / "config.json").is_file() and (d / "checkpoints").is_dir():
     config = _read_config(d)
     found, params = checkpoints.restore_checkpoint_params(d, step)
-    return _from_training(config, _to_numpy(params), "training", found, d, d)
+    return _from_training(config, to_numpy(params), "training", found, d, d)
   fail(f"{d} is not a bertjax model folder: it has no model.json (from-hf), config.json + "
        "checkpoints/ (a training workdir) or best.json + params/ (a best/ folder)")
 
@@ -130,7 +130,7 @@ def _read_config(d: paths.Path) -> dict[str, Any]:
     config = json.loads(path.read_text(encoding="utf-8"))
     ModelConfig.from_dict({**config["model"], "kernels": "auto"})
   except (ValueError, KeyError, TypeError) as e:
-    fail(f"cannot read {path} ({_one_line(e)}); it may be truncated: copy it again from where "
+    fail(f"cannot read {path} ({one_line(e)}); it may be truncated: copy it again from where "
          "the run was made")
   except UserError as e:  # a setting of the wrong type or value: name the file it came from
     fail(f"{path}: {e}")
@@ -139,11 +139,11 @@ def _read_config(d: paths.Path) -> dict[str, Any]:
 
 def _restore(path: paths.Path) -> dict[str, Any]:
   try:
-    return _to_numpy(checkpoints.restore_params(path.parent))
+    return to_numpy(checkpoints.restore_params(path.parent))
   except UserError:
     raise
   except Exception as e:  # pylint: disable=broad-except
-    fail(f"cannot restore {path}: {_one_line(e)}; the folder is damaged")
+    fail(f"cannot restore {path}: {one_line(e)}; the folder is damaged")
 
 
 def _best_step(d: paths.Path) -> int | None:
@@ -159,7 +159,7 @@ def _recorded_task(c: Converted, d: paths.Path) -> TaskHead:
     t["layers"] = tuple(t.get("layers", (-4, -3, -2, -1)))
     task = TaskHead(**t)
   except (TypeError, ValueError) as e:
-    fail(f"cannot read the task head in {d / 'model.json'} ({_one_line(e)}); write it again")
+    fail(f"cannot read the task head in {d / 'model.json'} ({one_line(e)}); write it again")
   kernels = [np.shape(v) for k, v in jax.tree_util.tree_leaves_with_path(c.params[task.name])
              if jax.tree_util.keystr(k).endswith("['kernel']")]
   if not kernels or kernels[-1][-1] != task.num_labels:
@@ -199,7 +199,7 @@ def _from_training(config: dict[str, Any], params: dict[str, Any], kind: str, st
     source.kind = "fine-tuning" if kind == "training" else kind
     where = f"{d} [{objective} model]"
     # The task model's tree: encoder + its head, checked like a converted one.
-    _check_tree({"encoder": params["encoder"]}, cfg, (), where, str(run / "config.json"))
+    check_tree({"encoder": params["encoder"]}, cfg, (), where, str(run / "config.json"))
     extra = sorted(set(params) - {"encoder", source.task.name, "scalar_mix"})
     if extra:
       fail(f"{where}: unexpected parameters {', '.join(extra)}; is this a bertjax run?")
@@ -217,7 +217,7 @@ def _from_training(config: dict[str, Any], params: dict[str, Any], kind: str, st
   source.converted.heads = heads
   if cfg.use_pooler and "pair" not in heads:
     source.untrained = ("pooler",)  # no loss of this objective reads it
-  _check_tree(params, cfg, heads, str(d), str(run / "config.json"))
+  check_tree(params, cfg, heads, str(d), str(run / "config.json"))
   if generator is not None:
     source.converted.generator = _generator(config, cfg, params, generator, d, run)
     source.converted.part = "both"
@@ -233,5 +233,5 @@ def _generator(config: dict[str, Any], cfg: ModelConfig, params: dict[str, Any],
                              e.get("generator_layer_fraction", 1.0))
   tree = {"encoder": {**generator["encoder"], "embeddings": params["encoder"]["embeddings"]},
           "mlm": generator["mlm"]}
-  _check_tree(tree, gen_cfg, ("mlm",), str(d) + " [generator]", str(run / "config.json"))
+  check_tree(tree, gen_cfg, ("mlm",), str(d) + " [generator]", str(run / "config.json"))
   return Converted(gen_cfg, tree, ("mlm",), hf_model_type="electra", part="generator")

@@ -14,12 +14,12 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 import orbax.checkpoint as ocp
 
-from bertjax import paths
+from bertjax import checkpoints, paths
 from bertjax.convert.hf_configs import ELECTRA_PARTS, hf_config_to_model_config
 from bertjax.convert import hf_tokenizer
-from bertjax.convert.models import _check_tree, _fresh_part
+from bertjax.convert.models import check_tree, fresh_part
 from bertjax.convert.names import architecture_heads, hf_to_params
-from bertjax.convert.readers import _one_line, read_hf_config, read_hf_weights
+from bertjax.convert.readers import one_line, read_hf_config, read_hf_weights
 from bertjax.errors import UserError, fail
 from bertjax.models.config import ModelConfig
 
@@ -93,13 +93,13 @@ def load_hf(model_dir: PathLike, part: str | None = None, heads: bool = True) ->
          "the word embeddings, so only tied checkpoints convert")
   params, missing, ignored = hf_to_params(sd, cfg, want)
   for i, name in enumerate(missing):
-    fresh = _fresh_part(cfg, name, i)
+    fresh = fresh_part(cfg, name, i)
     if name == "pooler":
       params["encoder"]["pooler"] = fresh
     else:
       params[name] = fresh
-  params = _to_numpy(params)
-  _check_tree(params, cfg, want, str(d), str(d / "config.json"))
+  params = to_numpy(params)
+  check_tree(params, cfg, want, str(d), str(d / "config.json"))
   return Converted(cfg, params, want, tuple(missing), tuple(ignored), cfg.architecture, part)
 
 
@@ -114,13 +114,13 @@ def _local_copy(model_dir: PathLike) -> pathlib.Path:
   return paths.reading(d)
 
 
-def _to_numpy(tree: Any) -> Any:
+def to_numpy(tree: Any) -> Any:
   if isinstance(tree, Mapping):
-    return {k: _to_numpy(v) for k, v in tree.items()}
+    return {k: to_numpy(v) for k, v in tree.items()}
   return np.asarray(tree, dtype=np.float32)
 
 
-def _check_target(path: PathLike, flag: str) -> paths.Path:
+def check_target(path: PathLike, flag: str) -> paths.Path:
   paths.check_output_folder(path, flag)
   path = paths.absolute(path)
   if path.exists() and (not path.is_dir() or any(path.iterdir())):
@@ -129,7 +129,7 @@ def _check_target(path: PathLike, flag: str) -> paths.Path:
 
 
 @contextlib.contextmanager
-def _staging_dir(target: paths.Path) -> Iterator[pathlib.Path]:
+def staging_dir(target: paths.Path) -> Iterator[pathlib.Path]:
   """A temporary folder beside `target`, renamed to it at the end; removed on any failure. A
   remote `target` gets a local temporary folder, uploaded on success (nothing on failure)."""
   if paths.is_remote(target):
@@ -165,7 +165,7 @@ def convert_from_hf(model_dir: PathLike, workdir: PathLike, part: str | None = N
                     log: Callable[[str], Any] = print) -> Converted:
   """Hugging Face folder -> workdir with model.json, params/ and tokenizer/ (either may be
   remote)."""
-  out = _check_target(workdir, "--workdir")
+  out = check_target(workdir, "--workdir")
   src = _local_copy(model_dir)
   c = load_hf(src, part)
   params = dict(c.params)
@@ -174,7 +174,7 @@ def convert_from_hf(model_dir: PathLike, workdir: PathLike, part: str | None = N
   if c.generator is not None:
     params["generator"] = c.generator.params
     meta["generator"] = _model_entry(c.generator)
-  with _staging_dir(out) as tmp:
+  with staging_dir(out) as tmp:
     _save_params(tmp / "params", params)
     tok_src = src / "discriminator" if c.part == "both" else src
     copied = hf_tokenizer.copy_files(tok_src, tmp / "tokenizer")
@@ -214,16 +214,17 @@ def load_workdir(workdir: PathLike) -> Converted:
     task_trees = ((str(task["name"]),) + (("scalar_mix",) if task.get("features") == "scalar_mix"
                                           else ())) if task else ()
   except (ValueError, KeyError, TypeError) as e:
-    fail(f"cannot read {meta_path}: {_one_line(e)}; re-run the conversion")
+    fail(f"cannot read {meta_path}: {one_line(e)}; re-run the conversion")
   except UserError as e:  # a setting of the wrong type or value: name the file it came from
     fail(f"{meta_path}: {e}; fix it or re-run the conversion")
   if not (d / "params").is_dir():
     fail(f"{d / 'params'} not found; re-run the conversion")
   try:
-    params = ocp.StandardCheckpointer().restore(d / "params")
+    with checkpoints.draining_event_loops():
+      params = ocp.StandardCheckpointer().restore(d / "params")
   except Exception as e:  # pylint: disable=broad-except
-    fail(f"cannot restore {d / 'params'}: {_one_line(e)}; re-run the conversion")
-  params = _to_numpy(params)
+    fail(f"cannot restore {d / 'params'}: {one_line(e)}; re-run the conversion")
+  params = to_numpy(params)
   # A fine-tuning head (a pruned classifier, bertjax.prune) is checked by its reader
   # (sources.read_source); a tree model.json does not describe is set aside and named.
   unnamed = tuple(sorted(set(params) - {"encoder", "generator", *heads, *task_trees}))
@@ -237,10 +238,10 @@ def load_workdir(workdir: PathLike) -> Converted:
     if gen_params is None:
       fail(f"{d / 'params'} has no generator tree though model.json lists one; "
            "re-run the conversion")
-    _check_tree(gen_params, gen_cfg, gen_heads, str(d / "params") + " [generator]")
+    check_tree(gen_params, gen_cfg, gen_heads, str(d / "params") + " [generator]")
     generator = Converted(gen_cfg, gen_params, gen_heads, part="generator",
                           hf_model_type=meta.get("hf_model_type", gen_cfg.architecture))
-  _check_tree(params, cfg, heads, str(d / "params"))
+  check_tree(params, cfg, heads, str(d / "params"))
   absent = [k for k in task_trees if k not in task_params]
   if absent:
     fail(f"{d / 'params'} has no {absent[0]} tree though model.json names that task head; "

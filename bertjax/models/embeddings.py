@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
-from bertjax.models.layers import _layer_norm, dense_init
+from bertjax.models.layers import make_layer_norm, dense_init
 
 Array = jax.Array
 
@@ -89,7 +89,7 @@ class Embeddings(nn.Module):
     self.word_embeddings = embed(cfg.vocab_size, ("vocab", "embed"))
     self.position_embeddings = embed(cfg.max_position_embeddings, (None, "embed"))
     self.token_type_embeddings = embed(cfg.type_vocab_size, (None, "embed"), one_hot_rows=one_hot)
-    self.layer_norm = _layer_norm(cfg, "layer_norm")
+    self.layer_norm = make_layer_norm(cfg, "layer_norm")
     self.dropout = Dropout(cfg.hidden_dropout_prob, kernels.dropout_for_model(cfg))
 
   def __call__(self, input_ids, token_type_ids, position_ids, deterministic: bool):

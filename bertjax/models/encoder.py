@@ -24,7 +24,7 @@ from bertjax.models.attention import (AttentionMask, attention_implementation, a
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
 from bertjax.models.embeddings import Embeddings, position_ids_for
-from bertjax.models.layers import _dense, _layer_norm, activation
+from bertjax.models.layers import make_dense, make_layer_norm, activation
 
 Array = jax.Array
 
@@ -71,9 +71,9 @@ class SelfAttention(nn.Module):
     cfg = self.config
     keys = x if keys is None else keys
     heads = (self.num_heads or cfg.num_attention_heads, cfg.head_dim)
-    q = _dense(heads, ("embed", "heads", "kv"), "query", cfg)(x)
-    k = _dense(heads, ("embed", "heads", "kv"), "key", cfg)(keys)
-    v = _dense(heads, ("embed", "heads", "kv"), "value", cfg)(keys)
+    q = make_dense(heads, ("embed", "heads", "kv"), "query", cfg)(x)
+    k = make_dense(heads, ("embed", "heads", "kv"), "key", cfg)(keys)
+    v = make_dense(heads, ("embed", "heads", "kv"), "value", cfg)(keys)
     rate = cfg.attention_probs_dropout_prob
     raw_scores = None
     if (deterministic or rate == 0.0) and not output_attentions:
@@ -95,7 +95,7 @@ class SelfAttention(nn.Module):
       out, raw_scores = explicit_attention(q, k, v, mask.keys, drop)
     if self.has_variable("params", "head_mask"):
       out = out * self.get_variable("params", "head_mask").astype(out.dtype)[:, None]
-    out = _dense(cfg.hidden_size, ("heads", "kv", "embed"), "output", cfg, axis=(-2, -1))(out)
+    out = make_dense(cfg.hidden_size, ("heads", "kv", "embed"), "output", cfg, axis=(-2, -1))(out)
     return (out, raw_scores) if output_attentions else out
 
 
@@ -156,10 +156,10 @@ class TransformerLayer(nn.Module):
     drop = lambda y: Dropout(cfg.hidden_dropout_prob, kernels.dropout_for_model(cfg))(
         y, deterministic=deterministic)
     attention = SelfAttention(cfg, self.num_heads, name="attention")
-    attn_ln = _layer_norm(cfg, "attention_layer_norm")
-    out_ln = _layer_norm(cfg, "output_layer_norm")
-    intermediate = _dense(cfg.intermediate_size, ("embed", "mlp"), "intermediate", cfg)
-    output = _dense(cfg.hidden_size, ("mlp", "embed"), "output", cfg)
+    attn_ln = make_layer_norm(cfg, "attention_layer_norm")
+    out_ln = make_layer_norm(cfg, "output_layer_norm")
+    intermediate = make_dense(cfg.intermediate_size, ("embed", "mlp"), "intermediate", cfg)
+    output = make_dense(cfg.hidden_size, ("mlp", "embed"), "output", cfg)
     # Rematerialized where the platform's kernels say so: the backward pass recomputes the
     # activation's internals from its input (one [tokens, intermediate] buffer less per layer).
     act = activation(cfg.hidden_act)
@@ -226,7 +226,8 @@ class Encoder(nn.Module):
     else:
       self.embeddings = Embeddings(cfg)
     if has_embedding_projection(cfg):
-      self.embedding_projection = _dense(cfg.hidden_size, ("embed_in", "embed"), "embedding_projection", cfg)
+      self.embedding_projection = make_dense(cfg.hidden_size, ("embed_in", "embed"),
+                                             "embedding_projection", cfg)
     layer_cls = TransformerLayer
     if cfg.remat:
       policy = {"full": None,
@@ -241,9 +242,9 @@ class Encoder(nn.Module):
       self.layers = [layer_cls(cfg, cfg.layer_heads(g) if cfg.pruned_heads else None,
                                name=f"layer_{g}") for g in range(cfg.num_groups)]
     if cfg.pre_layer_norm:
-      self.final_layer_norm = _layer_norm(cfg, "final_layer_norm")
+      self.final_layer_norm = make_layer_norm(cfg, "final_layer_norm")
     if cfg.use_pooler:
-      self.pooler = _dense(cfg.hidden_size, ("embed", "embed_out"), "pooler", cfg)
+      self.pooler = make_dense(cfg.hidden_size, ("embed", "embed_out"), "pooler", cfg)
 
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, segment_ids=None,
                position_ids=None, output_positions=None, deterministic: bool = True,

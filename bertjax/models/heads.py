@@ -15,7 +15,7 @@ from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
 from bertjax.models.embeddings import Embed
 from bertjax.models.encoder import gather_positions
-from bertjax.models.layers import _dense, _layer_norm, activation
+from bertjax.models.layers import make_dense, make_layer_norm, activation
 
 
 def add_vocab_bias(logits: jax.Array, bias: jax.Array) -> jax.Array:
@@ -40,9 +40,9 @@ class MLMHead(nn.Module):
   @nn.compact
   def __call__(self, x, encoder):
     cfg = self.config
-    x = _dense(cfg.embed_size, ("embed", "embed_in"), "transform", cfg)(x)
+    x = make_dense(cfg.embed_size, ("embed", "embed_in"), "transform", cfg)(x)
     x = activation(cfg.mlm_head_act or cfg.hidden_act)(x)
-    x = _layer_norm(cfg, "layer_norm", "embed_in")(x)
+    x = make_layer_norm(cfg, "layer_norm", "embed_in")(x)
     bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),
                       (cfg.vocab_size,), jnp.float32)
     return add_vocab_bias(encoder.attend(x).astype(jnp.float32), bias)
@@ -58,7 +58,7 @@ class PairHead(nn.Module):
 
   @nn.compact
   def __call__(self, pooled):
-    return _dense(2, ("embed", None), "classifier", self.config)(pooled).astype(jnp.float32)
+    return make_dense(2, ("embed", None), "classifier", self.config)(pooled).astype(jnp.float32)
 
 
 class DiscriminatorHead(nn.Module):
@@ -68,8 +68,9 @@ class DiscriminatorHead(nn.Module):
   @nn.compact
   def __call__(self, x):
     cfg = self.config
-    x = activation(cfg.hidden_act)(_dense(cfg.hidden_size, ("embed", "embed_out"), "dense", cfg)(x))
-    return _dense(1, ("embed", None), "prediction", cfg)(x)[..., 0].astype(jnp.float32)
+    dense = make_dense(cfg.hidden_size, ("embed", "embed_out"), "dense", cfg)
+    x = activation(cfg.hidden_act)(dense(x))
+    return make_dense(1, ("embed", None), "prediction", cfg)(x)[..., 0].astype(jnp.float32)
 
 
 class ClassificationHead(nn.Module):
@@ -81,7 +82,8 @@ class ClassificationHead(nn.Module):
   def __call__(self, pooled, deterministic: bool = True):
     drop = Dropout(self.config.hidden_dropout_prob, kernels.dropout_for_model(self.config))
     pooled = drop(pooled, deterministic=deterministic)
-    return _dense(self.num_labels, ("embed", None), "classifier", self.config)(pooled).astype(jnp.float32)
+    classifier = make_dense(self.num_labels, ("embed", None), "classifier", self.config)
+    return classifier(pooled).astype(jnp.float32)
 
 
 class TokenHead(nn.Module):
@@ -93,7 +95,8 @@ class TokenHead(nn.Module):
   def __call__(self, x, deterministic: bool = True):
     drop = Dropout(self.config.hidden_dropout_prob, kernels.dropout_for_model(self.config))
     x = drop(x, deterministic=deterministic)
-    return _dense(self.num_labels, ("embed", None), "classifier", self.config)(x).astype(jnp.float32)
+    classifier = make_dense(self.num_labels, ("embed", None), "classifier", self.config)
+    return classifier(x).astype(jnp.float32)
 
 
 class SpanBoundaryHead(nn.Module):
@@ -122,12 +125,12 @@ class SpanBoundaryHead(nn.Module):
                      name="position_embeddings")(offset)
     x = jnp.concatenate([left, right, position.astype(left.dtype)], axis=-1)
     act = activation("gelu")
-    x = _dense(cfg.hidden_size, (None, "embed"), "dense_0", cfg)(x)
-    x = _layer_norm(cfg, "layer_norm_0")(act(x))
+    x = make_dense(cfg.hidden_size, (None, "embed"), "dense_0", cfg)(x)
+    x = make_layer_norm(cfg, "layer_norm_0")(act(x))
     # The second layer ends in the embedding size, so the tied decoder applies to ALBERT-style
     # factorized embeddings too (SpanBERT's own sizes have embed_size == hidden_size).
-    x = _dense(cfg.embed_size, ("embed", "embed_in"), "dense_1", cfg)(x)
-    x = _layer_norm(cfg, "layer_norm_1", "embed_in")(act(x))
+    x = make_dense(cfg.embed_size, ("embed", "embed_in"), "dense_1", cfg)(x)
+    x = make_layer_norm(cfg, "layer_norm_1", "embed_in")(act(x))
     bias_init = nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",))
     bias = self.param("bias", bias_init, (cfg.vocab_size,), jnp.float32)
     return add_vocab_bias(encoder.attend(x).astype(jnp.float32), bias)

@@ -75,7 +75,7 @@ class Dense(nn.Module):
     return y.reshape(lead + out) + bias.astype(self.dtype)
 
 
-def _dense(features, names, name, cfg: ModelConfig, axis=-1):
+def make_dense(features, names, name, cfg: ModelConfig, axis=-1):
   num_in = len(axis) if isinstance(axis, tuple) else 1
   return Dense(features, tuple(names), num_in=num_in, dtype=cfg.compute_dtype,
                flat=kernels.for_model(cfg).flat_dense, name=name)
@@ -142,6 +142,6 @@ class LayerNorm(nn.Module):
     return norm(x.astype(self.dtype), scale, bias, self.epsilon)
 
 
-def _layer_norm(cfg: ModelConfig, name: str, axis_name: str = "embed"):
+def make_layer_norm(cfg: ModelConfig, name: str, axis_name: str = "embed"):
   return LayerNorm(cfg.layer_norm_eps, cfg.compute_dtype, axis_name,
                    kernels.for_model(cfg).layer_norm_vjp, name=name)

@@ -55,7 +55,7 @@ from bertjax.objective import Objective
 from bertjax.objectives.distill_losses import distill_denominators, distillation_terms
 from bertjax.objectives.distill_settings import (SHAPE_FIELDS, Settings, init_layer_sources,
                                                  parse_layer_map)
-from bertjax.objectives.teacher import Teacher, _flat, check_tokenizers
+from bertjax.objectives.teacher import Teacher, check_tokenizers, flat_paths
 from bertjax.tasks import base as task_base
 from bertjax.tasks import glue as glue_task
 
@@ -133,9 +133,9 @@ class _Distillation:
 
   def _copy_teacher(self, boxed):
     """The student's params with embeddings, head and the chosen layers taken from the teacher."""
-    teacher = _flat(self.teacher.params)
+    teacher = flat_paths(self.teacher.params)
     out = {}
-    for key, leaf in _flat(boxed).items():
+    for key, leaf in flat_paths(boxed).items():
       parts = key.split("/")
       if parts[0] == "distill_proj":
         out[key] = leaf

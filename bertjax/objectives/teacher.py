@@ -37,7 +37,7 @@ def _teacher_model_fields(path: pathlib.Path, depth: int = 0) -> dict:
   return dict(experiment["model"])
 
 
-def _flat(tree) -> dict[str, Any]:
+def flat_paths(tree) -> dict[str, Any]:
   return flax.traverse_util.flatten_dict(tree, sep="/")
 
 
@@ -99,8 +99,8 @@ class Teacher:
     restored = {k: restored[k] for k in wanted}
     abstract = jax.eval_shape(lambda r: self.model.init(r, **init_inputs)["params"],
                               jax.random.key(0))
-    shapes = {k: tuple(v.shape) for k, v in _flat(nn.meta.unbox(abstract)).items()}
-    got = {k: tuple(np.shape(v)) for k, v in _flat(restored).items()}
+    shapes = {k: tuple(v.shape) for k, v in flat_paths(nn.meta.unbox(abstract)).items()}
+    got = {k: tuple(np.shape(v)) for k, v in flat_paths(restored).items()}
     for key, shape in shapes.items():
       if got.get(key) != shape:
         fail(f"{where}: its params do not fit its model config ({key}: "

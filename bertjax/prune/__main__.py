@@ -21,7 +21,7 @@ import shlex
 import sys
 from typing import Sequence
 
-from bertjax import checkpoints, paths
+from bertjax import checkpoints, paths, xla_defaults
 from bertjax.errors import ArgumentParser, doc_summary, fail, run_cli
 from bertjax.prune import flow, magnitude, table
 from bertjax.prune.session import Session
@@ -84,4 +84,5 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
+  xla_defaults.apply()  # before JAX starts a backend
   run_cli(main)

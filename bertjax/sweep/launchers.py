@@ -53,7 +53,7 @@ def tpu_point_command(sweep: Sweep, point: Point, workdir: str, tpu: str, zone: 
           _remote_launch(sweep, point, workdir)]
 
 
-def _host_address(host: str) -> str:
+def host_address(host: str) -> str:
   return host.rpartition("@")[2]
 
 
@@ -70,7 +70,7 @@ def hosts_install_commands(hosts: Sequence[str]) -> list[list[str]]:
 def hosts_point_commands(sweep: Sweep, point: Point, workdir: str,
                          hosts: Sequence[str]) -> list[list[str]]:
   """One ssh command per host, run together: process i of len(hosts), coordinator on hosts[0]."""
-  coordinator = f"{_host_address(hosts[0])}:{COORDINATOR_PORT}"
+  coordinator = f"{host_address(hosts[0])}:{COORDINATOR_PORT}"
   commands = []
   for i, host in enumerate(hosts):
     env = (f"JAX_COORDINATOR_ADDRESS={coordinator} JAX_NUM_PROCESSES={len(hosts)} "

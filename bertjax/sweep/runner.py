@@ -19,9 +19,9 @@ from typing import Any, Callable, Sequence
 
 from bertjax import paths, run_files
 from bertjax.errors import fail
-from bertjax.sweep.launchers import (_host_address, hosts_install_commands, hosts_point_commands,
+from bertjax.sweep.launchers import (host_address, hosts_install_commands, hosts_point_commands,
                                      local_command, tpu_install_commands, tpu_point_command)
-from bertjax.sweep.spec import REPO, Point, Sweep, _plain, load_sweep
+from bertjax.sweep.spec import REPO, Point, Sweep, load_sweep, plain_value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,7 +179,7 @@ def _plan(sweep: Sweep, local_dir: paths.Path, mode: str,
   return {
       "sweep": sweep.path, "arg": sweep.arg, "config": sweep.config, "workdir": str(local_dir),
       "mode": mode,
-      "points": [{"name": p.name, "overrides": {k: _plain(v) for k, v in p.overrides.items()},
+      "points": [{"name": p.name, "overrides": {k: plain_value(v) for k, v in p.overrides.items()},
                   "workdir": str(local_dir / p.name), "total_steps": p.total_steps,
                   "resolved": p.resolved,
                   "command": " ; ".join(shlex.join(c) for c in commands[p.name])}
@@ -277,7 +277,7 @@ def run_sweep(path: str, workdir: str | os.PathLike, dry_run: bool = False, tpu:
   with _Stop() as stop:
     for i, (point, entry) in enumerate(todo, 1):
       point_dir = local_dir / point.name
-      logs = [point_dir / "log.txt"] + [point_dir / f"log.{_host_address(h)}.txt"
+      logs = [point_dir / "log.txt"] + [point_dir / f"log.{host_address(h)}.txt"
                                         for h in hosts[1:]]
       line = _run_point(point, entry, commands[point.name], logs, stop,
                         None if remote else REPO, save)

@@ -195,7 +195,7 @@ def load_sweep(spec: str, overrides: Sequence[str] = (), also_check: Sequence[st
     if config.get("seeds"):
       fail(f"{where}: point {name} sets seeds={tuple(config.seeds)}; sweep over 'seed' instead "
            f"so each seed is its own point")
-    resolved = {k: _plain(config[k]) for k in RESOLVED_KEYS if k in config}
+    resolved = {k: plain_value(config[k]) for k in RESOLVED_KEYS if k in config}
     points.append(Point(name=name, overrides=overrides_, args=[f"--config.{a}" for a in args],
                         total_steps=int(config.get("total_steps", 0) or 0), resolved=resolved))
   return Sweep(path=path, arg=arg, config=config_spec, points=points)
@@ -208,5 +208,5 @@ def _with_where(where: str, fn, *args):
     raise UserError(f"{where}: {e}") from None
 
 
-def _plain(value: Any) -> Any:
+def plain_value(value: Any) -> Any:
   return list(value) if isinstance(value, tuple) else value

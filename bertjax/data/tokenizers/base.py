@@ -33,7 +33,7 @@ ROBERTA_SPECIALS = {"pad": "<pad>", "unk": "<unk>", "cls": "<s>", "sep": "</s>",
 
 # Byte-level BPE spells a leading space as 'Ġ'; a leading newline, tab or carriage return as
 # 'Ċ', 'ĉ', 'č'. Any of them means the token starts a new word.
-_BYTE_LEVEL_WORD_STARTS = ("Ġ", "Ċ", "ĉ", "č")
+BYTE_LEVEL_WORD_STARTS = ("Ġ", "Ċ", "ĉ", "č")
 
 
 class Tokenizer(abc.ABC):
@@ -144,7 +144,7 @@ class Tokenizer(abc.ABC):
             f"lowercase={self.lowercase})")
 
 
-def _byte_to_char(text: str) -> list[int]:
+def byte_to_char_index(text: str) -> list[int]:
   """For each UTF-8 byte offset 0..len(bytes) of `text`, the index of the character it falls in.
 
   Offsets inside a multi-byte character map to that character; len(bytes) maps to len(text).
@@ -156,7 +156,7 @@ def _byte_to_char(text: str) -> list[int]:
   return out
 
 
-def _trim_span(text: str, start: int, end: int) -> tuple[int, int]:
+def trim_span(text: str, start: int, end: int) -> tuple[int, int]:
   """[start, end) without leading/trailing whitespace; an all-space span becomes empty at end."""
   while start < end and text[start].isspace():
     start += 1

@@ -10,8 +10,8 @@ from typing import Iterable, Iterator, Sequence
 import sentencepiece as spm
 
 from bertjax import errors, paths
-from bertjax.data.tokenizers.base import (SPM_FILE, SPM_SPECIALS, Tokenizer, _byte_to_char,
-                                          _trim_span)
+from bertjax.data.tokenizers.base import (SPM_FILE, SPM_SPECIALS, Tokenizer, byte_to_char_index,
+                                          trim_span)
 
 # sentencepiece's messages for a vocabulary size the corpus cannot fill or needs more than.
 _TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
@@ -55,11 +55,11 @@ class SentencePieceTokenizer(Tokenizer):
     # The proto's pieces carry begin/end as UTF-8 byte offsets into the original input
     # (sentencepiece tracks them through its normalizer); map them to character offsets.
     proto = self._sp.encode(text, return_type="proto")
-    byte_to_char = _byte_to_char(text)
+    byte_to_char = byte_to_char_index(text)
     ids, offsets = [], []
     for piece in proto.pieces:
       ids.append(int(piece.id))
-      offsets.append(_trim_span(text, byte_to_char[piece.begin], byte_to_char[piece.end]))
+      offsets.append(trim_span(text, byte_to_char[piece.begin], byte_to_char[piece.end]))
     return ids, offsets
 
   def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:

@@ -12,8 +12,8 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from bertjax import errors, paths
 from bertjax.data.tokenizers.base import (BERT_SPECIALS, BPE_MERGES, BPE_VOCAB, ROBERTA_SPECIALS,
-                                          Tokenizer, WORDPIECE_VOCAB, _BYTE_LEVEL_WORD_STARTS,
-                                          _trim_span)
+                                          Tokenizer, WORDPIECE_VOCAB, BYTE_LEVEL_WORD_STARTS,
+                                          trim_span)
 
 
 class _HFTokenizer(Tokenizer):
@@ -37,9 +37,9 @@ class _HFTokenizer(Tokenizer):
 
   def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
     # `tokenizers` aligns through its normalizer, so offsets are characters of `text`; byte-level
-    # BPE includes the leading space in a 'Ġ' token's span, which _trim_span removes.
+    # BPE includes the leading space in a 'Ġ' token's span, which trim_span removes.
     encoding = self._tok.encode(text, add_special_tokens=False)
-    return list(encoding.ids), [_trim_span(text, a, b) for a, b in encoding.offsets]
+    return list(encoding.ids), [trim_span(text, a, b) for a, b in encoding.offsets]
 
   def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
     return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
@@ -130,7 +130,7 @@ class ByteLevelBPETokenizer(_HFTokenizer):
         for name, t in ROBERTA_SPECIALS.items()])
 
   def _is_word_start(self, token: str) -> bool:
-    return token.startswith(_BYTE_LEVEL_WORD_STARTS)
+    return token.startswith(BYTE_LEVEL_WORD_STARTS)
 
   def _save_files(self, directory: pathlib.Path) -> None:
     for src, name in ((self._vocab_file, BPE_VOCAB), (self._merges_file, BPE_MERGES)):
