@@ -47,7 +47,7 @@ import tempfile
 import time
 
 from bertjax import config_lib, metric_writers, paths
-from bertjax.errors import fail
+from bertjax.errors import UserError, fail
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SETS_DIR = REPO / "experiments" / "ablations"
@@ -143,7 +143,9 @@ def load_spec(name: str) -> dict:
       fail(f"ablation spec {path}: not valid JSON ({e})")
   elif path.suffix == ".py":
     try:
-      module = config_lib.load_module(path)
+      module = config_lib.load_module(path, kind="ablation spec")
+    except UserError:
+      raise  # a syntax error: already one line naming the file and line
     except Exception as e:  # pylint: disable=broad-except  # any error in the user's file
       fail(f"ablation spec {path}: {type(e).__name__}: {e}")
     if not hasattr(module, "VARIANTS"):

@@ -23,7 +23,8 @@ def load_module(file: pathlib.Path, kind: str = "config"):
   """The Python file `file` (a `kind` file: a config, a sweep, or a helper such as
   configs/common.py) as a module. A syntax error in it (or in a file it imports) is one line
   naming the file and line."""
-  module_spec = importlib.util.spec_from_file_location(f"bertjax_{kind}_{file.stem}", file)
+  module_spec = importlib.util.spec_from_file_location(
+      f"bertjax_{kind.replace(' ', '_')}_{file.stem}", file)
   module = importlib.util.module_from_spec(module_spec)
   try:
     module_spec.loader.exec_module(module)

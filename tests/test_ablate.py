@@ -62,7 +62,7 @@ def test_spec_files_that_do_not_parse_fail_in_one_line(tmp_path):
   (tmp_path / "bad.py").write_text("BASE = {}\n")
   (tmp_path / "broken.py").write_text("VARIANTS = [\n")
   for name, message in (("bad.json", "not valid JSON"), ("bad.py", "define VARIANTS"),
-                        ("broken.py", "SyntaxError"), ("nope", "no such file or named set")):
+                        ("broken.py", r"broken.py:1: .*syntax error in the ablation spec file"), ("nope", "no such file or named set")):
     with pytest.raises(UserError, match=message) as e:
       ablate.load_spec(str(tmp_path / name) if name != "nope" else name)
     assert "\n" not in str(e.value)
