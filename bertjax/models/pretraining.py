@@ -7,10 +7,16 @@ import flax.linen as nn
 from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import Encoder
 from bertjax.models.heads import MLMHead, PairHead
+from bertjax.models.modernbert import ModernBertEncoder, ModernBertMLMHead, refuse_pair_head
+
+
+def encoder_for(cfg: ModelConfig) -> nn.Module:
+  """The encoder module of `cfg.architecture`: ModernBERT's, or the BERT family's."""
+  return ModernBertEncoder(cfg) if cfg.architecture == "modernbert" else Encoder(cfg)
 
 
 class PretrainingModel(nn.Module):
-  """BERT (MLM + NSP), ALBERT (MLM + SOP), RoBERTa/SpanBERT (MLM only).
+  """BERT (MLM + NSP), ALBERT (MLM + SOP), RoBERTa/SpanBERT/ModernBERT (MLM only).
 
   Returns a dict: `mlm_logits` <float32>[batch, predictions, vocab] at `masked_positions`,
   `pair_logits` <float32>[batch, 2] when `pair_head`, and the encoder's `output` (whose
@@ -21,9 +27,11 @@ class PretrainingModel(nn.Module):
   pair_head: bool = True
 
   def setup(self):
-    self.encoder = Encoder(self.config)
-    self.mlm = MLMHead(self.config)
+    self.encoder = encoder_for(self.config)
+    modern = self.config.architecture == "modernbert"
+    self.mlm = ModernBertMLMHead(self.config) if modern else MLMHead(self.config)
     if self.pair_head:
+      refuse_pair_head(self.config)
       self.pair = PairHead(self.config)
 
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None, masked_positions=None, *,
