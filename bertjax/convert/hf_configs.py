@@ -110,6 +110,40 @@ def hf_config_to_model_config(hf: Mapping[str, Any]) -> ModelConfig:
   return ModelConfig(**fields)
 
 
+# ModernBertConfig's keys that ModelConfig holds under the same name, and the values
+# ModernBertConfig gives those a config.json leaves out.
+MODERNBERT_FIELDS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+    "max_position_embeddings", "pad_token_id", "hidden_activation", "norm_eps", "norm_bias",
+    "attention_bias", "mlp_bias", "decoder_bias", "classifier_activation", "classifier_bias",
+    "global_rope_theta", "local_rope_theta", "global_attn_every_n_layers", "local_attention",
+    "attention_dropout", "embedding_dropout", "mlp_dropout", "initializer_range",
+    "initializer_cutoff_factor")
+_MODERNBERT_DEFAULTS = dict(vocab_size=50368, hidden_size=768, num_hidden_layers=22,
+                            num_attention_heads=12, intermediate_size=1152,
+                            max_position_embeddings=8192, pad_token_id=50283)
+
+
+def modernbert_model_config(hf: Mapping[str, Any]) -> ModelConfig:
+  """A transformers ModernBertConfig (config.json as a dict) -> our ModelConfig, field for field."""
+  d = {**_MODERNBERT_DEFAULTS, **{k: v for k, v in hf.items() if v is not None}}
+  if d.get("local_rope_theta", 0) is None:  # transformers: the global base then
+    d["local_rope_theta"] = d.get("global_rope_theta", 160000.0)
+  if (d.get("rope_scaling") or {}).get("rope_type", "default") != "default":
+    fail(f"rope_scaling={d['rope_scaling']!r} is not supported; only default rotary embeddings")
+  fields = {k: d[k] for k in MODERNBERT_FIELDS if k in d}
+  for act in ("hidden_activation", "classifier_activation"):
+    if act in fields:
+      fields[act] = _ACT_ALIASES.get(fields[act], fields[act])
+  return ModelConfig(architecture="modernbert", use_pooler=False, type_vocab_size=1,
+                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **fields)
+
+
+def modernbert_hf_config(cfg: ModelConfig) -> dict[str, Any]:
+  """Our ModernBERT ModelConfig -> ModernBertConfig's keys (a config.json dict)."""
+  return {"model_type": "modernbert", **{k: getattr(cfg, k) for k in MODERNBERT_FIELDS}}
+
+
 def _pruned_heads_from_hf(pruned: Mapping[Any, Any], layers: int, model_type: str):
   """HF's {layer: [original head numbers]} -> one tuple per layer (() when nothing is pruned)."""
   if not pruned:

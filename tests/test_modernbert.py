@@ -1,0 +1,181 @@
+"""ModernBERT (`model.architecture="modernbert"`) against transformers' ModernBertModel and
+ModernBertForMaskedLM at random init, float32, on the CPU.
+
+Three layers with global_attn_every_n_layers=3 (layer 0 global, layers 1 and 2 local), a window
+of 8 (4 tokens each side) and rows of 33 tokens (odd, longer than the window): one row unpadded,
+two padded. Every weight, bias and LayerNorm scale is drawn at random, so a mis-mapped tensor
+cannot hide behind zero or one init. The weights cross through bertjax.convert.names'
+ModernBERT mapping, and so do the PyTorch gradients the JAX ones are compared with.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers as T
+
+from bertjax.convert.hf_configs import modernbert_hf_config, modernbert_model_config
+from bertjax.convert.names import hf_to_params, params_to_hf
+from bertjax.errors import UserError
+from bertjax.models.config import ModelConfig
+from bertjax.models.modernbert import ModernBertEncoder, window_mask
+from bertjax.models.presets import PRESETS, preset
+from bertjax.models.pretraining import PretrainingModel
+
+TOL = 1e-4
+TINY = dict(vocab_size=60, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+            intermediate_size=40, max_position_embeddings=64, pad_token_id=0,
+            global_attn_every_n_layers=3, local_attention=8, reference_compile=False)
+BIASES = dict(attention_bias=True, mlp_bias=True, norm_bias=True, classifier_bias=True)
+BATCH, SEQ = 3, 33
+LENGTHS = (33, 20, 7)  # unpadded, padded past the window, padded within it
+
+
+def randomize(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+  """Random values everywhere: transformers' init leaves biases 0 and LayerNorm scales 1."""
+  gen = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if name.endswith("norm.weight"):  # LayerNorm scales near 1
+        p.copy_(0.5 + torch.rand(p.shape, generator=gen))
+      else:
+        p.copy_(0.2 * torch.randn(p.shape, generator=gen))
+  return model.eval()
+
+
+def inputs(seed: int = 1):
+  rs = np.random.RandomState(seed)
+  mask = (np.arange(SEQ)[None, :] < np.array(LENGTHS)[:, None]).astype(np.int64)
+  ids = np.where(mask == 1, rs.randint(3, TINY["vocab_size"], (BATCH, SEQ)), 0)
+  return ids, mask
+
+
+def hf_config(**kw) -> T.ModernBertConfig:
+  return T.ModernBertConfig(**{**TINY, **kw}, attn_implementation="eager")
+
+
+def converted(hf: torch.nn.Module, cfg: ModelConfig, heads: tuple[str, ...]):
+  state = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
+  params, missing, ignored = hf_to_params(state, cfg, heads)
+  assert missing == [] and ignored == []
+  return params
+
+
+def close(ours, theirs, mask, what: str):
+  """Max abs difference at the real tokens (padding rows are nobody's output)."""
+  ours = np.asarray(ours)
+  theirs = theirs.detach().numpy() if torch.is_tensor(theirs) else theirs
+  assert ours.shape == theirs.shape, (what, ours.shape, theirs.shape)
+  diff = float(np.max(np.abs(ours - theirs)[mask.astype(bool)]))
+  assert diff < TOL, f"{what}: max abs diff {diff}"
+
+
+@pytest.fixture(scope="module", params=[{}, BIASES], ids=["no_bias", "biases"])
+def mlm_pair(request):
+  hf = randomize(T.ModernBertForMaskedLM(hf_config(**request.param)))
+  cfg = modernbert_model_config(hf.config.to_dict())
+  return hf, cfg, converted(hf, cfg, ("mlm",))
+
+
+def test_config_names_cross_field_for_field():
+  hf = hf_config(**BIASES, global_rope_theta=5e4, local_rope_theta=123.0)
+  cfg = modernbert_model_config(hf.to_dict())
+  assert (cfg.architecture, cfg.local_attention, cfg.global_rope_theta, cfg.local_rope_theta,
+          cfg.attention_bias, cfg.norm_bias) == ("modernbert", 8, 5e4, 123.0, True, True)
+  assert [cfg.is_global_layer(i) for i in range(3)] == [True, False, False]
+  back = modernbert_hf_config(cfg)
+  assert all(back[k] == getattr(hf, k) for k in back if k != "model_type")
+
+
+def test_model_hidden_states_match_transformers():
+  hf = randomize(T.ModernBertModel(hf_config()), seed=2)
+  cfg = modernbert_model_config(hf.config.to_dict())
+  params = converted(hf, cfg, ())["encoder"]
+  ids, mask = inputs()
+  with torch.no_grad():
+    ref = hf(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+             output_hidden_states=True)
+  out = ModernBertEncoder(cfg).apply({"params": params}, ids, mask, output_hidden_states=True)
+  rows = mask[..., None] * np.ones((1, 1, cfg.hidden_size))
+  close(out.last_hidden_state, ref.last_hidden_state, rows, "last_hidden_state")
+  # transformers' last entry is before the final norm; ours (as Encoder's pre-LN) after it.
+  for i in range(cfg.num_hidden_layers):
+    close(out.hidden_states[i], ref.hidden_states[i], rows, f"hidden_states[{i}]")
+
+
+def test_mlm_logits_match_transformers(mlm_pair):
+  hf, cfg, params = mlm_pair
+  ids, mask = inputs()
+  with torch.no_grad():
+    ref = hf(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits
+  every = np.broadcast_to(np.arange(SEQ), (BATCH, SEQ))
+  out = PretrainingModel(cfg, pair_head=False).apply({"params": params}, ids, mask, None, every)
+  close(out["mlm_logits"], ref, mask[..., None] * np.ones((1, 1, cfg.vocab_size)), "mlm logits")
+
+
+def test_mlm_loss_gradients_match_transformers(mlm_pair):
+  hf, cfg, params = mlm_pair
+  ids, mask = inputs()
+  positions = np.array([[0, 5, 17, 32], [1, 9, 14, 19], [0, 2, 4, 6]])  # real tokens only
+  labels = np.take_along_axis(np.random.RandomState(3).randint(0, cfg.vocab_size, ids.shape),
+                              positions, axis=1)
+  hf_labels = np.full(ids.shape, -100)
+  np.put_along_axis(hf_labels, positions, labels, axis=1)
+  hf.zero_grad()
+  hf(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+     labels=torch.tensor(hf_labels)).loss.backward()
+  theirs = {k: p.grad.numpy() for k, p in hf.named_parameters()}
+  theirs, _, _ = hf_to_params(theirs, cfg, ("mlm",))
+  model = PretrainingModel(cfg, pair_head=False)
+
+  def loss(p):
+    logits = model.apply({"params": p}, ids, mask, None, positions)["mlm_logits"]
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[..., None], -1))
+  ours = jax.grad(loss)(jax.tree.map(jnp.asarray, params))
+  flat_theirs = dict(jax.tree_util.tree_leaves_with_path(theirs))
+  for path, g in jax.tree_util.tree_leaves_with_path(ours):
+    ref = flat_theirs[path]
+    rel = float(np.max(np.abs(np.asarray(g) - ref)) / max(np.max(np.abs(ref)), 1e-12))
+    assert rel < TOL, f"gradient of {jax.tree_util.keystr(path)}: relative diff {rel}"
+
+
+def test_weights_cross_back_unchanged(mlm_pair):
+  hf, cfg, params = mlm_pair
+  back = params_to_hf(params, cfg, ("mlm",))
+  state = hf.state_dict()
+  assert set(back) == set(state) - {"decoder.weight"}  # tied to the token table
+  assert all(np.array_equal(back[k], state[k].numpy()) for k in back)
+
+
+def test_local_window_is_symmetric_and_keeps_padding():
+  keys = jnp.asarray([[1, 1, 1, 1, 1, 0]], bool)[:, None, None, :]
+  got = np.asarray(window_mask(keys, 4))[0, 0]
+  assert got[2].tolist() == [True, True, True, True, True, False]
+  assert got[0].tolist() == [True, True, True, False, False, False]
+  assert got[5].tolist() == [False, False, False, True, True, False]
+
+
+def test_presets_have_the_published_shapes():
+  base, large = preset("modernbert-base"), preset("modernbert-large")
+  assert (base.num_hidden_layers, base.hidden_size, base.intermediate_size,
+          base.num_attention_heads) == (22, 768, 1152, 12)
+  assert (large.num_hidden_layers, large.hidden_size, large.intermediate_size,
+          large.num_attention_heads) == (28, 1024, 2624, 16)
+  for name in ("modernbert-base", "modernbert-large"):
+    cfg = preset(name)
+    assert (cfg.vocab_size, cfg.local_attention, cfg.global_rope_theta, cfg.local_rope_theta,
+            cfg.max_position_embeddings) == (50368, 128, 160000.0, 10000.0, 8192)
+  assert all(PRESETS[n]["architecture"] == "modernbert" for n in PRESETS if "modernbert" in n)
+
+
+def test_nsp_and_bert_only_settings_refused():
+  cfg = preset("modernbert-tiny")
+  with pytest.raises(UserError, match="NSP/SOP"):
+    PretrainingModel(cfg, pair_head=True).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
+  with pytest.raises(UserError, match="scan_layers"):
+    cfg.replace(scan_layers=True)
+  with pytest.raises(UserError, match="local_attention"):
+    cfg.replace(local_attention=1)
