@@ -90,6 +90,7 @@ def test_config_names_cross_field_for_field():
   assert all(back[k] == getattr(hf, k) for k in back if k != "model_type")
 
 
+@pytest.mark.slow
 def test_model_hidden_states_match_transformers():
   hf = randomize(T.ModernBertModel(hf_config()), seed=2)
   cfg = modernbert_model_config(hf.config.to_dict())
@@ -116,6 +117,7 @@ def test_mlm_logits_match_transformers(mlm_pair):
   close(out["mlm_logits"], ref, mask[..., None] * np.ones((1, 1, cfg.vocab_size)), "mlm logits")
 
 
+@pytest.mark.slow
 def test_mlm_loss_gradients_match_transformers(mlm_pair):
   hf, cfg, params = mlm_pair
   ids, mask = inputs()

@@ -162,6 +162,9 @@ def model_config_to_hf_config(cfg: ModelConfig, architectures: list[str] | None 
                               ) -> dict[str, Any]:
   """Our ModelConfig -> a transformers config.json dict; settings HF cannot express fail."""
   t = cfg.architecture
+  if t == "modernbert":
+    return {**modernbert_hf_config(cfg), **({"architectures": list(architectures)}
+                                            if architectures else {})}
   if cfg.pre_layer_norm:
     fail("a pre_layer_norm model has no Hugging Face equivalent; only post-LN models export")
   if cfg.scan_layers:

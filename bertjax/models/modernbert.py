@@ -26,8 +26,8 @@ from bertjax.models.attention import (AttentionMask, attention_implementation, a
                                       explicit_attention, fused_attention)
 from bertjax.models.config import ModelConfig
 from bertjax.models.embeddings import position_ids_for
-from bertjax.models.encoder import EncoderOutput, gather_positions
-from bertjax.models.heads import add_vocab_bias
+from bertjax.models.encoder import Encoder, EncoderOutput, gather_positions
+from bertjax.models.heads import MLMHead, add_vocab_bias
 from bertjax.models.layers import activation
 
 Array = jax.Array
@@ -273,6 +273,18 @@ class ModernBertMLMHead(nn.Module):
     bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),
                       (cfg.vocab_size,), jnp.float32)
     return add_vocab_bias(logits, bias)
+
+
+def encoder_for(cfg: ModelConfig, **kwargs) -> nn.Module:
+  """The encoder module of `cfg.architecture`: ModernBERT's, or the BERT family's `Encoder`."""
+  return ModernBertEncoder(cfg, **kwargs) if cfg.architecture == "modernbert" else Encoder(
+      cfg, **kwargs)
+
+
+def mlm_head_for(cfg: ModelConfig, **kwargs) -> nn.Module:
+  """The MLM head of `cfg.architecture`."""
+  return ModernBertMLMHead(cfg, **kwargs) if cfg.architecture == "modernbert" else MLMHead(
+      cfg, **kwargs)
 
 
 def refuse_pair_head(cfg: ModelConfig) -> None:

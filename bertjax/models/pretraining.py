@@ -5,14 +5,8 @@ from __future__ import annotations
 import flax.linen as nn
 
 from bertjax.models.config import ModelConfig
-from bertjax.models.encoder import Encoder
-from bertjax.models.heads import MLMHead, PairHead
-from bertjax.models.modernbert import ModernBertEncoder, ModernBertMLMHead, refuse_pair_head
-
-
-def encoder_for(cfg: ModelConfig) -> nn.Module:
-  """The encoder module of `cfg.architecture`: ModernBERT's, or the BERT family's."""
-  return ModernBertEncoder(cfg) if cfg.architecture == "modernbert" else Encoder(cfg)
+from bertjax.models.heads import PairHead
+from bertjax.models.modernbert import encoder_for, mlm_head_for, refuse_pair_head
 
 
 class PretrainingModel(nn.Module):
@@ -28,8 +22,7 @@ class PretrainingModel(nn.Module):
 
   def setup(self):
     self.encoder = encoder_for(self.config)
-    modern = self.config.architecture == "modernbert"
-    self.mlm = ModernBertMLMHead(self.config) if modern else MLMHead(self.config)
+    self.mlm = mlm_head_for(self.config)
     if self.pair_head:
       refuse_pair_head(self.config)
       self.pair = PairHead(self.config)
