@@ -49,14 +49,23 @@ def out_std(cfg: ModelConfig) -> float:
   return cfg.initializer_range / math.sqrt(2.0 * cfg.num_hidden_layers)
 
 
-def _dense(cfg: ModelConfig, features, names, name: str, use_bias: bool, std=None, axis=-1):
-  return nn.DenseGeneral(
-      features, axis=axis, use_bias=use_bias, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
-      kernel_init=nn.with_logical_partitioning(truncated_init(cfg, std), names),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(),
-                                             names[-(1 if isinstance(features, int)
-                                                     else len(features)):]),
-      name=name)
+def _dense(cfg: ModelConfig, features: int, names, name: str, use_bias: bool, std=None):
+  return nn.Dense(features, use_bias=use_bias, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
+                  kernel_init=nn.with_logical_partitioning(truncated_init(cfg, std), names),
+                  bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                         names[-1:]), name=name)
+
+
+def _einsum(cfg: ModelConfig, equation: str, shape, names, name: str, use_bias: bool,
+            std=None, bias_names=None):
+  """A projection with a multi-axis kernel (q/k/v by head, GeGLU's two halves). nn.Einsum creates
+  the kernel in that shape, so its logical names hold at init (nn.DenseGeneral initializes a
+  flattened kernel, which a sharding constraint of the full rank refuses under a mesh)."""
+  return nn.Einsum(shape, equation, use_bias=use_bias, dtype=cfg.compute_dtype,
+                   param_dtype=jnp.float32,
+                   kernel_init=nn.with_logical_partitioning(truncated_init(cfg, std), names),
+                   bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                          bias_names), name=name)
 
 
 def _norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
@@ -110,8 +119,9 @@ class ModernBertAttention(nn.Module):
     """<float>[batch, seq, hidden] -> the same (and the pre-softmax scores <float>[batch, heads,
     q, k] with `output_attentions`)."""
     cfg = self.config
-    qkv = _dense(cfg, (3, cfg.num_attention_heads, cfg.head_dim), ("embed", None, "heads", "kv"),
-                 "Wqkv", cfg.attention_bias)(x)
+    heads, hidden = (cfg.num_attention_heads, cfg.head_dim), cfg.hidden_size
+    qkv = _einsum(cfg, "bse,ethd->bsthd", (hidden, 3) + heads, ("embed", None, "heads", "kv"),
+                  "Wqkv", cfg.attention_bias, bias_names=(None, "heads", "kv"))(x)
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     rate, scores = cfg.attention_dropout, None
@@ -128,8 +138,8 @@ class ModernBertAttention(nn.Module):
     else:
       drop = lambda p: nn.Dropout(rate)(p, deterministic=deterministic)
       out, scores = explicit_attention(q, k, v, mask.keys, drop)
-    out = _dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "Wo", cfg.attention_bias,
-                 out_std(cfg), axis=(-2, -1))(out)
+    out = _einsum(cfg, "bshd,hde->bse", heads + (hidden,), ("heads", "kv", "embed"), "Wo",
+                  cfg.attention_bias, out_std(cfg), bias_names=("embed",))(out)
     out = nn.Dropout(rate)(out, deterministic=deterministic)
     return (out, scores) if output_attentions else out
 
@@ -141,8 +151,9 @@ class ModernBertMLP(nn.Module):
   @nn.compact
   def __call__(self, x, deterministic: bool):
     cfg = self.config
-    h = _dense(cfg, (2, cfg.intermediate_size), ("embed", None, "mlp"), "Wi", cfg.mlp_bias)(x)
-    h = activation(cfg.hidden_activation)(h[..., 0, :]) * h[..., 1, :]
+    h = _einsum(cfg, "bse,etm->bstm", (cfg.hidden_size, 2, cfg.intermediate_size),
+                ("embed", None, "mlp"), "Wi", cfg.mlp_bias, bias_names=(None, "mlp"))(x)
+    h = activation(cfg.hidden_activation)(h[:, :, 0]) * h[:, :, 1]
     h = nn.with_logical_constraint(h, ("act_batch", "act_len", "act_mlp"))
     h = nn.Dropout(cfg.mlp_dropout)(h, deterministic=deterministic)
     return _dense(cfg, cfg.hidden_size, ("mlp", "embed"), "Wo", cfg.mlp_bias, out_std(cfg))(h)
