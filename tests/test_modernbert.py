@@ -10,6 +10,8 @@ ModernBERT mapping, and so do the PyTorch gradients the JAX ones are compared wi
 
 from __future__ import annotations
 
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,6 +19,7 @@ import pytest
 import torch
 import transformers as T
 
+from bertjax import checkpoints, config_lib, metric_writers, train
 from bertjax.convert.hf_configs import modernbert_hf_config, modernbert_model_config
 from bertjax.convert.names import hf_to_params, params_to_hf
 from bertjax.errors import UserError
@@ -25,6 +28,7 @@ from bertjax.models.modernbert import ModernBertEncoder, window_mask
 from bertjax.models.presets import PRESETS, preset
 from bertjax.models.pretraining import PretrainingModel
 
+REPO = pathlib.Path(__file__).resolve().parent.parent
 TOL = 1e-4
 TINY = dict(vocab_size=60, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
             intermediate_size=40, max_position_embeddings=64, pad_token_id=0,
@@ -181,3 +185,26 @@ def test_nsp_and_bert_only_settings_refused():
     cfg.replace(scan_layers=True)
   with pytest.raises(UserError, match="local_attention"):
     cfg.replace(local_attention=1)
+
+
+@pytest.mark.slow
+def test_trains_with_the_mlm_objective(tmp_path):
+  """The trainer end to end on synthetic rows: model.architecture=modernbert, objective mlm,
+  every dropout on (the explicit attention path, local mask included) and remat."""
+  config = config_lib.load_config_file(str(REPO / "configs/quickstart.py") + ":runlocal")
+  overrides = {"data.synthetic": True, "objective": "'mlm'", "model.architecture": "'modernbert'",
+               "model.vocab_size": 200, "model.hidden_size": 32, "model.intermediate_size": 48,
+               "model.num_attention_heads": 2, "model.num_hidden_layers": 3,
+               "model.local_attention": 8, "model.attention_dropout": 0.1,
+               "model.mlp_dropout": 0.1, "model.embedding_dropout": 0.1, "model.remat": True,
+               "max_seq_length": 24, "max_predictions_per_seq": 4, "total_steps": 4,
+               "eval_every": 4, "log_every": 2, "tensorboard": False,
+               "async_checkpointing": False}
+  config_lib.apply_overrides(config, [f"{k}={v}" for k, v in overrides.items()])
+  summary = train.train_and_evaluate(config, tmp_path)
+  assert summary["step"] == 4
+  rows = metric_writers.read_metrics(tmp_path)
+  assert [r["step"] for r in rows if r["split"] == "train"] == [2, 4]
+  assert all(np.isfinite(r["loss"]) for r in rows)
+  params = checkpoints.restore_params(tmp_path)
+  assert params["encoder"]["layer_1"]["attn"]["Wqkv"]["kernel"].shape == (32, 3, 2, 16)
