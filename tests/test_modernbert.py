@@ -156,6 +156,23 @@ def test_weights_cross_back_unchanged(mlm_pair):
   assert all(np.array_equal(back[k], state[k].numpy()) for k in back)
 
 
+def test_packed_rows_match_their_examples_run_apart():
+  """Two examples in one row (segment ids 1 and 2, then padding): positions restart at the second
+  and neither sees the other, in global and local layers alike."""
+  cfg = preset("modernbert-tiny").replace(vocab_size=60, hidden_size=32, intermediate_size=40,
+                                          num_attention_heads=4, local_attention=8)
+  model = ModernBertEncoder(cfg)
+  ids = np.random.RandomState(0).randint(1, 60, (1, 30))
+  segments = np.array([[1] * 13 + [2] * 11 + [0] * 6])
+  params = jax.jit(model.init)(jax.random.key(0), ids)["params"]
+  run = jax.jit(lambda ids, segments=None: model.apply(
+      {"params": params}, ids, segment_ids=segments).last_hidden_state[0])
+  packed = run(ids, segments)
+  for start, stop in ((0, 13), (13, 24)):
+    alone = run(ids[:, start:stop])
+    np.testing.assert_allclose(packed[start:stop], alone, atol=TOL)
+
+
 def test_local_window_is_symmetric_and_keeps_padding():
   keys = jnp.asarray([[1, 1, 1, 1, 1, 0]], bool)[:, None, None, :]
   got = np.asarray(window_mask(keys, 4))[0, 0]
