@@ -173,6 +173,21 @@ def test_packed_rows_match_their_examples_run_apart():
     np.testing.assert_allclose(packed[start:stop], alone, atol=TOL)
 
 
+@pytest.mark.slow
+def test_tpu_set_splash_window_matches_the_xla_path():
+  """model.kernels=tpu: global and local layers through splash (its LocalMask for the window), run
+  in Pallas's interpret mode here, against the CPU set's XLA path, at the real tokens."""
+  cfg = preset("modernbert-tiny").replace(vocab_size=60, hidden_size=32, intermediate_size=40,
+                                          num_attention_heads=4, local_attention=8)
+  ids, mask = inputs()
+  params = jax.jit(ModernBertEncoder(cfg).init)(jax.random.key(0), ids)["params"]
+  run = lambda c: jax.jit(lambda ids, mask: ModernBertEncoder(c).apply(
+      {"params": params}, ids, mask).last_hidden_state)(ids, mask)
+  rows = mask[..., None] * np.ones((1, 1, cfg.hidden_size))
+  close(run(cfg.replace(kernels="tpu")), np.asarray(run(cfg.replace(kernels="cpu"))), rows,
+        "splash vs xla")
+
+
 def test_local_window_is_symmetric_and_keeps_padding():
   keys = jnp.asarray([[1, 1, 1, 1, 1, 0]], bool)[:, None, None, :]
   got = np.asarray(window_mask(keys, 4))[0, 0]

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.errors import fail
-from bertjax.models import kernels
+from bertjax.models import kernels, splash
 from bertjax.models.attention import (AttentionMask, attention_implementation, attention_mask_for,
                                       explicit_attention, fused_attention)
 from bertjax.models.config import ModelConfig
@@ -106,9 +106,10 @@ def window_mask(keys: Array, window: int) -> Array:
 class ModernBertAttention(nn.Module):
   """Fused q/k/v projection, rotary embedding, attention, output projection.
 
-  `local`: a sliding-window layer. Its mask (`window_mask`) goes through XLA's attention: jax's
-  cuDNN path takes only a left window unless causal, and ModernBERT's window is symmetric.
-  Global layers take the platform's fused kernel (cuDNN, splash or XLA), as BERT's layers do.
+  `local`: a sliding-window layer. On TPUs (the splash kernel set) its window is splash's own
+  LocalMask; elsewhere its mask (`window_mask`) goes through XLA's attention: jax's cuDNN path
+  takes only a left window unless causal, and ModernBERT's window is symmetric. Global layers
+  take the platform's fused kernel (cuDNN, splash or XLA), as BERT's layers do.
   """
   config: ModelConfig
   local: bool
@@ -126,11 +127,15 @@ class ModernBertAttention(nn.Module):
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     rate, scores = cfg.attention_dropout, None
     if (deterministic or rate == 0.0) and not output_attentions:
-      if self.local:
+      impl = attention_implementation(cfg, cfg.head_dim, q.dtype, q_len=q.shape[1],
+                                      k_len=k.shape[1], splash_mask=mask.tokens is not None)
+      if self.local and impl == "splash":
+        out = splash.splash_attention(q, k, v, segment_ids=mask.q_segments,
+                                      attention_mask=mask.tokens, interpret=splash.interpret_here(),
+                                      window=cfg.local_attention // 2)
+      elif self.local:
         out = jax.nn.dot_product_attention(q, k, v, mask=mask.keys, implementation="xla")
       else:
-        impl = attention_implementation(cfg, cfg.head_dim, q.dtype, q_len=q.shape[1],
-                                        k_len=k.shape[1], splash_mask=mask.tokens is not None)
         if impl == "xla":
           mask = AttentionMask(mask.keys)
         out = fused_attention(q, k, v, mask, impl, deterministic,
@@ -239,7 +244,8 @@ class ModernBertEncoder(nn.Module):
     x = self.embeddings(input_ids, deterministic)
     x = nn.with_logical_constraint(x, ("act_batch", "act_len", "act_embed"))
     global_mask = attention_mask_for(cfg, attention_mask, segment_ids)
-    local_mask = AttentionMask(window_mask(global_mask.keys, cfg.local_attention))
+    # The global mask's other forms (tokens and segment ids) stay: splash reads them.
+    local_mask = global_mask.replace(keys=window_mask(global_mask.keys, cfg.local_attention))
     dtype = cfg.compute_dtype
     rope = {False: rope_tables(position_ids, cfg.head_dim, cfg.global_rope_theta, dtype),
             True: rope_tables(position_ids, cfg.head_dim, cfg.local_rope_theta, dtype)}
