@@ -19,7 +19,8 @@ import pytest
 import torch
 import transformers as T
 
-from bertjax import checkpoints, config_lib, metric_writers, train
+import bertjax
+from bertjax import checkpoints, config_lib, convert, metric_writers, train
 from bertjax.convert.hf_configs import modernbert_hf_config, modernbert_model_config
 from bertjax.convert.names import hf_to_params, params_to_hf
 from bertjax.errors import UserError
@@ -186,6 +187,21 @@ def test_tpu_set_splash_window_matches_the_xla_path():
   rows = mask[..., None] * np.ones((1, 1, cfg.hidden_size))
   close(run(cfg.replace(kernels="tpu")), np.asarray(run(cfg.replace(kernels="cpu"))), rows,
         "splash vs xla")
+
+
+def test_from_hf_and_to_hf_round_trip(tmp_path, mlm_pair):
+  """A ModernBertForMaskedLM folder -> bertjax workdir -> a folder transformers loads with the
+  same tensors; bertjax.from_hf gives the ModernBERT encoder."""
+  hf = mlm_pair[0]
+  hf.save_pretrained(tmp_path / "hf")
+  convert.convert_from_hf(tmp_path / "hf", tmp_path / "work", log=lambda *_: None)
+  convert.convert_to_hf(tmp_path / "work", tmp_path / "back", log=lambda *_: None)
+  back = T.ModernBertForMaskedLM.from_pretrained(tmp_path / "back")
+  want, got = hf.state_dict(), back.state_dict()
+  assert set(want) == set(got)
+  assert all(torch.equal(want[k], got[k]) for k in want)
+  model, params, cfg = bertjax.from_hf(tmp_path / "hf")
+  assert isinstance(model, ModernBertEncoder) and cfg.architecture == "modernbert"
 
 
 def test_local_window_is_symmetric_and_keeps_padding():

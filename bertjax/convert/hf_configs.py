@@ -8,7 +8,7 @@ from bertjax.errors import fail
 from bertjax.models.config import ACTIVATIONS, ModelConfig
 
 
-HF_MODEL_TYPES = ("bert", "roberta", "albert", "electra")
+HF_MODEL_TYPES = ("bert", "roberta", "albert", "electra", "modernbert")
 TOKENIZER_FILES = ("vocab.txt", "vocab.json", "merges.txt", "spiece.model", "tokenizer.json",
                    "tokenizer_config.json", "special_tokens_map.json")
 ELECTRA_PARTS = ("discriminator", "generator", "both")
@@ -46,6 +46,7 @@ _HF_CLASSES: dict[tuple[str, tuple[str, ...]], str] = {
     ("albert", ()): "AlbertModel",
     ("electra", ("rtd",)): "ElectraForPreTraining", ("electra", ("mlm",)): "ElectraForMaskedLM",
     ("electra", ()): "ElectraModel",
+    ("modernbert", ("mlm",)): "ModernBertForMaskedLM", ("modernbert", ()): "ModernBertModel",
 }
 _HEAD_ORDER = ("mlm", "pair", "rtd")
 # The class a fine-tuned model is saved as, by architecture and task head kind (absent: no
@@ -78,6 +79,8 @@ def hf_config_to_model_config(hf: Mapping[str, Any]) -> ModelConfig:
   if model_type not in HF_MODEL_TYPES:
     fail(f"unknown architecture {model_type!r}; supported: {', '.join(HF_MODEL_TYPES)} "
          "(the model_type in config.json)")
+  if model_type == "modernbert":
+    return modernbert_model_config(hf)
   # A null in config.json means "the class default" for the fields we read.
   d = {**_HF_DEFAULTS[model_type], **{k: v for k, v in hf.items() if v is not None}}
   position_type = d.get("position_embedding_type", "absolute")
