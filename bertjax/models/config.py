@@ -22,6 +22,13 @@ REMAT_POLICIES = ("full", "dots")
 # What a ModernBERT setup leaves out of the BERT family's options (bertjax.models.modernbert).
 _MODERNBERT_REFUSES = {"embedding_size": None, "num_hidden_groups": None, "scan_layers": False,
                        "pruned_heads": ()}
+# ModernBERT's numeric settings: (name, lowest value, whether that value itself is allowed).
+# Checked here, with the architecture (bertjax.config_checks ranges the settings every model reads).
+_MODERNBERT_RANGES = (
+    ("norm_eps", 0, False), ("global_rope_theta", 0, False), ("local_rope_theta", 0, False),
+    ("global_attn_every_n_layers", 1, True), ("local_attention", 2, True),
+    ("initializer_range", 0, True), ("initializer_cutoff_factor", 0, False))
+_MODERNBERT_DROPOUTS = ("attention_dropout", "embedding_dropout", "mlp_dropout")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -175,12 +182,14 @@ class ModelConfig:
       if getattr(self, name) != off:
         fail(f"model.{name} does not apply to architecture modernbert; set "
              f"--config.model.{name}={off!r}")
-    if self.global_attn_every_n_layers < 1:
-      fail(f"model.global_attn_every_n_layers={self.global_attn_every_n_layers} must be at "
-           "least 1 (1: every layer global)")
-    if self.local_attention < 2:
-      fail(f"model.local_attention={self.local_attention} must be at least 2 (the window is "
-           "local_attention // 2 tokens each side)")
+    for name, low, closed in _MODERNBERT_RANGES:
+      value = getattr(self, name)
+      if value < low or (value == low and not closed):
+        fail(f"model.{name}={value} must be {'at least' if closed else 'above'} {low}; e.g. "
+             f"--config.model.{name}={getattr(ModelConfig, name)}")
+    for name in _MODERNBERT_DROPOUTS:
+      if not 0 <= getattr(self, name) < 1:
+        fail(f"model.{name}={getattr(self, name)} must be in [0, 1); e.g. --config.model.{name}=0.0")
     if self.head_dim % 2:
       fail(f"ModernBERT's rotary embedding needs an even head size; model.hidden_size="
            f"{self.hidden_size} / num_attention_heads={self.num_attention_heads} is {self.head_dim}")
