@@ -74,13 +74,15 @@ def modernbert_entries(cfg: ModelConfig) -> list[Entry]:
     b, path = f"{p}layers.{i}.", ("encoder", f"layer_{i}")
     if i:
       out += norm(b + "attn_norm", path + ("attn_norm",))
-    out += linear(b + "attn.Wqkv", path + ("attn", "Wqkv"), ("qkv_fused_kernel", "qkv_fused_bias"), 3 * width, hidden,
-                  cfg.attention_bias)
+    out += linear(b + "attn.Wqkv", path + ("attn", "Wqkv"), ("qkv_fused_kernel", "qkv_fused_bias"),
+                  3 * width, hidden, cfg.attention_bias)
     out += linear(b + "attn.Wo", path + ("attn", "Wo"), ("attn_out_kernel", "copy"), hidden, width,
                   cfg.attention_bias)
     out += norm(b + "mlp_norm", path + ("mlp_norm",))
-    out += linear(b + "mlp.Wi", path + ("mlp", "Wi"), ("glu_kernel", "glu_bias"), 2 * inter, hidden, cfg.mlp_bias)
-    out += linear(b + "mlp.Wo", path + ("mlp", "Wo"), ("linear", "copy"), hidden, inter, cfg.mlp_bias)
+    out += linear(b + "mlp.Wi", path + ("mlp", "Wi"), ("glu_kernel", "glu_bias"), 2 * inter,
+                  hidden, cfg.mlp_bias)
+    out += linear(b + "mlp.Wo", path + ("mlp", "Wo"), ("linear", "copy"), hidden, inter,
+                  cfg.mlp_bias)
   return out + norm(p + "final_norm", ("encoder", "final_norm"))
 
 

@@ -189,10 +189,12 @@ class ModelConfig:
              f"--config.model.{name}={getattr(ModelConfig, name)}")
     for name in _MODERNBERT_DROPOUTS:
       if not 0 <= getattr(self, name) < 1:
-        fail(f"model.{name}={getattr(self, name)} must be in [0, 1); e.g. --config.model.{name}=0.0")
+        fail(f"model.{name}={getattr(self, name)} must be in [0, 1); e.g. "
+             f"--config.model.{name}=0.0")
     if self.head_dim % 2:
       fail(f"ModernBERT's rotary embedding needs an even head size; model.hidden_size="
-           f"{self.hidden_size} / num_attention_heads={self.num_attention_heads} is {self.head_dim}")
+           f"{self.hidden_size} / num_attention_heads={self.num_attention_heads} is "
+           f"{self.head_dim}")
 
   def is_global_layer(self, layer: int) -> bool:
     """ModernBERT: whether layer `layer` attends to every position (else within the window)."""

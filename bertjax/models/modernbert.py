@@ -287,8 +287,8 @@ class ModernBertMLMHead(nn.Module):
     logits = encoder.attend(x).astype(jnp.float32)
     if not cfg.decoder_bias:
       return logits
-    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),
-                      (cfg.vocab_size,), jnp.float32)
+    init = nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",))
+    bias = self.param("bias", init, (cfg.vocab_size,), jnp.float32)
     return add_vocab_bias(logits, bias)
 
 

@@ -49,8 +49,9 @@ def block_size(seq_len: int) -> int:
 def _kernel(num_heads: int, seq_len: int, interpret: bool, window: int | None = None):
   """The kernel for [heads, seq_len, head_dim] operands: every query sees every key (`window`
   None) or the keys within `window` positions on either side (ModernBERT's local layers: the
-  kernel's own LocalMask, which skips the blocks outside it), the segment ids doing the rest. Built at each trace (it holds arrays, which a cache would leak out
-  of the trace that made them)."""
+  kernel's own LocalMask, which skips the blocks outside it), the segment ids doing the rest.
+  Built at each trace (it holds arrays, which a cache would leak out of the trace that made
+  them)."""
   b = block_size(seq_len)
   blocks = kernel_lib.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b,
                                  block_kv_dkv=b, block_kv_dkv_compute=b, block_q_dq=b,
