@@ -10,6 +10,7 @@ ModernBERT mapping, and so do the PyTorch gradients the JAX ones are compared wi
 
 from __future__ import annotations
 
+import collections
 import pathlib
 
 import jax
@@ -202,6 +203,31 @@ def test_from_hf_and_to_hf_round_trip(tmp_path, mlm_pair):
   assert all(torch.equal(want[k], got[k]) for k in want)
   model, params, cfg = bertjax.from_hf(tmp_path / "hf")
   assert isinstance(model, ModernBertEncoder) and cfg.architecture == "modernbert"
+
+
+def _boolean_square_ops(jaxpr, seq: int, found: collections.Counter) -> collections.Counter:
+  """Primitive name -> how many equations (nested ones included) make a <bool>[..., seq, seq]."""
+  for eqn in jaxpr.eqns:
+    if any(v.aval.shape[-2:] == (seq, seq) and v.aval.dtype == jnp.bool_ for v in eqn.outvars):
+      found[eqn.primitive.name] += 1
+    for param in eqn.params.values():
+      inner = getattr(param, "jaxpr", None)
+      if inner is not None:
+        _boolean_square_ops(getattr(inner, "jaxpr", inner), seq, found)
+  return found
+
+
+@pytest.mark.parametrize("layers", [3, 6])
+def test_window_mask_is_built_once_per_forward_pass(layers):
+  """However many local layers, one comparison makes the [q, k] window; the layers share it."""
+  cfg = preset("modernbert-tiny").replace(vocab_size=60, hidden_size=32, intermediate_size=40,
+                                          num_attention_heads=4, local_attention=8,
+                                          num_hidden_layers=layers)
+  model, ids = ModernBertEncoder(cfg), jnp.ones((2, 40), jnp.int32)
+  params = jax.eval_shape(model.init, jax.random.key(0), ids)["params"]
+  jaxpr = jax.make_jaxpr(lambda p, ids, mask: model.apply({"params": p}, ids, mask))(
+      params, ids, jnp.ones_like(ids))
+  assert _boolean_square_ops(jaxpr.jaxpr, 40, collections.Counter())["le"] == 1
 
 
 def test_local_window_is_symmetric_and_keeps_padding():

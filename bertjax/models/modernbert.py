@@ -133,8 +133,8 @@ class ModernBertAttention(nn.Module):
         out = splash.splash_attention(q, k, v, segment_ids=mask.q_segments,
                                       attention_mask=mask.tokens, interpret=splash.interpret_here(),
                                       window=cfg.local_attention // 2)
-      elif self.local:
-        out = jax.nn.dot_product_attention(q, k, v, mask=mask.keys, implementation="xla")
+      elif self.local:  # one select on the shared mask (jax.nn.dot_product_attention adds ops on it)
+        out = explicit_attention(q, k, v, mask.keys, lambda p: p)[0]
       else:
         if impl == "xla":
           mask = AttentionMask(mask.keys)
