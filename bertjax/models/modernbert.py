@@ -9,7 +9,7 @@ fused q/k/v projection; a GeGLU feed-forward; biases only where the config asks 
 Layer i attends to every position when i % global_attn_every_n_layers == 0, else to the
 `local_attention // 2` positions on either side. The parameter names follow transformers'
 `ModernBertModel` (`Wqkv`, `Wo`, `Wi`, `attn_norm`, `mlp_norm`, `final_norm`), so a converted
-checkpoint maps name for name (bertjax.convert.modernbert_names).
+checkpoint maps name for name (bertjax.convert.names.modernbert_entries).
 """
 
 from __future__ import annotations
@@ -107,8 +107,9 @@ class ModernBertAttention(nn.Module):
   """Fused q/k/v projection, rotary embedding, attention, output projection.
 
   `local`: a sliding-window layer. On TPUs (the splash kernel set) its window is splash's own
-  LocalMask; elsewhere its mask (`window_mask`) goes through XLA's attention: jax's cuDNN path
-  takes only a left window unless causal, and ModernBERT's window is symmetric. Global layers
+  LocalMask; elsewhere its mask (`window_mask`, shared by the local layers) goes through XLA
+  (`explicit_attention`): jax's cuDNN path takes only a left window unless causal, and
+  ModernBERT's window is symmetric. Global layers
   take the platform's fused kernel (cuDNN, splash or XLA), as BERT's layers do.
   """
   config: ModelConfig
