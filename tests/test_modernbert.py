@@ -21,7 +21,7 @@ import torch
 import transformers as T
 
 import bertjax
-from bertjax import checkpoints, config_lib, convert, metric_writers, train
+from bertjax import checkpoints, config_lib, convert, freezing, metric_writers, train
 from bertjax.convert.hf_configs import modernbert_hf_config, modernbert_model_config
 from bertjax.convert.names import hf_to_params, params_to_hf
 from bertjax.errors import UserError
@@ -228,6 +228,17 @@ def test_window_mask_is_built_once_per_forward_pass(layers):
   jaxpr = jax.make_jaxpr(lambda p, ids, mask: model.apply({"params": p}, ids, mask))(
       params, ids, jnp.ones_like(ids))
   assert _boolean_square_ops(jaxpr.jaxpr, 40, collections.Counter())["le"] == 1
+
+
+def test_frozen_encoder_trains_the_top_layer_and_final_norm():
+  cfg = preset("modernbert-tiny").replace(vocab_size=60, hidden_size=32, intermediate_size=40)
+  params = jax.eval_shape(ModernBertEncoder(cfg).init, jax.random.key(0),
+                          jnp.ones((1, 4), jnp.int32))["params"]
+  mask = freezing.trainable_mask({"encoder": params, "classifier": {}}, freezing.FreezeSpec(True, 1),
+                                 3)["encoder"]
+  assert mask["final_norm"]["scale"] and mask["layer_2"]["attn"]["Wqkv"]["kernel"]
+  assert not mask["layer_1"]["mlp"]["Wo"]["kernel"]
+  assert not mask["embeddings"]["tok_embeddings"]["embedding"]
 
 
 def test_local_window_is_symmetric_and_keeps_padding():
