@@ -59,8 +59,8 @@ def inputs(seed: int = 1):
   return ids, mask
 
 
-def hf_config(**kw) -> T.ModernBertConfig:
-  return T.ModernBertConfig(**{**TINY, **kw}, attn_implementation="eager")
+def hf_config(implementation: str = "eager", **kw) -> T.ModernBertConfig:
+  return T.ModernBertConfig(**{**TINY, **kw}, attn_implementation=implementation)
 
 
 def converted(hf: torch.nn.Module, cfg: ModelConfig, heads: tuple[str, ...]):
@@ -97,8 +97,9 @@ def test_config_names_cross_field_for_field():
 
 
 @pytest.mark.slow
-def test_model_hidden_states_match_transformers():
-  hf = randomize(T.ModernBertModel(hf_config()), seed=2)
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_model_hidden_states_match_transformers(implementation):
+  hf = randomize(T.ModernBertModel(hf_config(implementation)), seed=2)
   cfg = modernbert_model_config(hf.config.to_dict())
   params = converted(hf, cfg, ())["encoder"]
   ids, mask = inputs()
