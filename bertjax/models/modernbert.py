@@ -10,6 +10,13 @@ Layer i attends to every position when i % global_attn_every_n_layers == 0, else
 `local_attention // 2` positions on either side. The parameter names follow transformers'
 `ModernBertModel` (`Wqkv`, `Wo`, `Wi`, `attn_norm`, `mlp_norm`, `final_norm`), so a converted
 checkpoint maps name for name (bertjax.convert.names.modernbert_entries).
+
+Its settings are ModernBertConfig's names in `ModelConfig`; of the BERT family's own, it reads
+the sizes, `pad_token_id`, `dtype`, `remat`/`remat_policy` and `kernels` (which attention the
+global layers and, on TPUs, the local ones take), and leaves `hidden_act`, `layer_norm_eps`,
+`hidden_dropout_prob`, `attention_probs_dropout_prob`, `type_vocab_size`, `use_pooler`,
+`mlm_head_act`, `dropout_impl` and `gather_last_layer` unread (ModelConfig refuses the BERT-only
+`embedding_size`, `num_hidden_groups`, `scan_layers` and `pruned_heads`).
 """
 
 from __future__ import annotations
