@@ -26,7 +26,8 @@ from bertjax.convert.hf_configs import modernbert_hf_config, modernbert_model_co
 from bertjax.convert.names import hf_to_params, params_to_hf
 from bertjax.errors import UserError
 from bertjax.models.config import ModelConfig
-from bertjax.models.modernbert import ModernBertEncoder, window_mask
+from bertjax.models.attention import explicit_attention, make_attention_mask
+from bertjax.models.modernbert import ModernBertEncoder, banded_attention, window_mask
 from bertjax.models.presets import PRESETS, preset
 from bertjax.models.pretraining import PretrainingModel
 
@@ -206,6 +207,26 @@ def test_from_hf_and_to_hf_round_trip(tmp_path, mlm_pair):
   assert isinstance(model, ModernBertEncoder) and cfg.architecture == "modernbert"
 
 
+@pytest.mark.parametrize("half", [4, 5, 16])
+def test_banded_attention_matches_the_full_window_mask(half):
+  """Band by band against `explicit_attention` with `window_mask`, at every query that sees a
+  key: right-padded rows, then packed rows (two examples and padding)."""
+  keys = jax.random.split(jax.random.key(0), 3)
+  q, k, v = (jax.random.normal(key, (2, 33, 2, 8)) for key in keys)
+  real = jnp.asarray(np.arange(33)[None] < np.array([[33], [20]]))
+  keys = window_mask(make_attention_mask(real), 2 * half)
+  got = banded_attention(q, k, v, jnp.ones((2, 33), jnp.int32), real.astype(jnp.int32), half)
+  want = explicit_attention(q, k, v, keys, lambda p: p)[0]
+  np.testing.assert_allclose(np.asarray(got)[np.asarray(real)], np.asarray(want)[np.asarray(real)],
+                             atol=1e-5)
+  seg = np.zeros((2, 33), np.int32)
+  seg[0, :13], seg[0, 13:30], seg[1, :20], seg[1, 20:] = 1, 2, 1, 2
+  keys = window_mask(make_attention_mask(jnp.asarray(seg > 0), jnp.asarray(seg)), 2 * half)
+  got = banded_attention(q, k, v, jnp.asarray(seg), jnp.asarray(np.where(seg > 0, seg, -1)), half)
+  want = explicit_attention(q, k, v, keys, lambda p: p)[0]
+  np.testing.assert_allclose(np.asarray(got)[seg > 0], np.asarray(want)[seg > 0], atol=1e-5)
+
+
 def _boolean_square_ops(jaxpr, seq: int, found: collections.Counter) -> collections.Counter:
   """Primitive name -> how many equations (nested ones included) make a <bool>[..., seq, seq]."""
   for eqn in jaxpr.eqns:
@@ -235,8 +256,8 @@ def test_frozen_encoder_trains_the_top_layer_and_final_norm():
   cfg = preset("modernbert-tiny").replace(vocab_size=60, hidden_size=32, intermediate_size=40)
   params = jax.eval_shape(ModernBertEncoder(cfg).init, jax.random.key(0),
                           jnp.ones((1, 4), jnp.int32))["params"]
-  mask = freezing.trainable_mask({"encoder": params, "classifier": {}}, freezing.FreezeSpec(True, 1),
-                                 3)["encoder"]
+  spec = freezing.FreezeSpec(encoder=True, train_top_layers=1)
+  mask = freezing.trainable_mask({"encoder": params, "classifier": {}}, spec, 3)["encoder"]
   assert mask["final_norm"]["scale"] and mask["layer_2"]["attn"]["Wqkv"]["kernel"]
   assert not mask["layer_1"]["mlp"]["Wo"]["kernel"]
   assert not mask["embeddings"]["tok_embeddings"]["embedding"]

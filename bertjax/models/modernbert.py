@@ -26,6 +26,7 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bertjax.errors import fail
 from bertjax.models import kernels, splash
@@ -110,13 +111,50 @@ def window_mask(keys: Array, window: int) -> Array:
   return keys & (distance <= window // 2)[None, None]
 
 
+def banded_attention(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array,
+                     half: int) -> Array:
+  """softmax(q.k / sqrt(d)) v where query i sees key j when |i - j| <= half and q_ids[i] ==
+  kv_ids[j], computed band by band: the rows in chunks of `half`, each chunk's queries against
+  the keys of its own chunk and its two neighbours. Scores are <float>[batch, heads, seq, 3 *
+  half], not [.., seq, seq]; the window is one static [half, 3 * half] mask for every chunk.
+
+  q, k, v: <T>[batch, seq, heads, head_dim]; q_ids, kv_ids: <int32>[batch, seq] (unpacked rows:
+  every query 1, real keys 1, padding 0; packed: the segment ids, -1 at padding keys). At each
+  query that sees some key, what `explicit_attention` gives with `window_mask`'s mask; a query
+  that sees none (padding far from any real token) averages its band's values instead of the
+  row's.
+  """
+  batch, seq, heads, head_dim = q.shape
+  c = half
+  n = -(-seq // c)
+  pad = n * c - seq
+  along = lambda x, lo, hi, value=0: jnp.pad(x, ((0, 0), (lo, hi)) + ((0, 0),) * (x.ndim - 2),
+                                             constant_values=value)
+
+  def band(x, value=0):  # [batch, seq, ...] -> [batch, n, 3c, ...]: chunks i-1, i, i+1
+    chunks = along(x, c, c + pad, value).reshape((batch, n + 2, c) + x.shape[2:])
+    return jnp.concatenate([chunks[:, :n], chunks[:, 1:n + 1], chunks[:, 2:]], axis=2)
+  queries = along(q, 0, pad).reshape(batch, n, c, heads, head_dim)
+  scores = jnp.einsum("bnqhd,bnkhd->bhnqk", queries, band(k)) / jnp.sqrt(head_dim).astype(q.dtype)
+  # Query a of chunk i sits at i*c + a, band key j at (i-1)*c + j: their distance is |a + c - j|.
+  near = np.abs(np.arange(c)[:, None] + c - np.arange(3 * c)[None, :]) <= half
+  q_chunks = along(q_ids, 0, pad, -3).reshape(batch, n, c)
+  same = q_chunks[:, :, :, None] == band(kv_ids, -2)[:, :, None, :]  # outside the row: -2
+  scores = jnp.where(near & same[:, None], scores, jnp.finfo(scores.dtype).min)
+  probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(q.dtype)
+  out = jnp.einsum("bhnqk,bnkhd->bnqhd", probs, band(v))
+  return out.reshape(batch, n * c, heads, head_dim)[:, :seq]
+
+
 class ModernBertAttention(nn.Module):
   """Fused q/k/v projection, rotary embedding, attention, output projection.
 
   `local`: a sliding-window layer. On TPUs (the splash kernel set) its window is splash's own
-  LocalMask; elsewhere its mask (`window_mask`, shared by the local layers) goes through XLA
-  (`explicit_attention`): jax's cuDNN path takes only a left window unless causal, and
-  ModernBERT's window is symmetric. Global layers
+  LocalMask; elsewhere it goes through XLA, jax's cuDNN path taking only a left window unless
+  causal while ModernBERT's window is symmetric: band by band (`banded_attention`) when rows are
+  longer than its three chunks (fewer score entries: seq x 3 * (local_attention // 2) instead of
+  seq x seq; its speed on a device is unmeasured), else with the full window mask
+  (`window_mask`, built once per forward pass and shared by the local layers). Global layers
   take the platform's fused kernel (cuDNN, splash or XLA), as BERT's layers do.
   """
   config: ModelConfig
@@ -141,7 +179,10 @@ class ModernBertAttention(nn.Module):
         out = splash.splash_attention(q, k, v, segment_ids=mask.q_segments,
                                       attention_mask=mask.tokens, interpret=splash.interpret_here(),
                                       window=cfg.local_attention // 2)
-      elif self.local:  # one select on the shared mask (jax.nn.dot_product_attention adds ops on it)
+      elif self.local and 3 * (cfg.local_attention // 2) < q.shape[1]:  # fewer scores by band
+        q_ids = mask.q_segments if mask.q_segments is not None else jnp.ones_like(mask.kv_segments)
+        out = banded_attention(q, k, v, q_ids, mask.kv_segments, cfg.local_attention // 2)
+      elif self.local:  # one select on the shared mask (dot_product_attention adds ops on it)
         out = explicit_attention(q, k, v, mask.keys, lambda p: p)[0]
       else:
         if impl == "xla":
@@ -252,8 +293,12 @@ class ModernBertEncoder(nn.Module):
     x = self.embeddings(input_ids, deterministic)
     x = nn.with_logical_constraint(x, ("act_batch", "act_len", "act_embed"))
     global_mask = attention_mask_for(cfg, attention_mask, segment_ids)
-    # The global mask's other forms (tokens and segment ids) stay: splash reads them.
+    # The global mask's other forms (tokens and segment ids) stay: splash reads them. The full
+    # window mask serves short rows and the explicit path (dropout, scores); longer rows take
+    # `banded_attention`, which reads the key ids (unpacked rows: 1 at real tokens, 0 padding).
     local_mask = global_mask.replace(keys=window_mask(global_mask.keys, cfg.local_attention))
+    if local_mask.kv_segments is None:
+      local_mask = local_mask.replace(kv_segments=jnp.asarray(attention_mask).astype(jnp.int32))
     dtype = cfg.compute_dtype
     rope = {False: rope_tables(position_ids, cfg.head_dim, cfg.global_rope_theta, dtype),
             True: rope_tables(position_ids, cfg.head_dim, cfg.local_rope_theta, dtype)}
