@@ -37,9 +37,9 @@ __all__ = ["from_hf", "load"]
 def _triple(converted) -> tuple["Encoder", Any, "ModelConfig"]:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from bertjax.models.encoder import Encoder  # pylint: disable=g-import-not-at-top
+  from bertjax.models.modernbert import encoder_for  # pylint: disable=g-import-not-at-top
   params = jax.tree.map(jnp.asarray, converted.params["encoder"])
-  return Encoder(converted.config), params, converted.config
+  return encoder_for(converted.config), params, converted.config
 
 
 def from_hf(model_dir: str | os.PathLike, part: str | None = None

@@ -24,7 +24,7 @@ from bertjax.errors import fail
 ENCODER = "encoder"
 _LAYER = re.compile(r"layer_(\d+)")
 _EMBEDDINGS = ("embeddings", "embedding_projection")
-_ABOVE_LAYERS = ("final_layer_norm", "pooler")
+_ABOVE_LAYERS = ("final_layer_norm", "final_norm", "pooler")  # final_norm: ModernBERT
 
 
 @dataclasses.dataclass(frozen=True)

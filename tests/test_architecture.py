@@ -73,7 +73,7 @@ LAZY = {("bertjax/metric_writers.py", "tensorboardX"),
         ("bertjax/data/sources.py", "tensorflow_datasets.text"),
         ("bertjax/convert/readers.py", "torch"),
         ("bertjax/__init__.py", "jax"), ("bertjax/__init__.py", "jax.numpy"),
-        ("bertjax/__init__.py", "bertjax.models.encoder"), ("bertjax/__init__.py", "bertjax"),
+        ("bertjax/__init__.py", "bertjax.models.modernbert"), ("bertjax/__init__.py", "bertjax"),
         ("bertjax/__init__.py", "bertjax.errors"), ("bertjax/__init__.py", "bertjax.convert")}
 
 

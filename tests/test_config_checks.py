@@ -33,7 +33,12 @@ CONFIGS = ["quickstart.py", "quickstart.py:runlocal", "bert.py", "bert.py:runloc
 # Numeric settings whose every value is meaningful, or that other code checks where they are read.
 UNRANGED = {"null_score_diff_threshold",  # SQuAD v2: any margin, negative included
             "distill.temperature", "distill.soft_weight", "distill.hard_weight",  # distill_settings
-            "distill.cosine_weight", "distill.hidden_weight", "distill.attention_weight"}
+            "distill.cosine_weight", "distill.hidden_weight", "distill.attention_weight",
+            # ModernBERT's, ranged by ModelConfig with the architecture (bertjax/models/config.py)
+            "model.norm_eps", "model.global_rope_theta", "model.local_rope_theta",
+            "model.global_attn_every_n_layers", "model.local_attention", "model.attention_dropout",
+            "model.embedding_dropout", "model.mlp_dropout", "model.initializer_range",
+            "model.initializer_cutoff_factor"}
 
 
 def fake_mesh(data=1, fsdp=1, tensor=1):

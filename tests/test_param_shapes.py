@@ -28,14 +28,15 @@ if str(REPO) not in sys.path:  # Running as a script (--regenerate).
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from bertjax import convert  # pylint: disable=g-import-not-at-top,wrong-import-position
-from bertjax.models.encoder import Encoder, init_params  # pylint: disable=wrong-import-position
+from bertjax.models.encoder import init_params  # pylint: disable=wrong-import-position
+from bertjax.models.modernbert import encoder_for  # pylint: disable=wrong-import-position
 from bertjax.models.presets import PRESETS, preset  # pylint: disable=wrong-import-position
 
 
 def encoder_shapes(name: str) -> dict[str, list[int]]:
-  """Flattened 'a/b/c' parameter path -> shape of the preset's Encoder."""
+  """Flattened 'a/b/c' parameter path -> shape of the preset's encoder."""
   cfg = preset(name)
-  tree = jax.eval_shape(lambda rng: init_params(Encoder(cfg), cfg, rng), jax.random.key(0))
+  tree = jax.eval_shape(lambda rng: init_params(encoder_for(cfg), cfg, rng), jax.random.key(0))
   return {"/".join(k.key for k in path): list(leaf.shape)
           for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
 
@@ -85,10 +86,15 @@ def test_golden_has_expected_landmarks():
   assert not any(k.startswith("layer_1/") for k in albert)  # All layers share layer_0.
   assert "pooler/kernel" not in golden["electra-small"]
   assert golden["roberta-base"]["embeddings/position_embeddings/embedding"] == [514, 768]
+  modern = golden["modernbert-base"]
+  assert modern["layer_21/attn/Wqkv/kernel"] == [768, 3, 12, 64]
+  assert modern["layer_0/mlp/Wi/kernel"] == [768, 2, 1152]
+  assert "layer_0/attn_norm/scale" not in modern and "layer_1/attn_norm/scale" in modern
+  assert not any(k.endswith("/bias") for k in modern)  # norm_bias, attention_bias, mlp_bias off
 
 
 _HF_BASE = {"bert": "BertModel", "roberta": "RobertaModel", "albert": "AlbertModel",
-            "electra": "ElectraModel"}
+            "electra": "ElectraModel", "modernbert": "ModernBertModel"}
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
@@ -108,7 +114,8 @@ def test_param_count_matches_transformers(name):
 
 
 @pytest.mark.parametrize("name", ["bert-base", "roberta-base", "albert-large", "electra-small",
-                                  "electra-small-generator", "electra-base-generator"])
+                                  "electra-small-generator", "electra-base-generator",
+                                  "modernbert-base"])
 @pytest.mark.slow
 def test_name_mapping_covers_model(name):
   """Every param of the model with its heads has exactly one HF tensor, with matching shape."""

@@ -8,7 +8,7 @@ from bertjax.errors import fail
 from bertjax.models.config import ACTIVATIONS, ModelConfig
 
 
-HF_MODEL_TYPES = ("bert", "roberta", "albert", "electra")
+HF_MODEL_TYPES = ("bert", "roberta", "albert", "electra", "modernbert")
 TOKENIZER_FILES = ("vocab.txt", "vocab.json", "merges.txt", "spiece.model", "tokenizer.json",
                    "tokenizer_config.json", "special_tokens_map.json")
 ELECTRA_PARTS = ("discriminator", "generator", "both")
@@ -46,6 +46,7 @@ HF_CLASSES: dict[tuple[str, tuple[str, ...]], str] = {
     ("albert", ()): "AlbertModel",
     ("electra", ("rtd",)): "ElectraForPreTraining", ("electra", ("mlm",)): "ElectraForMaskedLM",
     ("electra", ()): "ElectraModel",
+    ("modernbert", ("mlm",)): "ModernBertForMaskedLM", ("modernbert", ()): "ModernBertModel",
 }
 HEAD_ORDER = ("mlm", "pair", "rtd")
 # The class a fine-tuned model is saved as, by architecture and task head kind (absent: no
@@ -78,6 +79,8 @@ def hf_config_to_model_config(hf: Mapping[str, Any]) -> ModelConfig:
   if model_type not in HF_MODEL_TYPES:
     fail(f"unknown architecture {model_type!r}; supported: {', '.join(HF_MODEL_TYPES)} "
          "(the model_type in config.json)")
+  if model_type == "modernbert":
+    return modernbert_model_config(hf)
   # A null in config.json means "the class default" for the fields we read.
   d = {**_HF_DEFAULTS[model_type], **{k: v for k, v in hf.items() if v is not None}}
   position_type = d.get("position_embedding_type", "absolute")
@@ -110,6 +113,40 @@ def hf_config_to_model_config(hf: Mapping[str, Any]) -> ModelConfig:
   return ModelConfig(**fields)
 
 
+# ModernBertConfig's keys that ModelConfig holds under the same name, and the values
+# ModernBertConfig gives those a config.json leaves out.
+MODERNBERT_FIELDS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+    "max_position_embeddings", "pad_token_id", "hidden_activation", "norm_eps", "norm_bias",
+    "attention_bias", "mlp_bias", "decoder_bias", "classifier_activation", "classifier_bias",
+    "global_rope_theta", "local_rope_theta", "global_attn_every_n_layers", "local_attention",
+    "attention_dropout", "embedding_dropout", "mlp_dropout", "initializer_range",
+    "initializer_cutoff_factor")
+_MODERNBERT_DEFAULTS = dict(vocab_size=50368, hidden_size=768, num_hidden_layers=22,
+                            num_attention_heads=12, intermediate_size=1152,
+                            max_position_embeddings=8192, pad_token_id=50283)
+
+
+def modernbert_model_config(hf: Mapping[str, Any]) -> ModelConfig:
+  """A transformers ModernBertConfig (config.json as a dict) -> our ModelConfig, field for field."""
+  d = {**_MODERNBERT_DEFAULTS, **{k: v for k, v in hf.items() if v is not None}}
+  if d.get("local_rope_theta", 0) is None:  # transformers: the global base then
+    d["local_rope_theta"] = d.get("global_rope_theta", 160000.0)
+  if (d.get("rope_scaling") or {}).get("rope_type", "default") != "default":
+    fail(f"rope_scaling={d['rope_scaling']!r} is not supported; only default rotary embeddings")
+  fields = {k: d[k] for k in MODERNBERT_FIELDS if k in d}
+  for act in ("hidden_activation", "classifier_activation"):
+    if act in fields:
+      fields[act] = _ACT_ALIASES.get(fields[act], fields[act])
+  return ModelConfig(architecture="modernbert", use_pooler=False, type_vocab_size=1,
+                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **fields)
+
+
+def modernbert_hf_config(cfg: ModelConfig) -> dict[str, Any]:
+  """Our ModernBERT ModelConfig -> ModernBertConfig's keys (a config.json dict)."""
+  return {"model_type": "modernbert", **{k: getattr(cfg, k) for k in MODERNBERT_FIELDS}}
+
+
 def _pruned_heads_from_hf(pruned: Mapping[Any, Any], layers: int, model_type: str):
   """HF's {layer: [original head numbers]} -> one tuple per layer (() when nothing is pruned)."""
   if not pruned:
@@ -128,6 +165,9 @@ def model_config_to_hf_config(cfg: ModelConfig, architectures: list[str] | None 
                               ) -> dict[str, Any]:
   """Our ModelConfig -> a transformers config.json dict; settings HF cannot express fail."""
   t = cfg.architecture
+  if t == "modernbert":
+    return {**modernbert_hf_config(cfg), **({"architectures": list(architectures)}
+                                            if architectures else {})}
   if cfg.pre_layer_norm:
     fail("a pre_layer_norm model has no Hugging Face equivalent; only post-LN models export")
   if cfg.scan_layers:

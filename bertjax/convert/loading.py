@@ -15,7 +15,7 @@ from bertjax.convert.sources import Source, TaskHead, read_source
 from bertjax.errors import fail
 from bertjax.models.classifiers import SequenceClassifier, TokenClassifier
 from bertjax.models.config import ModelConfig
-from bertjax.models.encoder import Encoder
+from bertjax.models.modernbert import encoder_for
 
 
 @dataclasses.dataclass
@@ -32,7 +32,7 @@ class Loaded:
   untrained: parts never trained (see `bertjax.convert.sources.Source`).
   source: everything read (step, kind, tokenizer folder).
   """
-  model: Encoder
+  model: nn.Module  # an `Encoder` (ModernBERT: a `ModernBertEncoder`)
   params: Any
   config: ModelConfig
   head_model: nn.Module
@@ -70,6 +70,6 @@ def load(path: str | os.PathLike, step: int | None = None) -> Loaded:
   source = read_source(path, step)
   c = source.converted
   params = jax.tree.map(jnp.asarray, c.params)
-  return Loaded(Encoder(c.config), params["encoder"], c.config,
+  return Loaded(encoder_for(c.config), params["encoder"], c.config,
                 _head_model(c.config, source.task, c.heads), params, source.task, c.heads,
                 source.untrained, source)

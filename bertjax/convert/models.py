@@ -14,7 +14,7 @@ from bertjax.models import heads as heads_lib
 from bertjax.models import layers as layers_lib
 from bertjax.models.config import ModelConfig
 from bertjax.models.electra import ElectraDiscriminator
-from bertjax.models.encoder import Encoder
+from bertjax.models.modernbert import encoder_for, mlm_head_for
 from bertjax.models.pretraining import PretrainingModel
 
 Params = dict[str, Any]
@@ -25,7 +25,7 @@ Params = dict[str, Any]
 def build_model(cfg: ModelConfig, heads: tuple[str, ...]):
   """The Linen module whose params are {"encoder", *heads}."""
   if not heads:
-    return Encoder(cfg)
+    return encoder_for(cfg)
   if "rtd" in heads:
     return ElectraDiscriminator(cfg)
   return PretrainingModel(cfg, pair_head="pair" in heads)
@@ -66,7 +66,7 @@ def fresh_part(cfg: ModelConfig, part: str, seed: int) -> Params:
     dense = layers_lib.make_dense
     module, args = dense(cfg.hidden_size, ("embed", "embed_out"), "pooler", cfg), (x,)
   elif part == "mlm":
-    module, args = heads_lib.MLMHead(cfg), (x, _TiedEmbeddingStub(cfg.vocab_size))
+    module, args = mlm_head_for(cfg), (x, _TiedEmbeddingStub(cfg.vocab_size))
   elif part == "pair":
     module, args = heads_lib.PairHead(cfg), (x[:, 0],)
   elif part == "rtd":

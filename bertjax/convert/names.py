@@ -22,7 +22,9 @@ class Entry:
 
   kinds: "copy" (same array), "linear" (torch [out, in] <-> our kernel [in, out]), "qkv_kernel"
   ([heads*head_dim, hidden] <-> [hidden, heads, head_dim]), "qkv_bias" ([heads*head_dim] <->
-  [heads, head_dim]), "attn_out_kernel" ([hidden, heads*head_dim] <-> [heads, head_dim, hidden]).
+  [heads, head_dim]), "attn_out_kernel" ([hidden, heads*head_dim] <-> [heads, head_dim, hidden]);
+  ModernBERT's "qkv_fused_kernel" ([3*heads*head_dim, hidden] <-> [hidden, 3, heads, head_dim]),
+  "qkv_fused_bias", "glu_kernel" ([2*mlp, hidden] <-> [hidden, 2, mlp]) and "glu_bias".
   `part` says what the tensor belongs to: "encoder", "pooler" or a head name.
   """
   hf: str
@@ -42,8 +44,67 @@ def _layer_norm(hf: str, path: tuple[str, ...], size: int, part: str) -> list[En
           Entry(hf + ".bias", path + ("bias",), "copy", (size,), part)]
 
 
+def base_prefix(architecture: str) -> str:
+  """The prefix of the base model's tensors in a checkpoint with heads: "bert.", ..., "model."
+  (ModernBERT)."""
+  return "model." if architecture == "modernbert" else architecture + "."
+
+
+def modernbert_entries(cfg: ModelConfig) -> list[Entry]:
+  """ModernBERT's encoder tensors (transformers' ModernBertModel under "model."). Biases only
+  where the config has them; layer 0 has no attn_norm."""
+  p, hidden, inter = "model.", cfg.hidden_size, cfg.intermediate_size
+  width = cfg.num_attention_heads * cfg.head_dim
+
+  def norm(hf, path):
+    res = [Entry(hf + ".weight", path + ("scale",), "copy", (hidden,), "encoder")]
+    return res + ([Entry(hf + ".bias", path + ("bias",), "copy", (hidden,), "encoder")]
+                  if cfg.norm_bias else [])
+
+  def linear(hf, path, kinds, out, inp, bias):
+    res = [Entry(hf + ".weight", path + ("kernel",), kinds[0], (out, inp), "encoder")]
+    return res + ([Entry(hf + ".bias", path + ("bias",), kinds[1], (out,), "encoder")]
+                  if bias else [])
+
+  emb = ("encoder", "embeddings")
+  out = [Entry(p + "embeddings.tok_embeddings.weight", emb + ("tok_embeddings", "embedding"),
+               "copy", (cfg.vocab_size, hidden), "encoder"),
+         *norm(p + "embeddings.norm", emb + ("norm",))]
+  for i in range(cfg.num_hidden_layers):
+    b, path = f"{p}layers.{i}.", ("encoder", f"layer_{i}")
+    if i:
+      out += norm(b + "attn_norm", path + ("attn_norm",))
+    out += linear(b + "attn.Wqkv", path + ("attn", "Wqkv"), ("qkv_fused_kernel", "qkv_fused_bias"),
+                  3 * width, hidden, cfg.attention_bias)
+    out += linear(b + "attn.Wo", path + ("attn", "Wo"), ("attn_out_kernel", "copy"), hidden, width,
+                  cfg.attention_bias)
+    out += norm(b + "mlp_norm", path + ("mlp_norm",))
+    out += linear(b + "mlp.Wi", path + ("mlp", "Wi"), ("glu_kernel", "glu_bias"), 2 * inter,
+                  hidden, cfg.mlp_bias)
+    out += linear(b + "mlp.Wo", path + ("mlp", "Wo"), ("linear", "copy"), hidden, inter,
+                  cfg.mlp_bias)
+  return out + norm(p + "final_norm", ("encoder", "final_norm"))
+
+
+def modernbert_mlm_entries(cfg: ModelConfig) -> list[Entry]:
+  """ModernBertForMaskedLM's head: `head.dense`, `head.norm` and the decoder's own bias (its
+  weight is the token table, tied)."""
+  hidden = cfg.hidden_size
+  out = [Entry("head.dense.weight", ("mlm", "dense", "kernel"), "linear", (hidden, hidden), "mlm")]
+  if cfg.classifier_bias:
+    out.append(Entry("head.dense.bias", ("mlm", "dense", "bias"), "copy", (hidden,), "mlm"))
+  out.append(Entry("head.norm.weight", ("mlm", "norm", "scale"), "copy", (hidden,), "mlm"))
+  if cfg.norm_bias:
+    out.append(Entry("head.norm.bias", ("mlm", "norm", "bias"), "copy", (hidden,), "mlm"))
+  if cfg.decoder_bias:
+    out.append(Entry("decoder.bias", ("mlm", "bias"), "copy", (cfg.vocab_size,), "mlm"))
+  return out
+
+
 def encoder_entries(cfg: ModelConfig) -> list[Entry]:
   """The encoder's tensors, HF names with the base-model prefix ("bert.", "albert.", ...)."""
+  if cfg.architecture == "modernbert":
+    return modernbert_entries(cfg)
   t, p = cfg.architecture, cfg.architecture + "."
   e_size, hidden, inter = cfg.embed_size, cfg.hidden_size, cfg.intermediate_size
   emb = ("encoder", "embeddings")
@@ -118,11 +179,13 @@ _ALIASES = {"cls.predictions.bias": "cls.predictions.decoder.bias",
 # Tensors that are tied copies or buffers, never real parameters of ours.
 _TIED_OR_BUFFERS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias",
                     "lm_head.decoder.weight", "lm_head.decoder.bias", "predictions.decoder.weight",
-                    "predictions.decoder.bias", "generator_lm_head.weight")
+                    "predictions.decoder.bias", "generator_lm_head.weight", "decoder.weight")
 
 
 def head_entries(cfg: ModelConfig, head: str) -> list[Entry]:
   t, hidden, e_size = cfg.architecture, cfg.hidden_size, cfg.embed_size
+  if head == "mlm" and t == "modernbert":
+    return modernbert_mlm_entries(cfg)
   if head == "mlm":
     dense, ln, bias = _MLM_NAMES[t]
     return [*_linear(dense, ("mlm", "transform"), e_size, hidden, "mlm"),
@@ -162,7 +225,8 @@ def architecture_heads(architecture: str, part: str | None = None) -> tuple[str,
   """The heads a converted model of this architecture carries (ELECTRA: per network)."""
   if architecture == "electra":
     return ("mlm",) if part == "generator" else ("rtd",)
-  return {"bert": ("mlm", "pair"), "roberta": ("mlm",), "albert": ("mlm", "pair")}[architecture]
+  return {"bert": ("mlm", "pair"), "roberta": ("mlm",), "albert": ("mlm", "pair"),
+          "modernbert": ("mlm",)}[architecture]
 
 
 def tensor_to_ours(kind: str, x: np.ndarray, cfg: ModelConfig) -> np.ndarray:
@@ -176,6 +240,15 @@ def tensor_to_ours(kind: str, x: np.ndarray, cfg: ModelConfig) -> np.ndarray:
     return x.reshape(-1, head_dim)
   if kind == "attn_out_kernel":
     return x.T.reshape(-1, head_dim, hidden)
+  # ModernBERT's fused q/k/v rows are [3, heads, head_dim]; GeGLU's Wi rows [2 (input, gate), mlp].
+  if kind == "qkv_fused_kernel":
+    return x.T.reshape(hidden, 3, -1, head_dim)
+  if kind == "qkv_fused_bias":
+    return x.reshape(3, -1, head_dim)
+  if kind == "glu_kernel":
+    return x.T.reshape(hidden, 2, -1)
+  if kind == "glu_bias":
+    return x.reshape(2, -1)
   return x
 
 
@@ -189,6 +262,10 @@ def tensor_to_hf(kind: str, x: np.ndarray, cfg: ModelConfig) -> np.ndarray:
     return x.reshape(-1)
   if kind == "attn_out_kernel":
     return x.reshape(-1, hidden).T
+  if kind in ("qkv_fused_kernel", "glu_kernel"):
+    return x.reshape(hidden, -1).T
+  if kind in ("qkv_fused_bias", "glu_bias"):
+    return x.reshape(-1)
   return x
 
 
@@ -210,11 +287,12 @@ def _normalize_names(names: Iterable[str], architecture: str) -> dict[str, str]:
   Canonical names carry the base-model prefix (a bare BertModel saves its tensors without it)
   and weight/bias for TF-era LayerNorm gamma/beta, as transformers renames them when loading.
   """
-  prefix = architecture + "."
+  prefix = base_prefix(architecture)
   out = {}
   for original in names:
     name = original
-    if name.split(".")[0] in ("embeddings", "encoder", "pooler", "embeddings_project"):
+    if name.split(".")[0] in ("embeddings", "encoder", "pooler", "embeddings_project", "layers",
+                              "final_norm"):
       name = prefix + name
     if name.endswith(".gamma"):
       name = name[:-len("gamma")] + "weight"
@@ -281,6 +359,6 @@ def params_to_hf(params: Params, cfg: ModelConfig, heads: tuple[str, ...],
   for e in entries:
     x = tensor_to_hf(e.kind, np.asarray(_get(params, e.path), dtype=np.float32), cfg)
     assert tuple(x.shape) == e.shape, (e.hf, x.shape, e.shape)
-    name = e.hf if heads else e.hf[len(cfg.architecture) + 1:]
+    name = e.hf if heads else e.hf[len(base_prefix(cfg.architecture)):]
     out[name] = np.ascontiguousarray(x)
   return out

@@ -11,8 +11,8 @@ import flax.linen as nn
 
 from bertjax.models import features as feats
 from bertjax.models.config import ModelConfig
-from bertjax.models.encoder import Encoder
 from bertjax.models.heads import ClassificationHead, TokenHead
+from bertjax.models.modernbert import encoder_for
 
 
 class _FeatureReader(nn.Module):
@@ -28,7 +28,7 @@ class _FeatureReader(nn.Module):
   def encode(self, input_ids, attention_mask, token_type_ids, deterministic):
     # The name "encoder" is what lets `init_from` restore a pretrained encoder into this model.
     wide = self.features in ("concat", "scalar_mix")
-    return Encoder(self.config, name="encoder")(input_ids, attention_mask, token_type_ids,
+    return encoder_for(self.config, name="encoder")(input_ids, attention_mask, token_type_ids,
                                                 deterministic=deterministic,
                                                 output_hidden_states=wide)
 

@@ -17,9 +17,19 @@ from bertjax.errors import fail
 from bertjax.models.dropout import DROPOUT_SETTINGS
 from bertjax.models.kernels import ATTENTION_DROPOUT_SETTINGS, KERNEL_SETTINGS, parse_overrides
 
-ARCHITECTURES = ("bert", "roberta", "albert", "electra")
+ARCHITECTURES = ("bert", "roberta", "albert", "electra", "modernbert")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh")
 REMAT_POLICIES = ("full", "dots")
+# What a ModernBERT setup leaves out of the BERT family's options (bertjax.models.modernbert).
+_MODERNBERT_REFUSES = {"embedding_size": None, "num_hidden_groups": None, "scan_layers": False,
+                       "pruned_heads": ()}
+# ModernBERT's numeric settings: (name, lowest value, whether that value itself is allowed).
+# Checked here, with the architecture (bertjax.config_checks ranges the settings every model reads).
+_MODERNBERT_RANGES = (
+    ("norm_eps", 0, False), ("global_rope_theta", 0, False), ("local_rope_theta", 0, False),
+    ("global_attn_every_n_layers", 1, True), ("local_attention", 2, True),
+    ("initializer_range", 0, True), ("initializer_cutoff_factor", 0, False))
+_MODERNBERT_DROPOUTS = ("attention_dropout", "embedding_dropout", "mlp_dropout")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -87,6 +97,25 @@ class ModelConfig:
   # numbering (Hugging Face's `pruned_heads`); () or an empty tuple for a layer: none. A layer
   # keeps num_attention_heads - len(pruned_heads[i]) heads of head_dim each.
   pruned_heads: tuple[tuple[int, ...], ...] = ()
+  # ModernBERT (architecture "modernbert", bertjax.models.modernbert) only, named as transformers'
+  # ModernBertConfig names them, defaults as it has them; the other architectures ignore them.
+  hidden_activation: str = "gelu"  # in GeGLU's gate (hidden_act is BERT's)
+  norm_eps: float = 1e-5           # every LayerNorm's epsilon (layer_norm_eps is BERT's)
+  norm_bias: bool = False          # LayerNorms with a bias
+  attention_bias: bool = False     # biases in the fused q/k/v projection and the attention output
+  mlp_bias: bool = False           # biases in the GeGLU feed-forward
+  decoder_bias: bool = True        # a bias on the MLM decoder (its weights are the token table)
+  classifier_activation: str = "gelu"  # in the MLM head's dense transform
+  classifier_bias: bool = False    # a bias in the MLM head's dense transform
+  global_rope_theta: float = 160000.0  # rotary base of the global-attention layers
+  local_rope_theta: float = 10000.0    # rotary base of the local (sliding-window) layers
+  global_attn_every_n_layers: int = 3  # layer i attends globally when i % n == 0, else locally
+  local_attention: int = 128       # window of the local layers: local_attention // 2 each side
+  attention_dropout: float = 0.0   # on attention probabilities and the attention output
+  embedding_dropout: float = 0.0   # after the embedding LayerNorm
+  mlp_dropout: float = 0.0         # inside GeGLU, before its output projection
+  initializer_range: float = 0.02  # std of the truncated-normal init (output layers: scaled down)
+  initializer_cutoff_factor: float = 2.0  # init truncated at this many stds
 
   def __post_init__(self):
     try:  # config.json holds lists; a frozen (hashable) config holds tuples
@@ -96,7 +125,7 @@ class ModelConfig:
     object.__setattr__(self, "pruned_heads", pruned)
     if self.architecture not in ARCHITECTURES:
       fail(f"unknown model architecture {self.architecture!r}; use one of {', '.join(ARCHITECTURES)}")
-    for name in ("hidden_act", "mlm_head_act"):
+    for name in ("hidden_act", "mlm_head_act", "hidden_activation", "classifier_activation"):
       act = getattr(self, name)
       if act is not None and act not in ACTIVATIONS:
         fail(f"unknown activation model.{name}={act!r}; use one of {', '.join(ACTIVATIONS)}")
@@ -123,6 +152,8 @@ class ModelConfig:
     if self.scan_layers and self.num_hidden_groups not in (None, self.num_hidden_layers):
       fail("model.scan_layers needs one parameter set per layer; turn it off for ALBERT sharing")
     self._check_pruned_heads()
+    if self.architecture == "modernbert":
+      self._check_modernbert()
     groups = self.num_groups
     if not 1 <= groups <= self.num_hidden_layers or self.num_hidden_layers % groups:
       fail(f"model.num_hidden_groups={groups} must divide model.num_hidden_layers="
@@ -146,6 +177,29 @@ class ModelConfig:
     if self.scan_layers and len({len(layer) for layer in self.pruned_heads}) > 1:
       fail("model.scan_layers needs the same head count in every layer, and model.pruned_heads "
            "differs by layer; set --config.model.scan_layers=False")
+
+  def _check_modernbert(self) -> None:
+    for name, off in _MODERNBERT_REFUSES.items():
+      if getattr(self, name) != off:
+        fail(f"model.{name} does not apply to architecture modernbert; set "
+             f"--config.model.{name}={off!r}")
+    for name, low, closed in _MODERNBERT_RANGES:
+      value = getattr(self, name)
+      if value < low or (value == low and not closed):
+        fail(f"model.{name}={value} must be {'at least' if closed else 'above'} {low}; e.g. "
+             f"--config.model.{name}={getattr(ModelConfig, name)}")
+    for name in _MODERNBERT_DROPOUTS:
+      if not 0 <= getattr(self, name) < 1:
+        fail(f"model.{name}={getattr(self, name)} must be in [0, 1); e.g. "
+             f"--config.model.{name}=0.0")
+    if self.head_dim % 2:
+      fail(f"ModernBERT's rotary embedding needs an even head size; model.hidden_size="
+           f"{self.hidden_size} / num_attention_heads={self.num_attention_heads} is "
+           f"{self.head_dim}")
+
+  def is_global_layer(self, layer: int) -> bool:
+    """ModernBERT: whether layer `layer` attends to every position (else within the window)."""
+    return layer % self.global_attn_every_n_layers == 0
 
   def layer_heads(self, layer: int) -> int:
     """How many attention heads layer `layer` has (fewer than num_attention_heads if pruned)."""

@@ -221,6 +221,9 @@ class Encoder(nn.Module):
 
   def setup(self):
     cfg = self.config
+    if cfg.architecture == "modernbert":
+      fail("this model is built from the BERT family's encoder, which ModernBERT is not; "
+           "train ModernBERT with --config.objective=mlm (bertjax.models.modernbert)")
     if self.shared_embeddings is not None:
       self.embeddings = self.shared_embeddings
     else:

@@ -1,7 +1,8 @@
 """Model sizes as data: each preset is a dict of `ModelConfig` fields.
 
 Shapes follow the released checkpoints (Google's BERT miniatures for tiny...medium, the
-RoBERTa, ALBERT v2, ELECTRA and SpanBERT releases), so a converted checkpoint and a preset agree.
+RoBERTa, ALBERT v2, ELECTRA, SpanBERT and ModernBERT releases), so a converted checkpoint and a
+preset agree.
 """
 
 from __future__ import annotations
@@ -21,6 +22,17 @@ _ALBERT = dict(architecture="albert", vocab_size=30000, embedding_size=128, num_
                hidden_act="gelu_new", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 _ELECTRA = dict(architecture="electra", use_pooler=False)
 _GENERATOR = dict(architecture="electra", use_pooler=False, mlm_head_act="gelu")
+
+
+def _modernbert(layers, hidden, heads, intermediate, **kw):
+  """ModernBERT: answerdotai's config.json values (the ModernBertConfig defaults they keep) plus
+  the BERT-family fields it has no use for switched off."""
+  return {"architecture": "modernbert", "num_hidden_layers": layers, "hidden_size": hidden,
+          "num_attention_heads": heads, "intermediate_size": intermediate, "vocab_size": 50368,
+          "max_position_embeddings": 8192, "pad_token_id": 50283, "type_vocab_size": 1,
+          "use_pooler": False, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+          "global_rope_theta": 160000.0, "local_rope_theta": 10000.0, "local_attention": 128,
+          "global_attn_every_n_layers": 3, **kw}
 
 PRESETS: dict[str, dict] = {
     "bert-tiny": _bert(2, 128, 2),
@@ -43,6 +55,12 @@ PRESETS: dict[str, dict] = {
     "electra-large-generator": _bert(24, 256, 4, embedding_size=1024, **_GENERATOR),
     "spanbert-base": _bert(12, 768, 12, vocab_size=28996),
     "spanbert-large": _bert(24, 1024, 16, vocab_size=28996),
+    "modernbert-base": _modernbert(22, 768, 12, 1152),
+    "modernbert-large": _modernbert(28, 1024, 16, 2624),
+    # For tests and runlocal: both layer kinds (layer 0 global, 1 and 2 local), a window that
+    # 64-token rows exceed.
+    "modernbert-tiny": _modernbert(3, 128, 2, 192, max_position_embeddings=512,
+                                   local_attention=16),
 }
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import flax.linen as nn
 
 from bertjax.models.config import ModelConfig
-from bertjax.models.encoder import Encoder
-from bertjax.models.heads import MLMHead, PairHead
+from bertjax.models.heads import PairHead
+from bertjax.models.modernbert import encoder_for, mlm_head_for, refuse_pair_head
 
 
 class PretrainingModel(nn.Module):
-  """BERT (MLM + NSP), ALBERT (MLM + SOP), RoBERTa/SpanBERT (MLM only).
+  """BERT (MLM + NSP), ALBERT (MLM + SOP), RoBERTa/SpanBERT/ModernBERT (MLM only).
 
   Returns a dict: `mlm_logits` <float32>[batch, predictions, vocab] at `masked_positions`,
   `pair_logits` <float32>[batch, 2] when `pair_head`, and the encoder's `output` (whose
@@ -21,9 +21,10 @@ class PretrainingModel(nn.Module):
   pair_head: bool = True
 
   def setup(self):
-    self.encoder = Encoder(self.config)
-    self.mlm = MLMHead(self.config)
+    self.encoder = encoder_for(self.config)
+    self.mlm = mlm_head_for(self.config)
     if self.pair_head:
+      refuse_pair_head(self.config)
       self.pair = PairHead(self.config)
 
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None, masked_positions=None, *,

@@ -46,15 +46,20 @@ def block_size(seq_len: int) -> int:
   return next(b for b in BLOCKS if seq_len % b == 0)
 
 
-def _kernel(num_heads: int, seq_len: int, interpret: bool):
-  """The kernel for [heads, seq_len, head_dim] operands: every query sees every key, the segment
-  ids doing all the masking. Built at each trace (it holds arrays, which a cache would leak out
-  of the trace that made them)."""
+def _kernel(num_heads: int, seq_len: int, interpret: bool, window: int | None = None):
+  """The kernel for [heads, seq_len, head_dim] operands: every query sees every key (`window`
+  None) or the keys within `window` positions on either side (ModernBERT's local layers: the
+  kernel's own LocalMask, which skips the blocks outside it), the segment ids doing the rest.
+  Built at each trace (it holds arrays, which a cache would leak out of the trace that made
+  them)."""
   b = block_size(seq_len)
   blocks = kernel_lib.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b,
                                  block_kv_dkv=b, block_kv_dkv_compute=b, block_q_dq=b,
                                  block_kv_dq=b)
-  mask = mask_lib.MultiHeadMask([mask_lib.FullMask((seq_len, seq_len))] * num_heads)
+  shape = (seq_len, seq_len)
+  one = (mask_lib.FullMask(shape) if window is None
+         else mask_lib.LocalMask(shape, window_size=(window, window), offset=0))
+  mask = mask_lib.MultiHeadMask([one] * num_heads)
   return kernel_lib.make_splash_mha(mask, block_sizes=blocks, head_shards=1, q_seq_shards=1,
                                     interpret=pltpu.InterpretParams() if interpret else False)
 
@@ -76,10 +81,11 @@ def segments_for(seq_len: int, batch: int, segment_ids: Array | None,
   return ids, ids
 
 
-def _rows(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array, interpret: bool) -> Array:
+def _rows(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array, interpret: bool,
+          window: int | None = None) -> Array:
   """The kernel over a batch: <T>[batch, heads, seq, head_dim] operands, ids <int32>[batch, seq]
   (seq a multiple of 128)."""
-  kernel = _kernel(q.shape[1], q.shape[2], interpret)
+  kernel = _kernel(q.shape[1], q.shape[2], interpret, window)
   one = lambda q, k, v, qi, ki: kernel(q, k, v, kernel_lib.SegmentIds(q=qi, kv=ki))
   if interpret:
     return jax.lax.map(lambda xs: one(*xs), (q, k, v, q_ids, kv_ids))
@@ -105,7 +111,8 @@ def _mesh_specs(batch: int, heads: int):
 
 
 def splash_attention(q: Array, k: Array, v: Array, *, segment_ids: Array | None = None,
-                     attention_mask: Array | None = None, interpret: bool = False) -> Array:
+                     attention_mask: Array | None = None, interpret: bool = False,
+                     window: int | None = None) -> Array:
   """softmax(q.k / sqrt(head_dim)) v through the splash kernel.
 
   q, k, v: <T>[batch, seq, heads, head_dim] (self-attention: one length). segment_ids:
@@ -113,7 +120,8 @@ def splash_attention(q: Array, k: Array, v: Array, *, segment_ids: Array | None 
   <int or bool>[batch, seq], 1 at real tokens, or None (all real). Returns <T>[batch, seq, heads,
   head_dim]; at real tokens, what `explicit_attention` gives with `make_attention_mask`'s mask.
   The sequence is padded to a multiple of 128 with keys no real query sees, then sliced back.
-  `interpret`: run in Pallas's TPU interpret mode (off a TPU).
+  `interpret`: run in Pallas's TPU interpret mode (off a TPU). `window`: each query sees only the
+  keys within that many positions on either side (None: no limit).
   """
   batch, seq_len, heads, head_dim = q.shape
   if k.shape != q.shape or v.shape != q.shape:
@@ -125,7 +133,7 @@ def splash_attention(q: Array, k: Array, v: Array, *, segment_ids: Array | None 
   ids = lambda x: jnp.pad(x, ((0, 0), (0, pad)))  # padded positions: id 0, unseen by real queries
   q = q * jnp.asarray(1.0 / math.sqrt(head_dim), q.dtype)
   run = lambda q, k, v, qi, ki: _rows(tokens(q), tokens(k), tokens(v), ids(qi), ids(ki),
-                                      interpret).transpose(0, 2, 1, 3)[:, :seq_len]
+                                      interpret, window).transpose(0, 2, 1, 3)[:, :seq_len]
   specs = _mesh_specs(batch, heads)
   if specs is None:
     return run(q, k, v, q_ids, kv_ids)

@@ -1,0 +1,363 @@
+"""ModernBERT (Warner et al., 2024) in stock Flax Linen layers: `model.architecture="modernbert"`.
+
+What differs from the BERT family's encoder (bertjax.models.encoder) lives here; the attention
+kernels, the mask forms and the output record are shared. Token embeddings with a LayerNorm and
+no position table; rotary position embeddings (rotate-half form) with one base for the global
+layers (`global_rope_theta`) and another for the local ones (`local_rope_theta`); pre-LayerNorm
+blocks (layer 0 has no attention norm: the embeddings' norm precedes it) and a final norm; a
+fused q/k/v projection; a GeGLU feed-forward; biases only where the config asks for them.
+Layer i attends to every position when i % global_attn_every_n_layers == 0, else to the
+`local_attention // 2` positions on either side. The parameter names follow transformers'
+`ModernBertModel` (`Wqkv`, `Wo`, `Wi`, `attn_norm`, `mlp_norm`, `final_norm`), so a converted
+checkpoint maps name for name (bertjax.convert.names.modernbert_entries).
+
+Its settings are ModernBertConfig's names in `ModelConfig`; of the BERT family's own, it reads
+the sizes, `pad_token_id`, `dtype`, `remat`/`remat_policy` and `kernels` (which attention the
+global layers and, on TPUs, the local ones take), and leaves `hidden_act`, `layer_norm_eps`,
+`hidden_dropout_prob`, `attention_probs_dropout_prob`, `type_vocab_size`, `use_pooler`,
+`mlm_head_act`, `dropout_impl` and `gather_last_layer` unread (ModelConfig refuses the BERT-only
+`embedding_size`, `num_hidden_groups`, `scan_layers` and `pruned_heads`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax.errors import fail
+from bertjax.models import kernels, splash
+from bertjax.models.attention import (AttentionMask, attention_implementation, attention_mask_for,
+                                      explicit_attention, fused_attention)
+from bertjax.models.config import ModelConfig
+from bertjax.models.embeddings import position_ids_for
+from bertjax.models.encoder import Encoder, EncoderOutput, gather_positions
+from bertjax.models.heads import MLMHead, add_vocab_bias
+from bertjax.models.layers import activation
+
+Array = jax.Array
+
+
+def truncated_init(cfg: ModelConfig, std: float | None = None):
+  """transformers' ModernBERT init: normal(0, std) truncated at initializer_cutoff_factor stds
+  (std: initializer_range unless given)."""
+  std = cfg.initializer_range if std is None else std
+  cut = cfg.initializer_cutoff_factor
+
+  def init(key, shape, dtype=jnp.float32):
+    return std * jax.random.truncated_normal(key, -cut, cut, shape, dtype)
+  return init
+
+
+def out_std(cfg: ModelConfig) -> float:
+  """The init std of the layers writing into the residual stream (attention and GeGLU `Wo`)."""
+  return cfg.initializer_range / math.sqrt(2.0 * cfg.num_hidden_layers)
+
+
+def _dense(cfg: ModelConfig, features: int, names, name: str, use_bias: bool, std=None):
+  return nn.Dense(features, use_bias=use_bias, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
+                  kernel_init=nn.with_logical_partitioning(truncated_init(cfg, std), names),
+                  bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                         names[-1:]), name=name)
+
+
+def _einsum(cfg: ModelConfig, equation: str, shape, names, name: str, use_bias: bool,
+            std=None, bias_names=None):
+  """A projection with a multi-axis kernel (q/k/v by head, GeGLU's two halves). nn.Einsum creates
+  the kernel in that shape, so its logical names hold at init (nn.DenseGeneral initializes a
+  flattened kernel, which a sharding constraint of the full rank refuses under a mesh)."""
+  return nn.Einsum(shape, equation, use_bias=use_bias, dtype=cfg.compute_dtype,
+                   param_dtype=jnp.float32,
+                   kernel_init=nn.with_logical_partitioning(truncated_init(cfg, std), names),
+                   bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                          bias_names), name=name)
+
+
+def _norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
+  # Two-pass variance, as PyTorch computes it.
+  return nn.LayerNorm(epsilon=cfg.norm_eps, use_bias=cfg.norm_bias, dtype=cfg.compute_dtype,
+                      param_dtype=jnp.float32, use_fast_variance=False,
+                      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(),
+                                                              ("embed",)),
+                      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                             ("embed",)), name=name)
+
+
+def rope_tables(positions: Array, head_dim: int, theta: float, dtype) -> tuple[Array, Array]:
+  """(cos, sin) <dtype>[batch, seq, head_dim] of the rotary embedding at <int>[batch, seq]
+  `positions`, computed in float32 (each frequency twice: the rotate-half layout)."""
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+  freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+  angles = jnp.concatenate([freqs, freqs], axis=-1)
+  return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
+
+
+def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
+  """<T>[batch, seq, heads, head_dim] rotated: x * cos + rotate_half(x) * sin."""
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+
+
+def window_mask(keys: Array, window: int) -> Array:
+  """<bool>[batch, 1, q, k]: `keys` (<bool>[batch, 1, 1 or q, k], padding and packed rows) and
+  |i - j| <= window // 2, ModernBERT's symmetric local window. Built once per forward pass and
+  read by every local layer."""
+  n = keys.shape[-1]
+  distance = jnp.abs(jnp.arange(n)[:, None] - jnp.arange(n)[None, :])
+  return keys & (distance <= window // 2)[None, None]
+
+
+def banded_attention(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array,
+                     half: int) -> Array:
+  """softmax(q.k / sqrt(d)) v where query i sees key j when |i - j| <= half and q_ids[i] ==
+  kv_ids[j], computed band by band: the rows in chunks of `half`, each chunk's queries against
+  the keys of its own chunk and its two neighbours. Scores are <float>[batch, heads, seq, 3 *
+  half], not [.., seq, seq]; the window is one static [half, 3 * half] mask for every chunk.
+
+  q, k, v: <T>[batch, seq, heads, head_dim]; q_ids, kv_ids: <int32>[batch, seq] (unpacked rows:
+  every query 1, real keys 1, padding 0; packed: the segment ids, -1 at padding keys). At each
+  query that sees some key, what `explicit_attention` gives with `window_mask`'s mask; a query
+  that sees none (padding far from any real token) averages its band's values instead of the
+  row's.
+  """
+  batch, seq, heads, head_dim = q.shape
+  c = half
+  n = -(-seq // c)
+  pad = n * c - seq
+  along = lambda x, lo, hi, value=0: jnp.pad(x, ((0, 0), (lo, hi)) + ((0, 0),) * (x.ndim - 2),
+                                             constant_values=value)
+
+  def band(x, value=0):  # [batch, seq, ...] -> [batch, n, 3c, ...]: chunks i-1, i, i+1
+    chunks = along(x, c, c + pad, value).reshape((batch, n + 2, c) + x.shape[2:])
+    return jnp.concatenate([chunks[:, :n], chunks[:, 1:n + 1], chunks[:, 2:]], axis=2)
+  queries = along(q, 0, pad).reshape(batch, n, c, heads, head_dim)
+  scores = jnp.einsum("bnqhd,bnkhd->bhnqk", queries, band(k)) / jnp.sqrt(head_dim).astype(q.dtype)
+  # Query a of chunk i sits at i*c + a, band key j at (i-1)*c + j: their distance is |a + c - j|.
+  near = np.abs(np.arange(c)[:, None] + c - np.arange(3 * c)[None, :]) <= half
+  q_chunks = along(q_ids, 0, pad, -3).reshape(batch, n, c)
+  same = q_chunks[:, :, :, None] == band(kv_ids, -2)[:, :, None, :]  # outside the row: -2
+  scores = jnp.where(near & same[:, None], scores, jnp.finfo(scores.dtype).min)
+  probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(q.dtype)
+  out = jnp.einsum("bhnqk,bnkhd->bnqhd", probs, band(v))
+  return out.reshape(batch, n * c, heads, head_dim)[:, :seq]
+
+
+class ModernBertAttention(nn.Module):
+  """Fused q/k/v projection, rotary embedding, attention, output projection.
+
+  `local`: a sliding-window layer. On TPUs (the splash kernel set) its window is splash's own
+  LocalMask; elsewhere it goes through XLA, jax's cuDNN path taking only a left window unless
+  causal while ModernBERT's window is symmetric: band by band (`banded_attention`) when rows are
+  longer than its three chunks (fewer score entries: seq x 3 * (local_attention // 2) instead of
+  seq x seq; its speed on a device is unmeasured), else with the full window mask
+  (`window_mask`, built once per forward pass and shared by the local layers). Global layers
+  take the platform's fused kernel (cuDNN, splash or XLA), as BERT's layers do.
+  """
+  config: ModelConfig
+  local: bool
+
+  @nn.compact
+  def __call__(self, x, mask: AttentionMask, cos, sin, deterministic: bool,
+               output_attentions: bool = False):
+    """<float>[batch, seq, hidden] -> the same (and the pre-softmax scores <float>[batch, heads,
+    q, k] with `output_attentions`)."""
+    cfg = self.config
+    heads, hidden = (cfg.num_attention_heads, cfg.head_dim), cfg.hidden_size
+    qkv = _einsum(cfg, "bse,ethd->bsthd", (hidden, 3) + heads, ("embed", None, "heads", "kv"),
+                  "Wqkv", cfg.attention_bias, bias_names=(None, "heads", "kv"))(x)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    rate, scores = cfg.attention_dropout, None
+    if (deterministic or rate == 0.0) and not output_attentions:
+      impl = attention_implementation(cfg, cfg.head_dim, q.dtype, q_len=q.shape[1],
+                                      k_len=k.shape[1], splash_mask=mask.tokens is not None)
+      if self.local and impl == "splash":
+        out = splash.splash_attention(q, k, v, segment_ids=mask.q_segments,
+                                      attention_mask=mask.tokens, interpret=splash.interpret_here(),
+                                      window=cfg.local_attention // 2)
+      elif self.local and 3 * (cfg.local_attention // 2) < q.shape[1]:  # fewer scores by band
+        q_ids = mask.q_segments if mask.q_segments is not None else jnp.ones_like(mask.kv_segments)
+        out = banded_attention(q, k, v, q_ids, mask.kv_segments, cfg.local_attention // 2)
+      elif self.local:  # one select on the shared mask (dot_product_attention adds ops on it)
+        out = explicit_attention(q, k, v, mask.keys, lambda p: p)[0]
+      else:
+        if impl == "xla":
+          mask = AttentionMask(mask.keys)
+        out = fused_attention(q, k, v, mask, impl, deterministic,
+                              kernels.for_model(cfg).row_multiple)
+    else:
+      drop = lambda p: nn.Dropout(rate)(p, deterministic=deterministic)
+      out, scores = explicit_attention(q, k, v, mask.keys, drop)
+    out = _einsum(cfg, "bshd,hde->bse", heads + (hidden,), ("heads", "kv", "embed"), "Wo",
+                  cfg.attention_bias, out_std(cfg), bias_names=("embed",))(out)
+    out = nn.Dropout(rate)(out, deterministic=deterministic)
+    return (out, scores) if output_attentions else out
+
+
+class ModernBertMLP(nn.Module):
+  """GeGLU: Wi projects to 2 x intermediate (input, gate); act(input) * gate; Wo projects back."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, deterministic: bool):
+    cfg = self.config
+    h = _einsum(cfg, "bse,etm->bstm", (cfg.hidden_size, 2, cfg.intermediate_size),
+                ("embed", None, "mlp"), "Wi", cfg.mlp_bias, bias_names=(None, "mlp"))(x)
+    h = activation(cfg.hidden_activation)(h[:, :, 0]) * h[:, :, 1]
+    h = nn.with_logical_constraint(h, ("act_batch", "act_len", "act_mlp"))
+    h = nn.Dropout(cfg.mlp_dropout)(h, deterministic=deterministic)
+    return _dense(cfg, cfg.hidden_size, ("mlp", "embed"), "Wo", cfg.mlp_bias, out_std(cfg))(h)
+
+
+class ModernBertLayer(nn.Module):
+  """Pre-LN block: x + attn(attn_norm(x)), then x + mlp(mlp_norm(x)). Layer 0 has no attn_norm
+  (its input is already normalized by the embeddings' norm), as in transformers."""
+  config: ModelConfig
+  layer_id: int
+
+  @nn.compact
+  def __call__(self, x, mask: AttentionMask, cos, sin, deterministic: bool,
+               output_attentions: bool = False):
+    cfg = self.config
+    local = not cfg.is_global_layer(self.layer_id)
+    h = x if self.layer_id == 0 else _norm(cfg, "attn_norm")(x)
+    out = ModernBertAttention(cfg, local, name="attn")(h, mask, cos, sin, deterministic,
+                                                        output_attentions)
+    out, scores = out if output_attentions else (out, None)
+    x = nn.with_logical_constraint(x + out, ("act_batch", "act_len", "act_embed"))
+    x = x + ModernBertMLP(cfg, name="mlp")(_norm(cfg, "mlp_norm")(x), deterministic)
+    x = nn.with_logical_constraint(x, ("act_batch", "act_len", "act_embed"))
+    return (x, scores) if output_attentions else x
+
+
+class ModernBertEmbeddings(nn.Module):
+  """Token embeddings, LayerNorm, dropout; no position or token-type table."""
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    # Looked up on the float32 table and cast afterwards: the gradient's scatter-add stays in
+    # float32 (see bertjax.models.embeddings.lookup).
+    self.tok_embeddings = nn.Embed(
+        cfg.vocab_size, cfg.hidden_size, dtype=jnp.float32, param_dtype=jnp.float32,
+        embedding_init=nn.with_logical_partitioning(truncated_init(cfg), ("vocab", "embed")))
+    self.norm = _norm(self.config, "norm")
+    self.drop = nn.Dropout(cfg.embedding_dropout)
+
+  def __call__(self, input_ids, deterministic: bool):
+    x = self.tok_embeddings(input_ids).astype(self.config.compute_dtype)
+    return self.drop(self.norm(x), deterministic=deterministic)
+
+  def attend(self, x: Array) -> Array:
+    """x @ table.T in the compute dtype: the tied decoder's logits."""
+    dtype = self.config.compute_dtype
+    return x.astype(dtype) @ self.tok_embeddings.embedding.astype(dtype).T
+
+
+class ModernBertEncoder(nn.Module):
+  """Embeddings, the layer stack and the final norm. Called as `Encoder` is (token_type_ids are
+  accepted and ignored: ModernBERT has none); returns an `EncoderOutput` without a pooled output.
+  `hidden_states` (when asked for): the embeddings' output, then each layer's, the last after
+  the final norm (as `Encoder` with pre-LN; transformers' last entry is before it)."""
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    self.embeddings = ModernBertEmbeddings(cfg)
+    layer_cls = ModernBertLayer
+    if cfg.remat:
+      policy = {"full": None,
+                "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}[cfg.remat_policy]
+      layer_cls = nn.remat(ModernBertLayer, static_argnums=(5, 6), policy=policy)
+    self.layers = [layer_cls(cfg, i, name=f"layer_{i}") for i in range(cfg.num_hidden_layers)]
+    self.final_norm = _norm(cfg, "final_norm")
+
+  def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, segment_ids=None,
+               position_ids=None, output_positions=None, deterministic: bool = True,
+               output_hidden_states: bool = False,
+               output_attentions: bool = False) -> EncoderOutput:
+    """input_ids, attention_mask <int32>[batch, seq]; segment_ids (packed rows, 0 = padding) and
+    position_ids optional (positions restart in each packed example). `output_positions`
+    <int32>[batch, p]: `last_hidden_state` holds only those rows."""
+    del token_type_ids
+    cfg = self.config
+    input_ids = jnp.asarray(input_ids)
+    if attention_mask is None:
+      attention_mask = (segment_ids > 0) if segment_ids is not None else jnp.ones_like(input_ids)
+    if position_ids is None:
+      position_ids = position_ids_for(cfg, input_ids, segment_ids)
+    x = self.embeddings(input_ids, deterministic)
+    x = nn.with_logical_constraint(x, ("act_batch", "act_len", "act_embed"))
+    global_mask = attention_mask_for(cfg, attention_mask, segment_ids)
+    # The global mask's other forms (tokens and segment ids) stay: splash reads them. The full
+    # window mask serves short rows and the explicit path (dropout, scores); longer rows take
+    # `banded_attention`, which reads the key ids (unpacked rows: 1 at real tokens, 0 padding).
+    local_mask = global_mask.replace(keys=window_mask(global_mask.keys, cfg.local_attention))
+    if local_mask.kv_segments is None:
+      local_mask = local_mask.replace(kv_segments=jnp.asarray(attention_mask).astype(jnp.int32))
+    dtype = cfg.compute_dtype
+    rope = {False: rope_tables(position_ids, cfg.head_dim, cfg.global_rope_theta, dtype),
+            True: rope_tables(position_ids, cfg.head_dim, cfg.local_rope_theta, dtype)}
+    states, attentions = [x], []
+    for i, layer in enumerate(self.layers):
+      local = not cfg.is_global_layer(i)
+      # Flags positional: remat marks them static by position.
+      out = layer(x, local_mask if local else global_mask, *rope[local], deterministic,
+                  output_attentions)
+      if output_attentions:
+        out, scores = out
+        attentions.append(scores)
+      x = out
+      states.append(x)
+    x = self.final_norm(x)
+    states[-1] = x
+    if output_positions is not None:
+      x = gather_positions(x, output_positions)
+    return EncoderOutput(last_hidden_state=x,
+                         hidden_states=tuple(states) if output_hidden_states else None,
+                         attentions=tuple(attentions) if output_attentions else None)
+
+  def attend(self, x: Array) -> Array:
+    return self.embeddings.attend(x)
+
+
+class ModernBertMLMHead(nn.Module):
+  """transformers' ModernBertPredictionHead (dense, classifier_activation, norm) and the decoder
+  tied to the token embeddings, with its own bias when `decoder_bias`. Returns float32 logits
+  <float32>[..., vocab]."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, encoder):
+    cfg = self.config
+    x = _dense(cfg, cfg.hidden_size, ("embed", "embed_out"), "dense", cfg.classifier_bias,
+               out_std(cfg))(x)
+    x = _norm(cfg, "norm")(activation(cfg.classifier_activation)(x))
+    logits = encoder.attend(x).astype(jnp.float32)
+    if not cfg.decoder_bias:
+      return logits
+    init = nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",))
+    bias = self.param("bias", init, (cfg.vocab_size,), jnp.float32)
+    return add_vocab_bias(logits, bias)
+
+
+def encoder_for(cfg: ModelConfig, **kwargs) -> nn.Module:
+  """The encoder module of `cfg.architecture`: ModernBERT's, or the BERT family's `Encoder`."""
+  return ModernBertEncoder(cfg, **kwargs) if cfg.architecture == "modernbert" else Encoder(
+      cfg, **kwargs)
+
+
+def mlm_head_for(cfg: ModelConfig, **kwargs) -> nn.Module:
+  """The MLM head of `cfg.architecture`."""
+  return ModernBertMLMHead(cfg, **kwargs) if cfg.architecture == "modernbert" else MLMHead(
+      cfg, **kwargs)
+
+
+def refuse_pair_head(cfg: ModelConfig) -> None:
+  """NSP and SOP read token types and a pooled [CLS]; ModernBERT has neither."""
+  if cfg.architecture == "modernbert":
+    fail("ModernBERT has no token types nor pooler, so no NSP/SOP head; use --config.objective=mlm")
