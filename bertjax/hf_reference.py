@@ -27,6 +27,7 @@ import torch.nn.functional as F
 import transformers
 
 from bertjax import convert, optim, sharding, train as trainer
+from bertjax.models import kernels
 
 # (model, numpy batch) -> (loss, {metric name: float}) for one step of the torch loop.
 LossFn = Callable[[torch.nn.Module, dict], tuple[torch.Tensor, dict]]
@@ -135,7 +136,8 @@ def bertjax_losses(objective, config, model_cfg, params: Any, batches: Iterable[
   if jax.tree.structure(abstract) != jax.tree.structure(params):
     raise ValueError(f"params do not fit {type(model).__name__}: "
                      f"{jax.tree.structure(params)} vs {jax.tree.structure(abstract)}")
-  optimizer = optim.make_optimizer(config, params=abstract, num_layers=model_cfg.num_hidden_layers)
+  optimizer = optim.make_optimizer(config, params=abstract, num_layers=model_cfg.num_hidden_layers,
+                                   scalar_clipping=kernels.for_model(model_cfg).scalar_clipping)
   mesh = sharding.make_mesh((1, 1, 1))
   state, _, _ = trainer.create_train_state(objective, model, optimizer, config, mesh, init_batch)
   params = jax.tree.map(lambda a, x: np.asarray(x, a.dtype), abstract, params)

@@ -163,7 +163,9 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
   optax divides each gradient by the norm and selects between that and the original. XLA keeps
   a divide with two consumers (Adam's two moments) as its own buffer, so every clipped gradient
   was materialized next to the raw one: the optimizer phase then set the step's peak (+420 MB on
-  bert-base). A multiply by a scalar is fused into each consumer instead.
+  bert-base). A multiply by a scalar is fused into each consumer instead. A choice of the kernel
+  sets (`bertjax.models.kernels`, `scalar_clipping`), which the trainer passes to
+  `make_optimizer`.
   """
   def update(updates, state, params=None):
     del params
@@ -225,7 +227,11 @@ def decay_coefficient(config: ml_collections.ConfigDict) -> float:
 
 
 def make_optimizer(config: ml_collections.ConfigDict, params=None,
-                   num_layers: int | None = None) -> optax.GradientTransformation:
+                   num_layers: int | None = None,
+                   scalar_clipping: bool = True) -> optax.GradientTransformation:
+  """The optimizer of `config.optimizer` on the learning-rate schedule. `scalar_clipping`: clip
+  by `clip_by_global_norm` (the model's kernel set's `scalar_clipping`), else by
+  `optax.clip_by_global_norm`."""
   o = config.optimizer
   if o.name not in OPTIMIZERS:
     fail(f"unknown optimizer.name={o.name!r}; use one of {', '.join(OPTIMIZERS)}")
@@ -246,7 +252,8 @@ def make_optimizer(config: ml_collections.ConfigDict, params=None,
       opt = optax.adam(learning_rate, b1=o.b1, b2=o.b2, eps=o.eps)
     else:
       opt = optax.sgd(learning_rate)
-    parts = [clip_by_global_norm(o.grad_clip_norm)] if o.grad_clip_norm > 0 else []
+    clip = clip_by_global_norm if scalar_clipping else optax.clip_by_global_norm
+    parts = [clip(o.grad_clip_norm)] if o.grad_clip_norm > 0 else []
     parts.append(opt)
     if o.get("layerwise_lr_decay", 1.0) != 1.0 and params is not None:
       parts.append(_scale_by_tree(layerwise_lr_scale(params, num_layers, o.layerwise_lr_decay)))

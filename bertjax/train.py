@@ -30,6 +30,7 @@ import optax
 from bertjax import (checkpoints, config_checks, divergence, freezing, optim, paths, prefetch,
                      sharding, step_memory, workdir as workdir_lib)
 from bertjax.metric_writers import MetricWriter
+from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
 from bertjax.objective import Schedule
 from bertjax.progress import EVERY_S, Progress
@@ -263,7 +264,8 @@ def setup(config, objective, model_cfg: ModelConfig, mesh) -> tuple[Setup, Train
                                     freezing.FreezeSpec.from_config(config),
                                     model_cfg.num_hidden_layers)
   optimizer = optim.make_optimizer(config, params=partition.trainable(nn.meta.unbox(abstract_boxed)),
-                                   num_layers=model_cfg.num_hidden_layers)
+                                   num_layers=model_cfg.num_hidden_layers,
+                                   scalar_clipping=kernels.for_model(model_cfg).scalar_clipping)
   state, state_shardings, abstract_state = create_train_state(
       objective, model, optimizer, config, mesh, init_batch, abstract_boxed, partition)
   batch_shard = sharding.batch_sharding(mesh)

@@ -77,7 +77,8 @@ class ModelConfig:
   gather_last_layer: bool = True
   # Which device's implementation choices the encoder uses (bertjax.models.kernels): "auto" takes
   # the backend JAX runs on; "cpu" | "gpu" | "tpu" force one (to measure them elsewhere);
-  # "tpu-xla": the TPU set with XLA's attention instead of the splash kernel.
+  # "tpu-xla": the TPU set with XLA's attention instead of the splash kernel; "stock": every
+  # hand-written form off (nn.Dense, nn.LayerNorm, nn.Embed, nn.Dropout, optax's clipping).
   kernels: str = "auto"
   # Fields of that set changed, "field=value,..." (e.g. "flat_dense=False,layer_norm_vjp=False",
   # the GPU set before the H100 measurement): for ablations; "" keeps the set as it is.
@@ -89,9 +90,9 @@ class ModelConfig:
   # explicit path's: a different run, not a different layout. Parameters are the same.
   attention_dropout_kernel: str = "auto"
   # How dropout draws and keeps its masks (bertjax.models.dropout): "auto" the kernel set's choice
-  # (bertjax.models.kernels); else a form, "packed32" | "mask32" | "bits16" | "recompute16",
-  # optionally with a generator suffix "+rbg" | "+unsafe_rbg". Same rate and parameters; other
-  # masks (and so other training noise) than another choice draws.
+  # (bertjax.models.kernels); "flax": nn.Dropout; else a form, "packed32" | "mask32" | "bits16" |
+  # "recompute16", optionally with a generator suffix "+rbg" | "+unsafe_rbg". Same rate and
+  # parameters; other masks (and so other training noise) than another choice draws.
   dropout_impl: str = "auto"
   # Structured pruning (bertjax.prune): per layer, the attention heads removed, by their original
   # numbering (Hugging Face's `pruned_heads`); () or an empty tuple for a layer: none. A layer

@@ -8,6 +8,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import Encoder
 from bertjax.models.heads import ClassificationHead, MLMHead, gather_positions
@@ -74,7 +75,9 @@ class DistillModel(nn.Module):
                        output_hidden_states=output_hidden_states or bool(self.proj_layers),
                        output_attentions=output_attentions)
     if self.head == "mlm":
-      logits = self.mlm(gather_positions(out.last_hidden_state, masked_positions), self.encoder)
+      rows = gather_positions(out.last_hidden_state, masked_positions,
+                              kernels.for_model(self.config).float32_gather)
+      logits = self.mlm(rows, self.encoder)
     else:
       pooled = out.pooler_output if out.pooler_output is not None else out.last_hidden_state[:, 0]
       logits = self.classifier(pooled, deterministic)

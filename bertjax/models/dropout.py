@@ -25,8 +25,9 @@ JAX_DEFAULT_PRNG_IMPL says otherwise, and the same mask on any mesh):
   +unsafe_rbg  the layer key's own words seed RngBitGenerator directly, repeated to four as JAX
                seeds its rbg keys: one 4-word hash less per layer than +rbg.
 RngBitGenerator's draws are the backend's own: they may differ across backends, XLA versions and
-shardings (JAX's documentation of rbg). `bertjax.models.kernels` says which form each platform
-uses and what is measured.
+shardings (JAX's documentation of rbg). "flax" is none of these: `nn.Dropout` itself (a boolean
+mask from `jax.random.bernoulli`, kept by autodiff), the stock kernel set's choice.
+`bertjax.models.kernels` says which form each platform uses and what is measured.
 
 What XLA keeps is its own choice. XLA:CPU's plan for the gradient of 12 layers of
 tanh([32768, 256] @ W) each followed by dropout 0.1 (the activations alone: 32 MB a layer) held
@@ -49,7 +50,8 @@ HALF = 2 ** 16
 FORMS = ("packed32", "mask32", "bits16", "recompute16")
 GENERATORS = ("rbg", "unsafe_rbg")
 IMPLEMENTATIONS = FORMS + tuple(f"{form}+{gen}" for form in FORMS for gen in GENERATORS)
-DROPOUT_SETTINGS = ("auto",) + IMPLEMENTATIONS  # "auto": the kernel set's choice
+STOCK = "flax"  # nn.Dropout
+DROPOUT_SETTINGS = ("auto", STOCK) + IMPLEMENTATIONS  # "auto": the kernel set's choice
 
 
 def threshold(rate: float, bits: int = 32) -> int:
@@ -187,3 +189,11 @@ class Dropout(nn.Module):
     if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):  # a raw uint32 PRNGKey
       key = jax.random.wrap_key_data(key)
     return dropout(x, key, self.rate, self.implementation)
+
+
+def dropout_layer(rate: float, implementation: str) -> nn.Module:
+  """A dropout module at `rate`: `nn.Dropout` for "flax", else `Dropout` of that implementation.
+  Both are named Dropout_<n> in their parent, so they read the same 'dropout' RNG stream."""
+  if implementation == STOCK:
+    return nn.Dropout(rate)
+  return Dropout(rate, implementation)

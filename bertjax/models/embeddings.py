@@ -1,4 +1,5 @@
-"""Word, position and token-type embeddings, looked up on their float32 tables."""
+"""Word, position and token-type embeddings: `nn.Embed`, or, where the platform's kernels ask for
+it (`Kernels.float32_lookup`, `Kernels.one_hot_rows`), `Embed` reading the float32 tables."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import jax.numpy as jnp
 
 from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
-from bertjax.models.dropout import Dropout
+from bertjax.models.dropout import dropout_layer
 from bertjax.models.layers import make_layer_norm, dense_init
 
 Array = jax.Array
@@ -55,7 +56,9 @@ def lookup(table: Array, ids: Array, dtype, one_hot_rows: int = 0) -> Array:
 
 
 class Embed(nn.Module):
-  """An embedding table (the parameter layout of `nn.Embed`) read through `lookup`."""
+  """An embedding table (the parameter layout of `nn.Embed`) read through `lookup`: the float32
+  table, cast after the lookup, small tables as a one-hot product (`Kernels.float32_lookup`,
+  `Kernels.one_hot_rows`)."""
   num_embeddings: int
   features: int
   names: tuple[str | None, str | None]
@@ -69,13 +72,26 @@ class Embed(nn.Module):
   def __call__(self, ids: Array) -> Array:
     return lookup(self.embedding, ids, self.dtype, self.one_hot_rows)
 
-  def first_rows(self, n: int) -> Array:
-    """Rows 0..n-1 as <dtype>[1, n, features]: the default positions, with no gather at all."""
-    return self.embedding[None, :n].astype(self.dtype)
-
   def attend(self, x: Array) -> Array:
     """x @ table.T in `dtype`: logits over the table's rows (the tied MLM decoder)."""
     return x.astype(self.dtype) @ self.embedding.astype(self.dtype).T
+
+
+def embed_layer(cfg: ModelConfig, num_embeddings: int, features: int,
+                names: tuple[str | None, str | None], one_hot_rows: int = 0,
+                name: str | None = None) -> nn.Module:
+  """`Embed` where the kernels ask for the float32 lookup or (`one_hot_rows`, a table of at most
+  that many rows) the one-hot product; else `nn.Embed`. The same `embedding` parameter."""
+  if kernels.for_model(cfg).float32_lookup or num_embeddings <= one_hot_rows:
+    return Embed(num_embeddings, features, names, cfg.compute_dtype, one_hot_rows, name=name)
+  return nn.Embed(num_embeddings, features, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
+                  embedding_init=nn.with_logical_partitioning(dense_init(), names), name=name)
+
+
+def first_rows(embed: nn.Module, n: int) -> Array:
+  """Rows 0..n-1 of an `Embed` or `nn.Embed` as <dtype>[1, n, features]: the default positions,
+  with no gather at all (the gradient a reduction over the batch, not a scatter)."""
+  return embed.embedding[None, :n].astype(embed.dtype)
 
 
 class Embeddings(nn.Module):
@@ -85,17 +101,17 @@ class Embeddings(nn.Module):
   def setup(self):
     cfg = self.config
     one_hot = kernels.for_model(cfg).one_hot_rows
-    embed = lambda n, names, **kw: Embed(n, cfg.embed_size, names, cfg.compute_dtype, **kw)
+    embed = lambda n, names, **kw: embed_layer(cfg, n, cfg.embed_size, names, **kw)
     self.word_embeddings = embed(cfg.vocab_size, ("vocab", "embed"))
     self.position_embeddings = embed(cfg.max_position_embeddings, (None, "embed"))
     self.token_type_embeddings = embed(cfg.type_vocab_size, (None, "embed"), one_hot_rows=one_hot)
     self.layer_norm = make_layer_norm(cfg, "layer_norm")
-    self.dropout = Dropout(cfg.hidden_dropout_prob, kernels.dropout_for_model(cfg))
+    self.dropout = dropout_layer(cfg.hidden_dropout_prob, kernels.dropout_for_model(cfg))
 
   def __call__(self, input_ids, token_type_ids, position_ids, deterministic: bool):
     """position_ids None: 0..seq-1 in every row."""
     if position_ids is None:
-      positions = self.position_embeddings.first_rows(input_ids.shape[-1])
+      positions = first_rows(self.position_embeddings, input_ids.shape[-1])
     else:
       positions = self.position_embeddings(position_ids)
     x = self.word_embeddings(input_ids) + positions + self.token_type_embeddings(token_type_ids)

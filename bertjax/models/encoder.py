@@ -22,7 +22,7 @@ from bertjax.models.attention import (AttentionMask, attention_implementation, a
                                       explicit_attention, flash_dropout_attention, flash_segments,
                                       fused_attention, round_up)
 from bertjax.models.config import ModelConfig
-from bertjax.models.dropout import Dropout
+from bertjax.models.dropout import dropout_layer
 from bertjax.models.embeddings import Embeddings, position_ids_for
 from bertjax.models.layers import make_dense, make_layer_norm, activation
 
@@ -71,9 +71,9 @@ class SelfAttention(nn.Module):
     cfg = self.config
     keys = x if keys is None else keys
     heads = (self.num_heads or cfg.num_attention_heads, cfg.head_dim)
-    q = make_dense(heads, ("embed", "heads", "kv"), "query", cfg)(x)
-    k = make_dense(heads, ("embed", "heads", "kv"), "key", cfg)(keys)
-    v = make_dense(heads, ("embed", "heads", "kv"), "value", cfg)(keys)
+    project = lambda name, y: make_dense(heads, ("embed", "heads", "kv"), name, cfg,
+                                     in_shape=y.shape[-1:])(y)
+    q, k, v = project("query", x), project("key", keys), project("value", keys)
     rate = cfg.attention_probs_dropout_prob
     raw_scores = None
     if (deterministic or rate == 0.0) and not output_attentions:
@@ -91,18 +91,21 @@ class SelfAttention(nn.Module):
       # Softmax and dropout inside the flash kernel; its mask is hashed from this layer's key.
       out = flash_dropout_attention(q, k, v, segments, rate, self.make_rng("dropout"))
     else:
-      drop = lambda p: Dropout(rate, kernels.dropout_for_model(cfg))(p, deterministic=deterministic)
+      drop = lambda p: dropout_layer(rate, kernels.dropout_for_model(cfg))(
+          p, deterministic=deterministic)
       out, raw_scores = explicit_attention(q, k, v, mask.keys, drop)
     if self.has_variable("params", "head_mask"):
       out = out * self.get_variable("params", "head_mask").astype(out.dtype)[:, None]
-    out = make_dense(cfg.hidden_size, ("heads", "kv", "embed"), "output", cfg, axis=(-2, -1))(out)
+    out = make_dense(cfg.hidden_size, ("heads", "kv", "embed"), "output", cfg, axis=(-2, -1),
+                 in_shape=out.shape[-2:])(out)
     return (out, raw_scores) if output_attentions else out
 
 
-def gather_positions(x: Array, positions: Array) -> Array:
-  """<T>[batch, seq, ...], <int32>[batch, p] -> <T>[batch, p, ...]: the rows at `positions`."""
+def gather_positions(x: Array, positions: Array, float32: bool = True) -> Array:
+  """<T>[batch, seq, ...], <int32>[batch, p] -> <T>[batch, p, ...]: the rows at `positions`.
+  `float32`: half precision gathered from a float32 view (`Kernels.float32_gather`)."""
   index = positions.astype(jnp.int32).reshape(positions.shape + (1,) * (x.ndim - 2))
-  if jnp.dtype(x.dtype).itemsize < 4:
+  if float32 and jnp.dtype(x.dtype).itemsize < 4:
     # Half precision: gathered from a float32 view, so the gradient's scatter-add (rows repeat:
     # unused prediction slots all point at position 0) runs in float32, not bfloat16.
     return jnp.take_along_axis(x.astype(jnp.float32), index, axis=1).astype(x.dtype)
@@ -138,6 +141,7 @@ class TransformerLayer(nn.Module):
     LayerNorms run on p rows instead of seq.
     """
     cfg = self.config
+    f32 = kernels.for_model(cfg).float32_gather
     if not isinstance(mask, AttentionMask):  # a boolean [batch, 1, q or 1, k] mask
       mask = AttentionMask(jnp.asarray(mask))
     keys = None
@@ -145,7 +149,7 @@ class TransformerLayer(nn.Module):
       if output_attentions:
         fail("output_attentions needs every query position; call the layer without query_positions")
       keys = x
-      x = gather_positions(x, query_positions)
+      x = gather_positions(x, query_positions, f32)
       if mask.keys.shape[2] > 1:  # per-query masks (packed rows): keep the chosen queries' rows
         rows = query_positions[:, None, :, None].astype(jnp.int32)
         mask = mask.replace(keys=jnp.take_along_axis(mask.keys, rows, axis=2))
@@ -153,7 +157,7 @@ class TransformerLayer(nn.Module):
           mask = mask.replace(q_segments=jnp.take_along_axis(
               mask.q_segments, query_positions.astype(jnp.int32), axis=1))
     act_names = ("act_batch", "act_len", "act_embed")
-    drop = lambda y: Dropout(cfg.hidden_dropout_prob, kernels.dropout_for_model(cfg))(
+    drop = lambda y: dropout_layer(cfg.hidden_dropout_prob, kernels.dropout_for_model(cfg))(
         y, deterministic=deterministic)
     attention = SelfAttention(cfg, self.num_heads, name="attention")
     attn_ln = make_layer_norm(cfg, "attention_layer_norm")
@@ -162,7 +166,7 @@ class TransformerLayer(nn.Module):
     output = make_dense(cfg.hidden_size, ("mlp", "embed"), "output", cfg)
     # Rematerialized where the platform's kernels say so: the backward pass recomputes the
     # activation's internals from its input (one [tokens, intermediate] buffer less per layer).
-    act = activation(cfg.hidden_act)
+    act = activation(cfg.hidden_act, kernels.for_model(cfg).erf_gelu)
     if kernels.for_model(cfg).remat_activation:
       act = jax.checkpoint(act)
     scores = None
@@ -179,7 +183,7 @@ class TransformerLayer(nn.Module):
         x = x + drop(attend(attn_ln(x), None))
       else:  # the query rows' normalized states are rows of the keys' ones
         normed_keys = attn_ln(keys)
-        x = x + drop(attend(gather_positions(normed_keys, query_positions), normed_keys))
+        x = x + drop(attend(gather_positions(normed_keys, query_positions, f32), normed_keys))
       x = nn.with_logical_constraint(x, act_names)
       h = nn.with_logical_constraint(act(intermediate(out_ln(x))), ("act_batch", "act_len", "act_mlp"))
       x = x + drop(output(h))
@@ -308,7 +312,7 @@ class Encoder(nn.Module):
     if last_positions is not None:
       x = x[:, 1:1 + output_positions.shape[1]]
     elif output_positions is not None:
-      x = gather_positions(x, output_positions)
+      x = gather_positions(x, output_positions, kernels.for_model(cfg).float32_gather)
     return EncoderOutput(last_hidden_state=x, pooler_output=pooled,
                          hidden_states=tuple(states) if output_hidden_states else None,
                          attentions=tuple(attentions) if output_attentions else None)

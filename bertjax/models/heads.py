@@ -12,19 +12,22 @@ import jax.numpy as jnp
 
 from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
-from bertjax.models.dropout import Dropout
-from bertjax.models.embeddings import Embed
+from bertjax.models.dropout import dropout_layer
+from bertjax.models.embeddings import embed_layer
 from bertjax.models.encoder import gather_positions
 from bertjax.models.layers import make_dense, make_layer_norm, activation
 
 
-def add_vocab_bias(logits: jax.Array, bias: jax.Array) -> jax.Array:
-  """logits + bias, with the bias broadcast as an outer product with ones.
+def add_vocab_bias(logits: jax.Array, bias: jax.Array, product: bool = True) -> jax.Array:
+  """logits + bias; with `product` (`Kernels.bias_product`) the bias broadcast as an outer
+  product with ones.
 
   Same values; the difference is the backward pass: the bias gradient becomes a matrix-vector
   product instead of a column reduction over [rows, vocab], which XLA:CPU ran ~5x slower (about
   15 ms of a 530 ms bert-mini step, PERFORMANCE.md).
   """
+  if not product:
+    return logits + bias.astype(logits.dtype)
   ones = jnp.ones(logits.shape[:-1], logits.dtype)
   return logits + jnp.einsum("...,v->...v", ones, bias.astype(logits.dtype))
 
@@ -41,11 +44,12 @@ class MLMHead(nn.Module):
   def __call__(self, x, encoder):
     cfg = self.config
     x = make_dense(cfg.embed_size, ("embed", "embed_in"), "transform", cfg)(x)
-    x = activation(cfg.mlm_head_act or cfg.hidden_act)(x)
+    x = activation(cfg.mlm_head_act or cfg.hidden_act, kernels.for_model(cfg).erf_gelu)(x)
     x = make_layer_norm(cfg, "layer_norm", "embed_in")(x)
     bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),
                       (cfg.vocab_size,), jnp.float32)
-    return add_vocab_bias(encoder.attend(x).astype(jnp.float32), bias)
+    return add_vocab_bias(encoder.attend(x).astype(jnp.float32), bias,
+                          kernels.for_model(cfg).bias_product)
 
 
 class PairHead(nn.Module):
@@ -68,8 +72,8 @@ class DiscriminatorHead(nn.Module):
   @nn.compact
   def __call__(self, x):
     cfg = self.config
-    dense = make_dense(cfg.hidden_size, ("embed", "embed_out"), "dense", cfg)
-    x = activation(cfg.hidden_act)(dense(x))
+    act = activation(cfg.hidden_act, kernels.for_model(cfg).erf_gelu)
+    x = act(make_dense(cfg.hidden_size, ("embed", "embed_out"), "dense", cfg)(x))
     return make_dense(1, ("embed", None), "prediction", cfg)(x)[..., 0].astype(jnp.float32)
 
 
@@ -80,7 +84,7 @@ class ClassificationHead(nn.Module):
 
   @nn.compact
   def __call__(self, pooled, deterministic: bool = True):
-    drop = Dropout(self.config.hidden_dropout_prob, kernels.dropout_for_model(self.config))
+    drop = dropout_layer(self.config.hidden_dropout_prob, kernels.dropout_for_model(self.config))
     pooled = drop(pooled, deterministic=deterministic)
     classifier = make_dense(self.num_labels, ("embed", None), "classifier", self.config)
     return classifier(pooled).astype(jnp.float32)
@@ -93,7 +97,7 @@ class TokenHead(nn.Module):
 
   @nn.compact
   def __call__(self, x, deterministic: bool = True):
-    drop = Dropout(self.config.hidden_dropout_prob, kernels.dropout_for_model(self.config))
+    drop = dropout_layer(self.config.hidden_dropout_prob, kernels.dropout_for_model(self.config))
     x = drop(x, deterministic=deterministic)
     classifier = make_dense(self.num_labels, ("embed", None), "classifier", self.config)
     return classifier(x).astype(jnp.float32)
@@ -118,13 +122,14 @@ class SpanBoundaryHead(nn.Module):
   @nn.compact
   def __call__(self, hidden, span_left, span_right, span_offset, encoder):
     cfg = self.config
-    left = gather_positions(hidden, span_left)
-    right = gather_positions(hidden, span_right)
+    choices = kernels.for_model(cfg)
+    left = gather_positions(hidden, span_left, choices.float32_gather)
+    right = gather_positions(hidden, span_right, choices.float32_gather)
     offset = jnp.clip(span_offset, 0, self.max_span_length - 1)
-    position = Embed(self.max_span_length, cfg.hidden_size, (None, "embed"), cfg.compute_dtype,
-                     name="position_embeddings")(offset)
+    position = embed_layer(cfg, self.max_span_length, cfg.hidden_size, (None, "embed"),
+                           name="position_embeddings")(offset)
     x = jnp.concatenate([left, right, position.astype(left.dtype)], axis=-1)
-    act = activation("gelu")
+    act = activation("gelu", choices.erf_gelu)
     x = make_dense(cfg.hidden_size, (None, "embed"), "dense_0", cfg)(x)
     x = make_layer_norm(cfg, "layer_norm_0")(act(x))
     # The second layer ends in the embedding size, so the tied decoder applies to ALBERT-style
@@ -133,4 +138,4 @@ class SpanBoundaryHead(nn.Module):
     x = make_layer_norm(cfg, "layer_norm_1", "embed_in")(act(x))
     bias_init = nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",))
     bias = self.param("bias", bias_init, (cfg.vocab_size,), jnp.float32)
-    return add_vocab_bias(encoder.attend(x).astype(jnp.float32), bias)
+    return add_vocab_bias(encoder.attend(x).astype(jnp.float32), bias, choices.bias_product)

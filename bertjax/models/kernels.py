@@ -1,16 +1,19 @@
-"""Device-specific implementation choices of the encoder, all in this one module.
+"""Device-specific implementation choices of the encoder and optimizer, all in this one module.
 
-The model code (`encoder.py`, `heads.py`) reads like ordinary Flax and asks `for_model(cfg)`
-which implementation to use where the fastest one differs by device. Each choice below is
-either measured on the device it is made for (with the figure and where it is recorded) or
-marked unmeasured, in which case the ordinary formulation is the one used. One exception, said
-where it is made: the TPU set's splash attention, unmeasured, chosen as the accelerator issue
-directs.
+The model code (`encoder.py`, `heads.py`) is built from `flax.linen` layers (`nn.Dense`,
+`nn.Einsum`, `nn.LayerNorm`, `nn.Embed`, `nn.Dropout`) and asks `for_model(cfg)` where a
+hand-written form replaces one: each such form is a field of `Kernels`, and a field turned off
+gives the stock layer or function. Each choice of a platform's set is either measured on the
+device it is made for (with the figure and where it is recorded) or marked unmeasured. The
+GPU and TPU sets keep the forms the CPU measurements brought in where nothing on the device
+says otherwise (unmeasured there); the TPU set's splash attention, unmeasured, is chosen as the
+accelerator issue directs.
 
 `model.kernels` picks the set: "auto" (the default) takes the backend JAX runs on; "cpu",
 "gpu" or "tpu" force one, so that, say, the CPU choices can be measured on a GPU with
 `python -m bertjax.benchmark ... --override model.kernels=cpu`; "tpu-xla" is the TPU set with
-XLA's attention instead of the splash kernel (to compare the two on a TPU). Parameters and
+XLA's attention instead of the splash kernel (to compare the two on a TPU); "stock" turns every
+field off: stock Flax and optax throughout (`STOCK`). Parameters and
 checkpoints are the same under every set, and so are outputs and gradients to float rounding when
 both draw dropout masks the same way (tests/test_accelerator_paths.py pins `model.dropout_impl`;
 left at "auto", the sets draw different masks at the same rate; tests/test_splash_attention.py);
@@ -29,19 +32,23 @@ import dataclasses
 import jax
 
 PLATFORMS = ("cpu", "gpu", "tpu")
-KERNEL_SETTINGS = ("auto",) + PLATFORMS + ("tpu-xla",)
+KERNEL_SETTINGS = ("auto",) + PLATFORMS + ("tpu-xla", "stock")
 ATTENTION_DROPOUT_KERNELS = ("explicit", "pallas")
 ATTENTION_DROPOUT_SETTINGS = ("auto",) + ATTENTION_DROPOUT_KERNELS
 
 
 @dataclasses.dataclass(frozen=True)
 class Kernels:
-  """How the encoder computes on one platform.
+  """How the encoder (and the optimizer's clipping) computes on one platform. Every field off (or
+  0, "xla", "flax", "explicit", 1) is stock Flax and optax: `STOCK`.
 
-  flat_dense: each Dense as one 2-D product [rows, in] @ [in, out] over reshaped operands, instead
-    of a dot_general over the multi-axis kernel.
+  flat_dense: each Dense as one 2-D product [rows, in] @ [in, out] over reshaped operands
+    (`layers.Dense`), instead of `nn.Dense` (one input and one output axis) or `nn.Einsum` (the
+    attention's multi-axis kernels: `nn.DenseGeneral` would create them flat and reshape, which
+    its logical axis names do not survive under a mesh).
   layer_norm_vjp: LayerNorm with its backward pass written out (keeps x, the row mean and the
-    inverse deviation only), instead of autodiff through the forward pass.
+    inverse deviation only, `layers.LayerNorm`), instead of `nn.LayerNorm` (two-pass variance)
+    under autodiff.
   remat_activation: the feed-forward activation recomputed in the backward pass.
   attention: the fused attention for training steps without attention dropout and for inference:
     an `implementation` of `jax.nn.dot_product_attention` ("cudnn": the fused flash kernel,
@@ -53,8 +60,21 @@ class Kernels:
   one_hot_rows: embedding tables of at most this many rows (token types) are looked up as a
     one-hot product, whose gradient is a small matrix product instead of a scatter-add of every
     token into a few rows (0: never).
-  dropout: how dropout draws and keeps its masks (bertjax.models.dropout.IMPLEMENTATIONS), what
-    `model.dropout_impl="auto"` uses.
+  float32_lookup: embedding rows looked up on the float32 table and cast after the lookup
+    (`embeddings.Embed`), so the gradient's scatter-add runs in float32; off: `nn.Embed`, which
+    casts the table to the compute dtype first (with `one_hot_rows` 0).
+  float32_gather: half-precision hidden states gathered at the masked positions from a float32
+    view (`encoder.gather_positions`), for the same reason; off: gathered in their own dtype.
+  dropout: how dropout draws and keeps its masks: one of bertjax's forms
+    (bertjax.models.dropout.IMPLEMENTATIONS) or "flax" (`nn.Dropout`, a boolean mask from
+    `jax.random.bernoulli` that autodiff keeps); what `model.dropout_impl="auto"` uses.
+  erf_gelu: the exact GELU as x * Phi(x) through erf (`layers.exact_gelu`, PyTorch's formula),
+    instead of `nn.gelu(approximate=False)`, which goes through erfc.
+  bias_product: the MLM decoder's vocabulary bias added as an outer product with ones
+    (`heads.add_vocab_bias`), so its gradient is a matrix-vector product instead of a column
+    sum; off: a broadcast add.
+  scalar_clipping: global-norm clipping as one multiply by min(1, max_norm / norm)
+    (`bertjax.optim.clip_by_global_norm`), instead of `optax.clip_by_global_norm`.
   attention_dropout: the path of training steps with attention dropout ("explicit": scores,
     softmax and dropout as separate XLA operations, `explicit_attention`; "pallas": the fused
     flash kernel with counter-based dropout, `bertjax.models.flash_attention`).
@@ -71,6 +91,11 @@ class Kernels:
   attention_lengths: bool
   one_hot_rows: int
   dropout: str
+  erf_gelu: bool
+  float32_lookup: bool
+  float32_gather: bool
+  bias_product: bool
+  scalar_clipping: bool
   attention_dropout: str = "explicit"
   row_multiple: int = 1
 
@@ -89,9 +114,19 @@ class Kernels:
 #   pass, bert-base batch 8 temp 1231 -> 962 MB (bertjax/models/dropout.py). The other forms are
 #   unmeasured on a CPU.
 # - attention_dropout "explicit": the Pallas kernel runs only interpreted on a CPU (for tests).
+# - erf_gelu: XLA:CPU expands erfc into about twice the work of erf; with the row-maximum top-1
+#   and bias_product, bert-mini 3821 -> 3860-3960 tokens/s (second round).
+# - bias_product: the MLM bias gradient, a column sum over [320, 30522], 21 ms -> ~3 ms of a
+#   bert-mini step (second round).
+# - scalar_clipping: optax's divide kept every clipped gradient as its own buffer, the step's peak
+#   in the optimizer; bert-base step temp 1077 -> 1068 MB with the peak back in the backward
+#   pass (third round).
+# - float32_lookup, float32_gather: for half precision; the bf16 scatter-add they avoid is
+#   unmeasured on a CPU (float32 runs, the CPU's default, read the same values either way).
 CPU = Kernels(platform="cpu", flat_dense=True, layer_norm_vjp=True, remat_activation=True,
               attention="xla", attention_lengths=False, one_hot_rows=2, dropout="packed32",
-              attention_dropout="explicit")
+              erf_gelu=True, float32_lookup=True, float32_gather=True, bias_product=True,
+              scalar_clipping=True, attention_dropout="explicit")
 
 # GPU (H100, jax 0.11.2, the issue's measurement: bf16 bert-base, seq 128, batch 256, MLM+NSP,
 # dropout 0.1; tokens/s, one H100):
@@ -113,9 +148,14 @@ CPU = Kernels(platform="cpu", flat_dense=True, layer_norm_vjp=True, remat_activa
 # - row_multiple 8: cuDNN refuses odd query or key lengths in training ("Unsupported sequence
 #   length Q 21, KV 128" on the H100 for the gathered layer's 20 predictions + [CLS]); 8 rather
 #   than 2 because tensor cores take rows in eights (unmeasured against 2).
+# - float32_lookup: the issue's profile put 115 of the bf16 step's 177 ms in bf16 scatter-adds of
+#   the embedding gradients; the lookups on the float32 tables gave 148k -> 482k (PERFORMANCE.md,
+#   quoted, not re-measured). float32_gather, the same scatter for the masked rows: unmeasured.
+# - erf_gelu, bias_product, scalar_clipping: kept from the CPU, unmeasured on a GPU.
 GPU = Kernels(platform="gpu", flat_dense=True, layer_norm_vjp=True, remat_activation=False,
               attention="cudnn", attention_lengths=True, one_hot_rows=16, dropout="packed32+rbg",
-              attention_dropout="explicit", row_multiple=8)
+              erf_gelu=True, float32_lookup=True, float32_gather=True, bias_product=True,
+              scalar_clipping=True, attention_dropout="explicit", row_multiple=8)
 
 # TPU: unmeasured; the ordinary formulation. Reshapes that merge the tiled minor dimensions can
 # cost a relayout there, so Dense stays a dot_general over the kernel's axes. Small tables as
@@ -126,18 +166,27 @@ GPU = Kernels(platform="gpu", flat_dense=True, layer_norm_vjp=True, remat_activa
 # interpret mode, a correctness check (tests/test_splash_attention.py). XLA's attention stays
 # one setting away: `model.kernels=tpu-xla`. Attention dropout explicit: the Pallas flash kernel
 # is untried on TPUs (it would run interpreted there). Dropout as on CPUs (threefry draws, packed
-# masks): unmeasured.
+# masks): unmeasured. Float32 lookups and gathers, the erf GELU, the bias as a product and the
+# scalar clipping kept from the CPU and GPU sets: unmeasured on a TPU.
 TPU = Kernels(platform="tpu", flat_dense=False, layer_norm_vjp=False, remat_activation=False,
               attention="splash", attention_lengths=False, one_hot_rows=16, dropout="packed32",
-              attention_dropout="explicit")
+              erf_gelu=True, float32_lookup=True, float32_gather=True, bias_product=True,
+              scalar_clipping=True, attention_dropout="explicit")
 TPU_XLA = dataclasses.replace(TPU, attention="xla")
 
-_BY_PLATFORM = {"cpu": CPU, "gpu": GPU, "tpu": TPU, "tpu-xla": TPU_XLA}
+# Stock Flax and optax, every field off: the reference the other sets are measured against, and
+# the model as big_vision-style code would write it.
+STOCK = Kernels(platform="stock", flat_dense=False, layer_norm_vjp=False, remat_activation=False,
+                attention="xla", attention_lengths=False, one_hot_rows=0, dropout="flax",
+                erf_gelu=False, float32_lookup=False, float32_gather=False, bias_product=False,
+                scalar_clipping=False, attention_dropout="explicit")
+
+_BY_PLATFORM = {"cpu": CPU, "gpu": GPU, "tpu": TPU, "tpu-xla": TPU_XLA, "stock": STOCK}
 
 
 def for_platform(platform: str) -> Kernels:
-  """The choices for `platform` ("cpu", "gpu", "tpu", or the "tpu-xla" variant; "cuda" and
-  "rocm" count as gpu)."""
+  """The choices for `platform` ("cpu", "gpu", "tpu", the "tpu-xla" variant, or "stock";
+  "cuda" and "rocm" count as gpu)."""
   platform = {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
   return _BY_PLATFORM.get(platform, CPU)
 

@@ -1,7 +1,8 @@
 """Building blocks of the encoder and its heads: Dense, LayerNorm, activations.
 
-Where the fastest formulation differs by device (a 2-D product, a written-out LayerNorm backward
-pass) each takes a flag that `bertjax.models.kernels` sets; the values are the same either way.
+`make_dense`, `make_layer_norm` and `activation` give the stock `flax.linen` layer or function, or, where
+the platform's `bertjax.models.kernels` set says so, the hand-written form here (a 2-D product, a
+written-out LayerNorm backward pass, GELU through erf); the values are the same to rounding.
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ def exact_gelu(x: Array) -> Array:
   return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(0.7071067811865476, x.dtype)))
 
 
-def activation(name: str) -> Callable[[Array], Array]:
+def activation(name: str, erf_gelu: bool = True) -> Callable[[Array], Array]:
+  """The activation `name` (Hugging Face's names); "gelu" through erf with `erf_gelu`
+  (`Kernels.erf_gelu`), else `nn.gelu(approximate=False)`."""
   if name == "gelu":
-    return exact_gelu
+    return exact_gelu if erf_gelu else functools.partial(nn.gelu, approximate=False)
   if name in ("gelu_new", "gelu_fast", "gelu_pytorch_tanh"):
     return lambda x: jax.nn.gelu(x, approximate=True)
   if name in ("silu", "swish"):
@@ -43,15 +46,15 @@ def dense_init(std: float = 0.02):
 class Dense(nn.Module):
   """A dense layer over `num_in` trailing input axes into `features` (an int or a shape).
 
-  Unlike `nn.DenseGeneral`, the kernel is created in its final multi-axis shape, so its logical
-  axis names (`names`: input axes then output axes) apply at initialization too. `flat`: compute
-  it as one 2-D matrix product (`Kernels.flat_dense`); the values are the same.
+  Computed as one 2-D matrix product over reshaped operands (`Kernels.flat_dense`, XLA:CPU's
+  choice); the values are those of `nn.Dense` / `nn.Einsum` with the same parameters. The kernel
+  is created in its final multi-axis shape, so its logical axis names (`names`: input axes then
+  output axes) apply at initialization too.
   """
   features: int | tuple[int, ...]
   names: tuple[str | None, ...]
   num_in: int = 1
   dtype: Any = jnp.float32
-  flat: bool = True
 
   @nn.compact
   def __call__(self, x):
@@ -63,22 +66,34 @@ class Dense(nn.Module):
                                                            self.names[self.num_in:]),
                       out, jnp.float32)
     x, kernel = x.astype(self.dtype), kernel.astype(self.dtype)
-    if not self.flat:
-      y = jax.lax.dot_general(x, kernel, ((tuple(range(x.ndim - self.num_in, x.ndim)),
-                                           tuple(range(self.num_in))), ((), ())))
-      return y + bias.astype(self.dtype)
-    # One 2-D product [rows, in] @ [in, out], the reshapes being free (row-major, contiguous):
-    # the CPU choice (bertjax.models.kernels).
+    # One 2-D product [rows, in] @ [in, out], the reshapes being free (row-major, contiguous).
     lead = x.shape[:x.ndim - self.num_in]
     rows = x.reshape(math.prod(lead), math.prod(in_shape))
     y = rows @ kernel.reshape(math.prod(in_shape), math.prod(out))
     return y.reshape(lead + out) + bias.astype(self.dtype)
 
 
-def make_dense(features, names, name, cfg: ModelConfig, axis=-1):
+def make_dense(features, names, name, cfg: ModelConfig, axis=-1, in_shape=None):
+  """A dense layer into `features` (an int or a shape) over the `axis` input axes, kernel and bias
+  named by the logical `names` (input axes then output axes): `Dense` with `Kernels.flat_dense`,
+  else `nn.Dense`, or `nn.Einsum` over `in_shape` (the sizes of the input axes) where either side
+  has several axes. The parameters are the same either way."""
+  names = tuple(names)
   num_in = len(axis) if isinstance(axis, tuple) else 1
-  return Dense(features, tuple(names), num_in=num_in, dtype=cfg.compute_dtype,
-               flat=kernels.for_model(cfg).flat_dense, name=name)
+  if kernels.for_model(cfg).flat_dense:
+    return Dense(features, names, num_in=num_in, dtype=cfg.compute_dtype, name=name)
+  kernel_init = nn.with_logical_partitioning(dense_init(), names)
+  bias_init = nn.with_logical_partitioning(nn.initializers.zeros_init(), names[num_in:])
+  if num_in == 1 and isinstance(features, int):
+    return nn.Dense(features, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
+                    kernel_init=kernel_init, bias_init=bias_init, name=name)
+  # Not nn.DenseGeneral: it draws its kernel flat and reshapes it, and the flat draw's sharding
+  # constraint (under a mesh) does not fit the multi-axis names.
+  out = (features,) if isinstance(features, int) else tuple(features)
+  ins, outs = "ijkl"[:num_in], "uvwx"[:len(out)]
+  return nn.Einsum(tuple(in_shape) + out, f"...{ins},{ins}{outs}->...{outs}",
+                   dtype=cfg.compute_dtype, param_dtype=jnp.float32, kernel_init=kernel_init,
+                   bias_init=bias_init, name=name)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -119,17 +134,11 @@ def _layer_norm_bwd(epsilon, residuals, g):
 layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
 
 
-def layer_norm_autodiff(x: Array, scale: Array, bias: Array, epsilon: float) -> Array:
-  """The same LayerNorm, its backward pass left to autodiff (the ordinary formulation)."""
-  return _layer_norm_fwd(x, scale, bias, epsilon)[0]
-
-
 class LayerNorm(nn.Module):
-  """LayerNorm with `scale` and `bias` parameters (the layout of `nn.LayerNorm`)."""
+  """`layer_norm` with `scale` and `bias` parameters (the layout of `nn.LayerNorm`)."""
   epsilon: float
   dtype: Any = jnp.float32
   axis_name: str = "embed"
-  written_backward: bool = True  # `Kernels.layer_norm_vjp`; the values are the same
 
   @nn.compact
   def __call__(self, x):
@@ -138,10 +147,17 @@ class LayerNorm(nn.Module):
                                                              (self.axis_name,)), (size,), jnp.float32)
     bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
                                                            (self.axis_name,)), (size,), jnp.float32)
-    norm = layer_norm if self.written_backward else layer_norm_autodiff
-    return norm(x.astype(self.dtype), scale, bias, self.epsilon)
+    return layer_norm(x.astype(self.dtype), scale, bias, self.epsilon)
 
 
 def make_layer_norm(cfg: ModelConfig, name: str, axis_name: str = "embed"):
-  return LayerNorm(cfg.layer_norm_eps, cfg.compute_dtype, axis_name,
-                   kernels.for_model(cfg).layer_norm_vjp, name=name)
+  """`LayerNorm` with `Kernels.layer_norm_vjp`, else `nn.LayerNorm` (its variance in two passes,
+  as `layer_norm`); `scale` and `bias` named by the logical `axis_name` either way."""
+  if kernels.for_model(cfg).layer_norm_vjp:
+    return LayerNorm(cfg.layer_norm_eps, cfg.compute_dtype, axis_name, name=name)
+  names = (axis_name,)
+  return nn.LayerNorm(cfg.layer_norm_eps, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
+                      use_fast_variance=False,
+                      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), names),
+                      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), names),
+                      name=name)
