@@ -106,3 +106,31 @@ def test_task_class_matches_transformers(name):
   ids, mask = inputs()
   ours = bertjax_model(name, cfg).apply({"params": params}, ids, mask, np.zeros_like(ids))
   close(ours, hf_logits(hf, ids, mask), mask, name)
+
+
+@pytest.mark.parametrize("name", ["sequence_mean", "token", "qa"])
+def test_from_hf_load_and_to_hf_keep_the_task_head(tmp_path, name):
+  """from-hf of a fine-tuned class: `bertjax.load` runs its head with transformers' logits;
+  to-hf writes the same class with the same tensors, labels and pooling."""
+  hf = hf_model(name)
+  _, kind, head, labels, _ = CLASSES[name]
+  if kind == "sequence":
+    hf.config.id2label = {i: f"L{i}" for i in range(labels)}
+    hf.config.label2id = {f"L{i}": i for i in range(labels)}
+  hf.save_pretrained(tmp_path / "hf")
+  convert.convert_from_hf(tmp_path / "hf", tmp_path / "work", log=lambda *_: None)
+  m = bertjax.load(tmp_path / "work")
+  assert (m.task.kind, m.task.name, m.task.num_labels) == (kind, head, labels)
+  ids, mask = inputs(seed=3)
+  close(m.logits(ids, mask, np.zeros_like(ids)), hf_logits(hf, ids, mask), mask, name)
+  lines = []
+  convert.convert_to_hf(tmp_path / "work", tmp_path / "back", log=lines.append)
+  config = json.loads((tmp_path / "back" / "config.json").read_text())
+  assert config["architectures"] == [type(hf).__name__], lines
+  back = type(hf).from_pretrained(tmp_path / "back")
+  want, got = hf.state_dict(), back.state_dict()
+  assert set(want) == set(got)
+  assert all(torch.equal(want[k], got[k]) for k in want)
+  assert back.config.classifier_pooling == hf.config.classifier_pooling
+  if kind == "sequence":
+    assert back.config.id2label == hf.config.id2label
