@@ -134,3 +134,66 @@ def test_from_hf_load_and_to_hf_keep_the_task_head(tmp_path, name):
   assert back.config.classifier_pooling == hf.config.classifier_pooling
   if kind == "sequence":
     assert back.config.id2label == hf.config.id2label
+
+
+TEXTS = ["The river valley was settled in 1998 .", "  Two  spaces, and a [MASK] token here.",
+         "naïve café — ünïcödé text", "Short one ."]
+SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
+
+
+def bpe_folder(path: pathlib.Path, texts: list[str], vocab_size: int = 300) -> pathlib.Path:
+  """A transformers folder holding a ModernBERT-style tokenizer: a byte-level BPE tokenizer.json
+  with [UNK] [CLS] [SEP] [PAD] [MASK] ([MASK] taking the space before it), its post-processor
+  and a tokenizer_config.json naming the specials, as answerdotai's checkpoints ship it."""
+  from tokenizers import (AddedToken, Tokenizer, decoders, models, pre_tokenizers,
+                          processors, trainers)
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  tok.train_from_iterator(texts, trainers.BpeTrainer(
+      vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+  tok.add_special_tokens([AddedToken("[MASK]", lstrip=True, normalized=False)])
+  cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+  tok.post_processor = processors.TemplateProcessing(
+      single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
+      special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+  path.mkdir(parents=True, exist_ok=True)
+  tok.save(str(path / "tokenizer.json"))
+  config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 64,
+            "model_input_names": ["input_ids", "attention_mask"],
+            **{f"{t[1:-1].lower()}_token": t for t in SPECIALS}}
+  (path / "tokenizer_config.json").write_text(json.dumps(config))
+  return path
+
+
+def bertjax_ids(tok, a: str, b: str | None = None) -> list[int]:
+  """[CLS] A [SEP] (B [SEP]), as bertjax's pipelines place the specials."""
+  ids = [tok.cls_id, *tok.encode(a), tok.sep_id]
+  return ids + ([*tok.encode(b), tok.sep_id] if b is not None else [])
+
+
+def test_tokenizer_json_is_read_and_written_with_autotokenizer_ids(tmp_path):
+  """bertjax reads a ModernBERT-style tokenizer.json with AutoTokenizer's ids; saved by bertjax
+  and written for transformers, AutoTokenizer loads it and gives the same ids again."""
+  from bertjax.convert.hf_tokenizer import write_hf_tokenizer
+  from bertjax.data import tokenizers
+  hf_dir = bpe_folder(tmp_path / "hf", TEXTS * 20)
+  theirs = T.AutoTokenizer.from_pretrained(hf_dir)
+  tok = tokenizers.load_tokenizer(hf_dir)
+  assert tok.kind == "json" and tok.mask_id == theirs.mask_token_id
+  assert (tok.cls_id, tok.sep_id, tok.pad_id) == (theirs.cls_token_id, theirs.sep_token_id,
+                                                  theirs.pad_token_id)
+  pairs = [(t, None) for t in TEXTS] + [(TEXTS[0], TEXTS[1]), (TEXTS[2], TEXTS[3])]
+  for a, b in pairs:
+    assert bertjax_ids(tok, a, b) == theirs(a, b)["input_ids"], (a, b)
+  tok.save(tmp_path / "ours")
+  again = tokenizers.load_tokenizer(tmp_path / "ours")
+  assert again.kind == "json" and again.fingerprint() == tok.fingerprint()
+  write_hf_tokenizer(tmp_path / "ours", tmp_path / "back", 64, "modernbert")
+  back = T.AutoTokenizer.from_pretrained(tmp_path / "back")
+  for a, b in pairs:
+    out = back(a, b)
+    assert out["input_ids"] == bertjax_ids(again, a, b), (a, b)
+    assert set(out) == {"input_ids", "attention_mask"}
+  assert back.decode(back("Short one .")["input_ids"], skip_special_tokens=True) == "Short one ."

@@ -180,7 +180,8 @@ def convert_to_hf(workdir: PathLike, output: PathLike, step: int | None = None,
     for sub, plan in todo.items():
       _write(plan, tmp / sub)
       if source.tokenizer is not None:
-        token_files = write_hf_tokenizer(source.tokenizer, tmp / sub, _max_length(plan.config))
+        token_files = write_hf_tokenizer(source.tokenizer, tmp / sub, _max_length(plan.config),
+                                         plan.config["model_type"])
   what = f"{source.kind} folder" + (f" at step {source.step}" if source.step is not None else "")
   log(f"exported the {what} {source.path}")
   for sub, plan in todo.items():
