@@ -197,3 +197,65 @@ def test_tokenizer_json_is_read_and_written_with_autotokenizer_ids(tmp_path):
     assert out["input_ids"] == bertjax_ids(again, a, b), (a, b)
     assert set(out) == {"input_ids", "attention_mask"}
   assert back.decode(back("Short one .")["input_ids"], skip_special_tokens=True) == "Short one ."
+
+
+def rte_texts(data: pathlib.Path, n: int = 200) -> list[str]:
+  rows = (data / "glue" / "RTE" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:n]
+  return [t for r in rows for t in r.split("\t")[1:3]]
+
+
+@pytest.mark.slow
+def test_trained_run_goes_to_transformers_and_back_with_equal_outputs(tmp_path):
+  """A ModernBertForMaskedLM folder with a tokenizer.json -> from-hf -> a GLUE (RTE) fine-tune
+  of a few steps with it as init_from (its tokenizer, mean pooling) -> to-hf: transformers'
+  ModernBertForSequenceClassification gives bertjax's logits on AutoTokenizer's ids, which are
+  bertjax's; -> from-hf again: `bertjax.load` gives them too."""
+  import os  # pylint: disable=g-import-not-at-top
+  from bertjax import train  # pylint: disable=g-import-not-at-top
+  from bertjax.data import tokenizers  # pylint: disable=g-import-not-at-top
+  from helpers import TINY as RUN, load_config  # pylint: disable=g-import-not-at-top
+  data = pathlib.Path(os.environ.get("BERTJAX_DATA", "/work/shared/data"))
+  if not (data / "glue" / "RTE").is_dir():
+    pytest.skip("needs BERTJAX_DATA's glue/RTE")
+  hf_dir = bpe_folder(tmp_path / "mlm", rte_texts(data), vocab_size=400)
+  vocab = len(json.loads((hf_dir / "tokenizer.json").read_text())["model"]["vocab"])
+  pad = T.AutoTokenizer.from_pretrained(hf_dir).pad_token_id
+  mlm = T.ModernBertForMaskedLM(T.ModernBertConfig(**{**TINY, "vocab_size": vocab,
+                                                      "pad_token_id": pad}))
+  mlm.save_pretrained(hf_dir)
+  convert.convert_from_hf(hf_dir, tmp_path / "init", log=lambda *_: None)
+  root = tmp_path / "glue"
+  (root / "RTE").mkdir(parents=True)
+  for name in ("train.tsv", "dev.tsv"):
+    (root / "RTE" / name).symlink_to(data / "glue" / "RTE" / name)
+  config = load_config("configs/glue.py:task=rte,runlocal", **{
+      **RUN, "data_dir": str(root), "init_from": str(tmp_path / "init"),
+      "model.classifier_pooling": "mean", "max_train_examples": 32, "total_steps": 3,
+      "batch_size": 8, "eval_batch_size": 32, "max_seq_length": 48, "eval_every": 3,
+      "learning_rate": 1e-2, "best_metric": ""})
+  train.train_and_evaluate(config, tmp_path / "run")
+  ours = bertjax.load(tmp_path / "run")
+  assert ours.config.architecture == "modernbert" and ours.config.classifier_pooling == "mean"
+  assert ours.source.tokenizer is not None and tokenizers.load_tokenizer(
+      ours.source.tokenizer).kind == "json"
+  convert.convert_to_hf(tmp_path / "run", tmp_path / "hf", log=lambda *_: None)
+  hf = T.ModernBertForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+  assert hf.config.classifier_pooling == "mean"
+  theirs_tok = T.AutoTokenizer.from_pretrained(tmp_path / "hf")
+  tok = tokenizers.load_tokenizer(ours.source.tokenizer)
+  pairs = list(zip(rte_texts(data, 6)[0::2], rte_texts(data, 6)[1::2]))
+  batch = theirs_tok([a for a, _ in pairs], [b for _, b in pairs], padding=True,
+                     return_tensors="np")
+  for i, (a, b) in enumerate(pairs):
+    row = bertjax_ids(tok, a, b)
+    assert batch["input_ids"][i, :len(row)].tolist() == row
+  ids, mask = batch["input_ids"], batch["attention_mask"]
+  assert ids.shape[1] > TINY["local_attention"] and mask.min() == 0  # the window, and padding
+  logits = ours.logits(ids, mask, np.zeros_like(ids))
+  close(logits, hf_logits(hf, ids, mask), mask, "exported")
+  # Trained: the head differs from a fresh one's init (its norm scale left 1).
+  assert not np.allclose(ours.head_params["classifier"]["norm"]["scale"], 1.0)
+  convert.convert_from_hf(tmp_path / "hf", tmp_path / "back", log=lambda *_: None)
+  back = bertjax.load(tmp_path / "back")
+  assert back.task.labels == ours.task.labels
+  close(back.logits(ids, mask, np.zeros_like(ids)), logits, mask, "back")
