@@ -30,5 +30,5 @@ from bertjax.data.tokenizers.vocab_tokenizers import (ByteLevelBPETokenizer, Jso
 
 __all__ = ["BERT_SPECIALS", "BPE_MERGES", "BPE_VOCAB", "CONFIG_FILE", "KINDS", "ROBERTA_SPECIALS",
            "SPM_FILE", "SPM_SPECIALS", "TOKENIZER_JSON", "WORDPIECE_VOCAB",
-           "ByteLevelBPETokenizer", "JsonTokenizer", "SentencePieceTokenizer", "Tokenizer", "WordPieceTokenizer", "load_tokenizer",
-           "train_sentencepiece"]
+           "ByteLevelBPETokenizer", "JsonTokenizer", "SentencePieceTokenizer", "Tokenizer",
+           "WordPieceTokenizer", "load_tokenizer", "train_sentencepiece"]
