@@ -38,7 +38,7 @@ UNRANGED = {"null_score_diff_threshold",  # SQuAD v2: any margin, negative inclu
             "model.norm_eps", "model.global_rope_theta", "model.local_rope_theta",
             "model.global_attn_every_n_layers", "model.local_attention", "model.attention_dropout",
             "model.embedding_dropout", "model.mlp_dropout", "model.initializer_range",
-            "model.initializer_cutoff_factor"}
+            "model.initializer_cutoff_factor", "model.classifier_dropout"}
 
 
 def fake_mesh(data=1, fsdp=1, tensor=1):

@@ -1,4 +1,4 @@
-"""Hugging Face interop: checkpoints of BERT, RoBERTa, ALBERT and ELECTRA, both ways.
+"""Hugging Face interop: checkpoints of BERT, RoBERTa, ALBERT, ELECTRA and ModernBERT, both ways.
 
   python -m bertjax.convert from-hf --model-dir HF_DIR --workdir OUT \
       [--part discriminator|generator|both]
@@ -33,7 +33,9 @@ whose model.json names the head under "task"; a head model.json does not name is
 said so): GLUE's `classifier` -> *ForSequenceClassification
 (`classifier`; RoBERTa: `classifier.dense` is our pooler, `classifier.out_proj` our classifier),
 CoNLL's `classifier` -> *ForTokenClassification, SQuAD's `qa_outputs` ->
-*ForQuestionAnswering.
+*ForQuestionAnswering. ModernBERT's task heads (`dense`, `norm`, `classifier`) are its classes'
+`head.dense`, `head.norm` and `classifier`; `from-hf` reads a ModernBertFor* fine-tuned class
+with its head (model.json "task"), so `bertjax.load` runs it and `to-hf` writes it back.
 
 ELECTRA ships its two networks as separate folders. `--part` picks which one a folder holds
 (by default: detected from its tensors); `--part both` takes a folder with `discriminator/` and

@@ -102,14 +102,15 @@ def _task_plan(source: Source) -> Plan:
     fail(f"no transformers class holds a feature-based head (head.features={task.features!r}: "
          "it reads several layers); run it with bertjax.load(W).logits, or export the features "
          "with python -m bertjax.embed")
-  if task.kind == "sequence" and (cls is None or not cfg.use_pooler):
+  if task.kind == "sequence" and (cls is None or not cfg.use_pooler) and (
+      cfg.architecture != "modernbert"):
     ours = "pooler (dense + tanh) + linear" if cfg.use_pooler else "a linear layer on [CLS]"
     theirs = ("a dense + GELU + linear head" if cfg.architecture == "electra"
               else "a pooler (dense + tanh) + linear")
     fail(f"no transformers class matches this {cfg.architecture} sequence classifier (bertjax: "
          f"{ours}; transformers: {theirs}); run it with bertjax.load(W).logits instead")
   entries = [e for e in encoder_entries(cfg) if e.part != "pooler"]
-  if task.kind == "sequence":
+  if task.kind == "sequence" and cfg.architecture != "modernbert":  # its own head: no pooler
     entries += (roberta_classifier_dense(cfg) if cfg.architecture == "roberta"
                 else [e for e in encoder_entries(cfg) if e.part == "pooler"])
   entries += task_head_entries(cfg, task.kind, task.num_labels)
@@ -179,7 +180,8 @@ def convert_to_hf(workdir: PathLike, output: PathLike, step: int | None = None,
     for sub, plan in todo.items():
       _write(plan, tmp / sub)
       if source.tokenizer is not None:
-        token_files = write_hf_tokenizer(source.tokenizer, tmp / sub, _max_length(plan.config))
+        token_files = write_hf_tokenizer(source.tokenizer, tmp / sub, _max_length(plan.config),
+                                         plan.config["model_type"])
   what = f"{source.kind} folder" + (f" at step {source.step}" if source.step is not None else "")
   log(f"exported the {what} {source.path}")
   for sub, plan in todo.items():

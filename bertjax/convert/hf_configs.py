@@ -62,6 +62,9 @@ TASK_CLASSES: dict[tuple[str, str], str] = {
     ("albert", "qa"): "AlbertForQuestionAnswering",
     ("electra", "token"): "ElectraForTokenClassification",
     ("electra", "qa"): "ElectraForQuestionAnswering",
+    ("modernbert", "sequence"): "ModernBertForSequenceClassification",
+    ("modernbert", "token"): "ModernBertForTokenClassification",
+    ("modernbert", "qa"): "ModernBertForQuestionAnswering",
 }
 # The classes whose base model keeps its pooler (the others are built with add_pooling_layer=False).
 POOLER_CLASSES = frozenset({
@@ -121,7 +124,7 @@ MODERNBERT_FIELDS = (
     "attention_bias", "mlp_bias", "decoder_bias", "classifier_activation", "classifier_bias",
     "global_rope_theta", "local_rope_theta", "global_attn_every_n_layers", "local_attention",
     "attention_dropout", "embedding_dropout", "mlp_dropout", "initializer_range",
-    "initializer_cutoff_factor")
+    "initializer_cutoff_factor", "classifier_pooling", "classifier_dropout")
 _MODERNBERT_DEFAULTS = dict(vocab_size=50368, hidden_size=768, num_hidden_layers=22,
                             num_attention_heads=12, intermediate_size=1152,
                             max_position_embeddings=8192, pad_token_id=50283)

@@ -2,6 +2,7 @@
 
   wordpiece      vocab.txt + tokenizer.json + tokenizer_config.json (BertTokenizer)
   bpe            vocab.json + merges.txt + tokenizer.json + tokenizer_config.json (RobertaTokenizer)
+  json           tokenizer.json + tokenizer_config.json (PreTrainedTokenizerFast: ModernBERT's)
   sentencepiece  spiece.model + tokenizer_config.json (AlbertTokenizer; transformers builds its
                  fast tokenizer from the model when loading, which needs sentencepiece and
                  protobuf installed where it loads)
@@ -9,7 +10,8 @@
 Each adds the special tokens as bertjax's pipelines place them: [CLS] A [SEP] (B [SEP]), with
 token types 0 then 1 (RoBERTa: <s> A </s></s> B </s>). A tokenizer folder holding a Hugging Face
 checkpoint's own files (copied by `from-hf`, no "kind" in its tokenizer_config.json) is copied
-as it is.
+as it is. For ModernBERT (`model_type`), whose models take no token types, the tokenizer's
+outputs are input_ids and attention_mask only, so `model(**tokenizer(text))` runs.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def _specials(tok: tokenizers.Tokenizer) -> dict[str, str]:
   return {k: tok.id_to_token(i) for k, i in ids.items()}
 
 
-def write_hf_tokenizer(src: pathlib.Path, out: pathlib.Path, max_length: int) -> list[str]:
+def write_hf_tokenizer(src: pathlib.Path, out: pathlib.Path, max_length: int,
+                       model_type: str = "") -> list[str]:
   """Writes the tokenizer of folder `src` into `out` for transformers; returns the file names."""
   if not is_bertjax_tokenizer(src):
     return copy_files(src, out)
@@ -62,6 +65,8 @@ def write_hf_tokenizer(src: pathlib.Path, out: pathlib.Path, max_length: int) ->
   specials = _specials(tok)
   config: dict[str, Any] = {"model_max_length": max_length, **specials,
                             "clean_up_tokenization_spaces": False}
+  if model_type == "modernbert":
+    config["model_input_names"] = ["input_ids", "attention_mask"]
   out.mkdir(parents=True, exist_ok=True)
   if tok.kind == "sentencepiece":
     paths.copy_file(src / tokenizers.SPM_FILE, out / "spiece.model")
@@ -73,10 +78,14 @@ def write_hf_tokenizer(src: pathlib.Path, out: pathlib.Path, max_length: int) ->
   else:
     backend = tok.backend()
     cls, sep = specials["cls_token"], specials["sep_token"]
-    if tok.kind == "wordpiece":
+    if tok.kind in ("wordpiece", "json"):
       backend.post_processor = processors.TemplateProcessing(
           single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
           special_tokens=[(cls, tok.cls_id), (sep, tok.sep_id)])
+    if tok.kind == "json":
+      files = []
+      config.update(tokenizer_class="PreTrainedTokenizerFast")
+    elif tok.kind == "wordpiece":
       tok.save(out)  # vocab.txt
       files = [tokenizers.WORDPIECE_VOCAB]
       config.update(tokenizer_class="BertTokenizer", do_lower_case=tok.lowercase,

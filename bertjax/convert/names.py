@@ -210,9 +210,24 @@ def task_head_entries(cfg: ModelConfig, kind: str, num_labels: int) -> list[Entr
   classifier is `classifier.out_proj` (our pooler is its `classifier.dense`, see
   `roberta_classifier_dense`)."""
   ours, hf = TASK_HEADS[kind]
+  if cfg.architecture == "modernbert":
+    return modernbert_task_entries(cfg, ours, num_labels)
   if kind == "sequence" and cfg.architecture == "roberta":
     hf = "classifier.out_proj"
   return _linear(hf, (ours, "classifier"), num_labels, cfg.hidden_size, ours)
+
+
+def modernbert_task_entries(cfg: ModelConfig, ours: str, num_labels: int) -> list[Entry]:
+  """ModernBertFor{SequenceClassification,TokenClassification,QuestionAnswering}'s head, the same
+  in the three: `head.dense`, `head.norm` (our `ours/dense`, `ours/norm`) and `classifier`."""
+  hidden = cfg.hidden_size
+  out = [Entry("head.dense.weight", (ours, "dense", "kernel"), "linear", (hidden, hidden), ours)]
+  if cfg.classifier_bias:
+    out.append(Entry("head.dense.bias", (ours, "dense", "bias"), "copy", (hidden,), ours))
+  out.append(Entry("head.norm.weight", (ours, "norm", "scale"), "copy", (hidden,), ours))
+  if cfg.norm_bias:
+    out.append(Entry("head.norm.bias", (ours, "norm", "bias"), "copy", (hidden,), ours))
+  return out + _linear("classifier", (ours, "classifier"), num_labels, hidden, ours)
 
 
 def roberta_classifier_dense(cfg: ModelConfig) -> list[Entry]:
@@ -303,18 +318,22 @@ def _normalize_names(names: Iterable[str], architecture: str) -> dict[str, str]:
 
 
 def hf_to_params(state_dict: Mapping[str, np.ndarray], cfg: ModelConfig,
-                 heads: tuple[str, ...]) -> tuple[Params, list[str], list[str]]:
+                 heads: tuple[str, ...], entries: list[Entry] | None = None
+                 ) -> tuple[Params, list[str], list[str]]:
   """Maps an HF state dict onto our tree {"encoder": ..., <heads present>...} (float32 numpy).
 
   Returns (params, missing, ignored): `missing` names the heads (and "pooler") the checkpoint
   lacks, `ignored` the checkpoint tensors nothing maps to. Any encoder tensor missing, or any
-  tensor with the wrong shape, is a UserError naming it.
+  tensor with the wrong shape, is a UserError naming it. `entries` replaces the default list
+  (the encoder's and the heads').
   """
   names = _normalize_names(state_dict, cfg.architecture)
   used: set[str] = set()
   params: Params = {}
   groups: dict[str, list[Entry]] = {}
-  for e in encoder_entries(cfg) + [e for h in heads for e in head_entries(cfg, h)]:
+  if entries is None:
+    entries = encoder_entries(cfg) + [e for h in heads for e in head_entries(cfg, h)]
+  for e in entries:
     groups.setdefault(e.part, []).append(e)
 
   def lookup(name: str) -> str | None:

@@ -160,8 +160,13 @@ def _recorded_task(c: Converted, d: paths.Path) -> TaskHead:
     task = TaskHead(**t)
   except (TypeError, ValueError) as e:
     fail(f"cannot read the task head in {d / 'model.json'} ({one_line(e)}); write it again")
+  # The output layer: the last kernel, or the one named classifier (ModernBERT's head has a dense
+  # transform before it).
   kernels = [np.shape(v) for k, v in jax.tree_util.tree_leaves_with_path(c.params[task.name])
              if jax.tree_util.keystr(k).endswith("['kernel']")]
+  named = c.params[task.name].get("classifier", {})
+  if isinstance(named, dict) and "kernel" in named:
+    kernels.append(np.shape(named["kernel"]))
   if not kernels or kernels[-1][-1] != task.num_labels:
     fail(f"{d / 'params'}: the {task.name} head does not output the {task.num_labels} labels "
          "model.json names; write the folder again")

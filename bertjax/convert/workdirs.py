@@ -15,10 +15,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from bertjax import checkpoints, paths
-from bertjax.convert.hf_configs import ELECTRA_PARTS, hf_config_to_model_config
+from bertjax.convert.hf_configs import ELECTRA_PARTS, TASK_CLASSES, hf_config_to_model_config
 from bertjax.convert import hf_tokenizer
 from bertjax.convert.models import check_tree, fresh_part
-from bertjax.convert.names import architecture_heads, hf_to_params
+from bertjax.convert.names import (TASK_HEADS, architecture_heads, encoder_entries, hf_to_params,
+                                   task_head_entries)
 from bertjax.convert.readers import one_line, read_hf_config, read_hf_weights
 from bertjax.errors import UserError, fail
 from bertjax.models.config import ModelConfig
@@ -87,6 +88,9 @@ def load_hf(model_dir: PathLike, part: str | None = None, heads: bool = True) ->
   sd = read_hf_weights(d)
   if cfg.architecture == "electra":
     part = _electra_part(sd, part, d)
+  task = task_from_hf_config(hf, cfg) if heads else None
+  if task is not None:
+    return _load_task(sd, cfg, task, d)
   want = architecture_heads(cfg.architecture, part) if heads else ()
   if "mlm" in want and hf.get("tie_word_embeddings") is False:
     fail(f"{d / 'config.json'} sets tie_word_embeddings=false; bertjax's MLM decoder is tied to "
@@ -101,6 +105,44 @@ def load_hf(model_dir: PathLike, part: str | None = None, heads: bool = True) ->
   params = to_numpy(params)
   check_tree(params, cfg, want, str(d), str(d / "config.json"))
   return Converted(cfg, params, want, tuple(missing), tuple(ignored), cfg.architecture, part)
+
+
+# The architectures whose fine-tuned classes from-hf reads with their task head (the others:
+# the encoder, and fresh pretraining heads).
+TASK_IMPORTS = ("modernbert",)
+
+
+def task_from_hf_config(hf: Mapping[str, Any], cfg: ModelConfig) -> dict[str, Any] | None:
+  """The task head (model.json's "task": see `bertjax.convert.sources.TaskHead`) of a fine-tuned
+  class named in config.json's "architectures", None for the other classes."""
+  kinds = {cls: kind for (arch, kind), cls in TASK_CLASSES.items() if arch == cfg.architecture}
+  found = [kinds[a] for a in hf.get("architectures") or () if a in kinds]
+  if cfg.architecture not in TASK_IMPORTS or not found:
+    return None
+  kind = found[0]
+  if kind == "qa":
+    num_labels, labels = 2, ["start", "end"]
+  else:
+    id2label = hf.get("id2label") or {}
+    num_labels = len(id2label) or int(hf.get("num_labels", 2))
+    labels = [str(id2label[k]) for k in sorted(id2label, key=int)] if id2label else None
+  return {"kind": kind, "name": TASK_HEADS[kind][0], "num_labels": num_labels, "labels": labels,
+          "regression": hf.get("problem_type") == "regression",
+          "task": hf.get("finetuning_task") or "", "features": "standard",
+          "layers": [-4, -3, -2, -1], "pooling": "cls"}
+
+
+def _load_task(sd: Mapping[str, np.ndarray], cfg: ModelConfig, task: dict[str, Any],
+               d: pathlib.Path) -> Converted:
+  """A fine-tuned checkpoint: the encoder and its task head, every tensor required."""
+  entries = encoder_entries(cfg) + task_head_entries(cfg, task["kind"], task["num_labels"])
+  params, missing, ignored = hf_to_params(sd, cfg, (), entries)
+  if missing:
+    fail(f"{d} has no {task['name']} tensors though config.json names a fine-tuned class; "
+         "check that the weights belong to this config.json")
+  params = to_numpy(params)
+  check_tree({"encoder": params["encoder"]}, cfg, (), str(d), str(d / "config.json"))
+  return Converted(cfg, params, (), (), tuple(ignored), cfg.architecture, task=task)
 
 
 def _local_copy(model_dir: PathLike) -> pathlib.Path:
@@ -158,7 +200,8 @@ def _save_params(path: pathlib.Path, params: Params) -> None:
 
 
 def _model_entry(c: Converted) -> dict[str, Any]:
-  return {"model": c.config.to_dict(), "heads": list(c.heads), "missing": list(c.missing)}
+  task = {"task": c.task} if c.task is not None else {}
+  return {"model": c.config.to_dict(), "heads": list(c.heads), "missing": list(c.missing), **task}
 
 
 def convert_from_hf(model_dir: PathLike, workdir: PathLike, part: str | None = None,
@@ -181,6 +224,7 @@ def convert_from_hf(model_dir: PathLike, workdir: PathLike, part: str | None = N
     paths.replace_text(tmp / "model.json", json.dumps(meta, indent=2) + "\n")
   # The heads read from the checkpoint; those initialized fresh have a line of their own below.
   read = [h for h in c.heads if h not in c.missing]
+  read += [f"{c.task['name']} ({c.task['kind']}, {c.task['num_labels']} labels)"] if c.task else []
   log(f"converted {c.hf_model_type} checkpoint {model_dir} -> {out} "
       f"(heads: {', '.join(read) or 'none'}"
       f"{'; generator: mlm' if c.generator is not None else ''})")

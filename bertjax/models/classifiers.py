@@ -12,7 +12,7 @@ import flax.linen as nn
 from bertjax.models import features as feats
 from bertjax.models.config import ModelConfig
 from bertjax.models.heads import ClassificationHead, TokenHead
-from bertjax.models.modernbert import encoder_for
+from bertjax.models.modernbert import ModernBertTaskHead, encoder_for, pool_for_sequence
 
 
 class _FeatureReader(nn.Module):
@@ -42,12 +42,19 @@ class SequenceClassifier(_FeatureReader):
   of the chosen features.
 
   Call: input_ids, attention_mask, token_type_ids <int32>[batch, seq] -> logits
-  <float32>[batch, num_labels]. Encoders without a pooler (ELECTRA) feed the [CLS] hidden state.
+  <float32>[batch, num_labels]. Encoders without a pooler (ELECTRA) feed the [CLS] hidden state;
+  ModernBERT pools as its `classifier_pooling` says and takes its own head (`ModernBertTaskHead`).
   """
 
   @nn.compact
   def __call__(self, input_ids, attention_mask, token_type_ids, deterministic: bool = True):
     out = self.encode(input_ids, attention_mask, token_type_ids, deterministic)
+    if self.config.architecture == "modernbert":
+      x = out.last_hidden_state if self.features == "standard" else self.token_features(out)
+      pooled = (pool_for_sequence(self.config, x, attention_mask) if self.features == "standard"
+                else feats.pool(x, attention_mask, self.pooling))
+      return ModernBertTaskHead(self.config, self.num_labels, name="classifier")(pooled,
+                                                                               deterministic)
     if self.features == "standard":
       pooled = out.pooler_output if out.pooler_output is not None else out.last_hidden_state[:, 0]
     else:
@@ -60,7 +67,7 @@ class TokenClassifier(_FeatureReader):
   """Encoder + per-token head: tags (NER/POS) or start/end logits (extractive QA, 2 labels).
 
   Call: input_ids, attention_mask, token_type_ids <int32>[batch, seq] -> logits
-  <float32>[batch, seq, num_labels].
+  <float32>[batch, seq, num_labels]. ModernBERT takes its own head (`ModernBertTaskHead`).
   """
   head_name: str = "classifier"
 
@@ -68,4 +75,6 @@ class TokenClassifier(_FeatureReader):
   def __call__(self, input_ids, attention_mask, token_type_ids, deterministic: bool = True):
     out = self.encode(input_ids, attention_mask, token_type_ids, deterministic)
     x = out.last_hidden_state if self.features == "standard" else self.token_features(out)
+    if self.config.architecture == "modernbert":
+      return ModernBertTaskHead(self.config, self.num_labels, name=self.head_name)(x, deterministic)
     return TokenHead(self.config, self.num_labels, name=self.head_name)(x, deterministic)

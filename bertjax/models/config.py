@@ -29,7 +29,9 @@ _MODERNBERT_RANGES = (
     ("norm_eps", 0, False), ("global_rope_theta", 0, False), ("local_rope_theta", 0, False),
     ("global_attn_every_n_layers", 1, True), ("local_attention", 2, True),
     ("initializer_range", 0, True), ("initializer_cutoff_factor", 0, False))
-_MODERNBERT_DROPOUTS = ("attention_dropout", "embedding_dropout", "mlp_dropout")
+_MODERNBERT_DROPOUTS = ("attention_dropout", "embedding_dropout", "mlp_dropout",
+                        "classifier_dropout")
+CLASSIFIER_POOLINGS = ("cls", "mean")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -106,8 +108,10 @@ class ModelConfig:
   attention_bias: bool = False     # biases in the fused q/k/v projection and the attention output
   mlp_bias: bool = False           # biases in the GeGLU feed-forward
   decoder_bias: bool = True        # a bias on the MLM decoder (its weights are the token table)
-  classifier_activation: str = "gelu"  # in the MLM head's dense transform
-  classifier_bias: bool = False    # a bias in the MLM head's dense transform
+  classifier_activation: str = "gelu"  # in the MLM and task heads' dense transform
+  classifier_bias: bool = False    # a bias in the MLM and task heads' dense transform
+  classifier_pooling: str = "cls"  # sequence tasks read [CLS] ("cls") or the masked mean ("mean")
+  classifier_dropout: float = 0.0  # task heads: after the dense transform, before the classifier
   global_rope_theta: float = 160000.0  # rotary base of the global-attention layers
   local_rope_theta: float = 10000.0    # rotary base of the local (sliding-window) layers
   global_attn_every_n_layers: int = 3  # layer i attends globally when i % n == 0, else locally
@@ -193,6 +197,9 @@ class ModelConfig:
       if not 0 <= getattr(self, name) < 1:
         fail(f"model.{name}={getattr(self, name)} must be in [0, 1); e.g. "
              f"--config.model.{name}=0.0")
+    if self.classifier_pooling not in CLASSIFIER_POOLINGS:
+      fail(f"unknown model.classifier_pooling={self.classifier_pooling!r}; use one of "
+           f"{', '.join(CLASSIFIER_POOLINGS)}")
     if self.head_dim % 2:
       fail(f"ModernBERT's rotary embedding needs an even head size; model.hidden_size="
            f"{self.hidden_size} / num_attention_heads={self.num_attention_heads} is "

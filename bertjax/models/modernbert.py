@@ -345,6 +345,37 @@ class ModernBertMLMHead(nn.Module):
     return add_vocab_bias(logits, bias)
 
 
+class ModernBertTaskHead(nn.Module):
+  """The fine-tuning head of transformers' ModernBertFor{SequenceClassification,
+  TokenClassification,QuestionAnswering}: ModernBertPredictionHead (`dense`, classifier_activation,
+  `norm`), dropout `classifier_dropout`, then the `classifier` dense with a bias. Sequence tasks
+  pool before it (`pool_for_sequence`); token tasks and QA apply it at every position.
+
+  Call: <float>[..., hidden] -> <float32>[..., num_labels].
+  """
+  config: ModelConfig
+  num_labels: int
+
+  @nn.compact
+  def __call__(self, x, deterministic: bool = True):
+    cfg = self.config
+    x = _dense(cfg, cfg.hidden_size, ("embed", "embed_out"), "dense", cfg.classifier_bias,
+               out_std(cfg))(x)
+    x = _norm(cfg, "norm")(activation(cfg.classifier_activation)(x))
+    x = nn.Dropout(cfg.classifier_dropout)(x, deterministic=deterministic)
+    return _dense(cfg, self.num_labels, ("embed", None), "classifier", True,
+                  cfg.hidden_size ** -0.5)(x).astype(jnp.float32)
+
+
+def pool_for_sequence(cfg: ModelConfig, hidden: Array, attention_mask: Array) -> Array:
+  """<float>[batch, seq, hidden] -> [batch, hidden] as `classifier_pooling` says: "cls" the first
+  position, "mean" the mean over the positions `attention_mask` keeps."""
+  if cfg.classifier_pooling == "cls":
+    return hidden[:, 0]
+  mask = jnp.asarray(attention_mask).astype(hidden.dtype)[..., None]
+  return (hidden * mask).sum(axis=1) / mask.sum(axis=1)
+
+
 def encoder_for(cfg: ModelConfig, **kwargs) -> nn.Module:
   """The encoder module of `cfg.architecture`: ModernBERT's, or the BERT family's `Encoder`."""
   return ModernBertEncoder(cfg, **kwargs) if cfg.architecture == "modernbert" else Encoder(

@@ -5,6 +5,7 @@ Three kinds, each stored as a folder of its native files plus a small `tokenizer
                                            [PAD] [UNK] [CLS] [SEP] [MASK]
   wordpiece      vocab.txt                 BERT checkpoints (cased or uncased)
   bpe            vocab.json + merges.txt   RoBERTa's byte-level BPE
+  json           tokenizer.json            a whole `tokenizers` pipeline (ModernBERT's BPE)
 
 `load_tokenizer(dir)` detects the kind from the files, so a prepared corpus or a checkpoint
 folder carries everything needed to reproduce its token ids. `encode` never adds special tokens:
@@ -20,13 +21,14 @@ loading and training), `vocab_tokenizers` (WordPiece and byte-level BPE from voc
 """
 
 from bertjax.data.tokenizers.base import (BERT_SPECIALS, BPE_MERGES, BPE_VOCAB, CONFIG_FILE, KINDS,
-                                          ROBERTA_SPECIALS, SPM_FILE, SPM_SPECIALS, WORDPIECE_VOCAB,
-                                          Tokenizer)
+                                          ROBERTA_SPECIALS, SPM_FILE, SPM_SPECIALS, TOKENIZER_JSON,
+                                          WORDPIECE_VOCAB, Tokenizer)
 from bertjax.data.tokenizers.loading import load_tokenizer
 from bertjax.data.tokenizers.spm_tokenizer import SentencePieceTokenizer, train_sentencepiece
-from bertjax.data.tokenizers.vocab_tokenizers import ByteLevelBPETokenizer, WordPieceTokenizer
+from bertjax.data.tokenizers.vocab_tokenizers import (ByteLevelBPETokenizer, JsonTokenizer,
+                                                     WordPieceTokenizer)
 
 __all__ = ["BERT_SPECIALS", "BPE_MERGES", "BPE_VOCAB", "CONFIG_FILE", "KINDS", "ROBERTA_SPECIALS",
-           "SPM_FILE", "SPM_SPECIALS", "WORDPIECE_VOCAB", "ByteLevelBPETokenizer",
-           "SentencePieceTokenizer", "Tokenizer", "WordPieceTokenizer", "load_tokenizer",
-           "train_sentencepiece"]
+           "SPM_FILE", "SPM_SPECIALS", "TOKENIZER_JSON", "WORDPIECE_VOCAB",
+           "ByteLevelBPETokenizer", "JsonTokenizer", "SentencePieceTokenizer", "Tokenizer",
+           "WordPieceTokenizer", "load_tokenizer", "train_sentencepiece"]

@@ -23,8 +23,9 @@ SPM_FILE = "spm.model"
 WORDPIECE_VOCAB = "vocab.txt"
 BPE_VOCAB = "vocab.json"
 BPE_MERGES = "merges.txt"
+TOKENIZER_JSON = "tokenizer.json"
 
-KINDS = ("sentencepiece", "wordpiece", "bpe")
+KINDS = ("sentencepiece", "wordpiece", "bpe", "json")
 
 # The reserved sentencepiece ids, in order: trained models put these at ids 0..4.
 SPM_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")

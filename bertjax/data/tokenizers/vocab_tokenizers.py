@@ -1,8 +1,10 @@
 """Tokenizers of released checkpoints read from their vocabulary files with the `tokenizers`
-library: BERT's WordPiece (vocab.txt) and RoBERTa's byte-level BPE (vocab.json + merges.txt)."""
+library: BERT's WordPiece (vocab.txt), RoBERTa's byte-level BPE (vocab.json + merges.txt) and a
+whole `tokenizers` pipeline in one tokenizer.json (ModernBERT's byte-level BPE)."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 from typing import Sequence
@@ -12,8 +14,8 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from bertjax import errors, paths
 from bertjax.data.tokenizers.base import (BERT_SPECIALS, BPE_MERGES, BPE_VOCAB, ROBERTA_SPECIALS,
-                                          Tokenizer, WORDPIECE_VOCAB, BYTE_LEVEL_WORD_STARTS,
-                                          trim_span)
+                                          TOKENIZER_JSON, Tokenizer, WORDPIECE_VOCAB,
+                                          BYTE_LEVEL_WORD_STARTS, trim_span)
 
 
 class _HFTokenizer(Tokenizer):
@@ -139,3 +141,49 @@ class ByteLevelBPETokenizer(_HFTokenizer):
 
   def _config(self) -> dict:
     return {"add_prefix_space": self.add_prefix_space}
+
+
+class JsonTokenizer(_HFTokenizer):
+  """A `tokenizers` pipeline saved whole in a tokenizer.json (normalizer, pre-tokenizer, model,
+  added tokens), as ModernBERT ships its byte-level BPE with [CLS]/[SEP]/[MASK]/[PAD]. Its own
+  post-processor is not used: `encode` adds no special tokens.
+
+  specials: {"pad", "unk", "cls", "sep", "mask"} -> token (by default BERT's [PAD] ... when the
+  vocabulary has [CLS], else RoBERTa's <pad> ...).
+  """
+
+  kind = "json"
+
+  def __init__(self, path: str | os.PathLike, specials: dict[str, str] | None = None):
+    self._path = pathlib.Path(path)
+    self.lowercase = False  # any lower-casing is the file's own normalizer's
+    try:
+      tok = hf_tokenizers.Tokenizer.from_file(str(self._path))
+    except Exception as e:  # the Rust reader raises a plain Exception on unreadable files
+      errors.fail(f"cannot read {self._path} ({e}); pass a tokenizer.json saved by the "
+                  "`tokenizers` library or transformers")
+    tok.no_truncation()
+    tok.no_padding()
+    self._tok = tok
+    if not specials:
+      specials = BERT_SPECIALS if tok.token_to_id("[CLS]") is not None else ROBERTA_SPECIALS
+    unknown = sorted(set(specials) - set(BERT_SPECIALS))
+    if unknown or len(specials) != len(BERT_SPECIALS):
+      errors.fail(f"the special tokens of {self._path} must name each of "
+                  f"{', '.join(BERT_SPECIALS)}; got {', '.join(sorted(specials))}")
+    self.specials = dict(specials)
+    self._set_special_ids(self.specials, str(self._path))
+    self._wordpiece = json.loads(tok.to_str()).get("model", {}).get("type") == "WordPiece"
+
+  def _is_word_start(self, token: str) -> bool:
+    if self._wordpiece:
+      return not token.startswith("##")
+    return token.startswith(BYTE_LEVEL_WORD_STARTS + ("▁",))
+
+  def _save_files(self, directory: pathlib.Path) -> None:
+    target = directory / TOKENIZER_JSON
+    if not target.exists() or target.resolve() != self._path.resolve():
+      paths.copy_file(self._path, target)
+
+  def _config(self) -> dict:
+    return {"specials": self.specials}
