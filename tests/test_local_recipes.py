@@ -57,7 +57,7 @@ def test_distillation_headlines_the_kl_not_the_loss(tmp_path, capsys):
   assert distill.main_metric({"objective": "distill", "distill": {"soft_weight": 0.0}}) == "loss"
   assert report.lower_is_better("soft_kl")
   row = {"loss": 172.9, "soft_ce": 33.4, "soft_kl": 0.81, "mlm_accuracy": 0.3, "agreement": 0.9}
-  metric_writers.MetricWriter(tmp_path, 200, enabled=True, tensorboard=False).progress(
+  metric_writers.MetricWriter(tmp_path, 200, enabled=True, tensorboard=False).print_row(
       200, "train", row)
   line = capsys.readouterr().err.strip()
   assert line == ("train step 200/200: loss 172.9000 soft_kl 0.8100 mlm_accuracy 0.3000 "
