@@ -113,9 +113,14 @@ def disk_errors(path: str | os.PathLike, size: int | None = None) -> Iterator[No
 
 
 
+# The repository's folders of code and settings: no run writes into them.
+SOURCE_FOLDERS = ("bertjax", "configs", "experiments", "tests")
+
+
 def check_output_folder(folder: str | os.PathLike | None, flag: str = "--workdir") -> None:
   """Refuses, before anything is written, a folder that cannot be meant: none or empty (an unset
-  shell variable), the filesystem root, the home folder, this repository's own folder, or a file."""
+  shell variable), the filesystem root, the home folder, this repository's own folder or one of
+  its source folders (the package, configs, experiments, tests), or a file."""
   text = "" if folder is None else os.fspath(folder)
   if not text.strip():
     fail(f"{flag} is empty (an unset shell variable?); fix: pass the folder to write, e.g. "
@@ -133,6 +138,10 @@ def check_output_folder(folder: str | os.PathLike | None, flag: str = "--workdir
   if path in named:
     fail(f"{flag} {text} is {named[path]}: a run would scatter its files there; fix: pass a "
          f"new folder, e.g. {flag} {os.path.join(text, 'runs', 'my_run')}")
+  for source in SOURCE_FOLDERS:
+    if path == repo / source or (repo / source) in path.parents:
+      fail(f"{flag} {text} is inside this repository's {source}/ folder (source code); fix: pass "
+           f"a folder outside it, e.g. {flag} runs/my_run")
   if path.exists() and not path.is_dir():
     fail(f"{flag} {text} is a file, not a folder; fix: pass a folder to {flag}")
 

@@ -100,6 +100,26 @@ def _size_limited(nbytes: int, argv: list[str]) -> list[str]:
   return [sys.executable, "-c", code, str(nbytes), *argv]
 
 
+def test_prediction_files_are_written_whole(tmp_path, monkeypatch):
+  """GLUE's leaderboard file and CoNLL's predictions: a failed rewrite keeps the previous one."""
+  from bertjax.metrics import glue, ner
+  tsv, conll = tmp_path / "RTE.tsv", tmp_path / "ner.txt"
+  glue.write_predictions_tsv(tsv, np.array([0, 1]), "rte")
+  ner.write_ner_predictions(conll, [["EU", "rejects"]], [["B-ORG", "O"]])
+  before = tsv.read_text(), conll.read_text()
+
+  def no_space(fd):
+    raise disk_full(os.readlink(f"/proc/self/fd/{fd}"))
+
+  monkeypatch.setattr(os, "fsync", no_space)
+  with pytest.raises(errors.DiskFull, match="RTE.tsv"):
+    glue.write_predictions_tsv(tsv, np.array([1, 1, 0]), "rte")
+  with pytest.raises(errors.DiskFull, match="ner.txt"):
+    ner.write_ner_predictions(conll, [["Peter"]], [["B-PER"]])
+  assert (tsv.read_text(), conll.read_text()) == before
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["RTE.tsv", "ner.txt"]
+
+
 # ---------------------------------------------------------------------------------------------
 # Defect 3: the workdir argument is checked before anything is written.
 
@@ -110,12 +130,18 @@ def _size_limited(nbytes: int, argv: list[str]) -> list[str]:
     ("/", "is the filesystem root"),
     ("~", "is your home folder"),
     (str(REPO), "is this repository's folder"),
+    (str(REPO / "bertjax"), "inside this repository's bertjax/ folder"),
+    (str(REPO / "configs" / "runs" / "x"), "inside this repository's configs/ folder"),
     ("gs://", "names no bucket or folder"),
 ])
 def test_workdirs_that_cannot_be_meant_are_refused(folder, needle):
   with pytest.raises(UserError, match=needle.replace("(", r"\(").replace(")", r"\)").replace(
       "?", r"\?")):
     paths.check_output_folder(folder)
+
+
+def test_a_runs_folder_inside_the_repository_is_accepted():
+  paths.check_output_folder(str(REPO / "runs" / "my_run"))  # the README's own examples
 
 
 def test_empty_workdir_trains_nowhere(tmp_path, monkeypatch):

@@ -424,7 +424,7 @@ def write_predictions_tsv(path: str | os.PathLike, predictions: Any, task: str,
     # repr of a Python float round-trips exactly, so re-reading scores the same numbers.
     value = repr(float(p)) if t.is_regression else t.labels[p]
     lines.append(f"{int(i)}\t{value}\n")
-  paths.as_path(path).write_bytes("".join(lines).encode("utf-8"))  # local or remote (gs://...)
+  paths.replace_text(paths.as_path(path), "".join(lines))  # whole or not at all; local or gs://
 
 
 def read_predictions_tsv(path: str | os.PathLike, task: str) -> tuple[np.ndarray, np.ndarray]:

@@ -103,7 +103,7 @@ def write_ner_predictions(path: str | os.PathLike, tokens: Sequence[Sequence[str
       fail(f"sentence {n}: {len(toks)} tokens but {len(ts)} tags; give one tag per token")
     lines.extend(f"{tok} {tag}\n" for tok, tag in zip(toks, ts))
     lines.append("\n")
-  paths.as_path(path).write_bytes("".join(lines).encode("utf-8"))  # local or remote (gs://...)
+  paths.replace_text(paths.as_path(path), "".join(lines))  # whole or not at all; local or gs://
 
 
 def read_ner_predictions(path: str | os.PathLike) -> list[Sentence]:
