@@ -37,11 +37,19 @@ EXIT_INTERRUPTED = 130
 class UserError(Exception):
   """An error caused by the user's input; its message is the whole report."""
   exit_code = EXIT_USER_ERROR
+  label = "error"  # the word before the message on its one line
 
 
 class Diverged(UserError):
   """The loss or the gradients became non-finite; the message names the step and likely cause."""
   exit_code = EXIT_DIVERGED
+
+
+class Preempted(UserError):
+  """SIGTERM stopped the run where nothing needed saving; the message says where and how to go
+  on (bertjax/preemption.py)."""
+  exit_code = EXIT_PREEMPTED
+  label = "preempted"
 
 
 def fail(message: str) -> NoReturn:
@@ -115,7 +123,8 @@ def read_text(path: str | os.PathLike, what: str = "file") -> str:
 
 
 def run_cli(main: Callable[[], object]) -> None:
-  """Runs `main`, turning a `UserError` into one line on stderr and exit status 2."""
+  """Runs `main`, turning a `UserError` into one line on stderr and its exit status (2 unless
+  the error says otherwise: 3 diverged, 75 preempted)."""
   try:
     try:
       main()
@@ -125,7 +134,7 @@ def run_cli(main: Callable[[], object]) -> None:
         raise
       disk_full(full.filename, full)
   except UserError as e:
-    print(f"error: {e}", file=sys.stderr)
+    print(f"{e.label}: {e}", file=sys.stderr)
     sys.exit(e.exit_code)
   except KeyboardInterrupt:
     print("error: interrupted", file=sys.stderr)
