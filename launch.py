@@ -7,8 +7,21 @@ calls `bertjax.train.train_and_evaluate` (or runs a sweep with `--sweep`).
 import argparse
 import logging
 import os
+import signal
 import sys
 import warnings
+
+
+def _preempted_while_loading(signum, frame):
+  """SIGTERM before `main` installs the run's handler: nothing was written yet."""
+  del signum, frame
+  print("preempted: SIGTERM while loading the libraries (nothing was written); run the same "
+        "command again to go on", file=sys.stderr, flush=True)
+  sys.exit(75)  # errors.EXIT_PREEMPTED, not imported yet
+
+
+if __name__ == "__main__":  # from the first line on: importing JAX takes seconds
+  signal.signal(signal.SIGTERM, _preempted_while_loading)
 
 # Read by JAX when it is imported (below): compiled steps are cached across runs, so a resumed or
 # repeated run skips most compilation.
@@ -86,6 +99,8 @@ def main(argv=None):
     # On CPUs the oneDNN matmuls cannot be cached (bertjax/xla_defaults.py); say nothing per step.
     warnings.filterwarnings("ignore", message="Error writing persistent compilation cache entry")
   if args.sweep:
+    if signal.getsignal(signal.SIGTERM) is _preempted_while_loading:
+      signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the sweep's runs handle their own
     record = sweep.run_sweep(args.sweep, args.workdir, dry_run=args.dry_run, tpu=args.tpu,
                              zone=args.zone, project=args.project, hosts=args.hosts,
                              overrides=overrides)

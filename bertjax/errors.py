@@ -11,7 +11,8 @@ Exit statuses of every command (README, "Exit statuses"):
   2   a user error: the one line says what to change (nothing of an earlier run was changed);
       also a full disk: the one line names the file and the space that was needed
   3   the run diverged (a non-finite loss or gradient): the last finite checkpoint is kept
-  75  preempted (SIGTERM): a checkpoint was saved, run the same command again to go on
+  75  preempted (SIGTERM): the steps trained are saved (a checkpoint, where a step was trained
+      since the last one), run the same command again to go on
   130 interrupted (Ctrl-C)
 """
 
@@ -45,9 +46,11 @@ class Diverged(UserError):
   exit_code = EXIT_DIVERGED
 
 
-class Preempted(UserError):
+class Preempted(BaseException):
   """SIGTERM stopped the run where nothing needed saving; the message says where and how to go
-  on (bertjax/preemption.py)."""
+  on (bertjax/preemption.py). Not an `Exception`, as KeyboardInterrupt is not: the handlers
+  that turn a failed read into a fallback (a damaged checkpoint, a missing optional file) let it
+  through."""
   exit_code = EXIT_PREEMPTED
   label = "preempted"
 
@@ -133,7 +136,7 @@ def run_cli(main: Callable[[], object]) -> None:
       if full is None:
         raise
       disk_full(full.filename, full)
-  except UserError as e:
+  except (UserError, Preempted) as e:
     print(f"{e.label}: {e}", file=sys.stderr)
     sys.exit(e.exit_code)
   except KeyboardInterrupt:

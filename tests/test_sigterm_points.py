@@ -1,13 +1,14 @@
 """SIGTERM at each point of a run, sent by the run itself at that point (a patched function calls
-`os.kill(os.getpid(), SIGTERM)` and goes on): loading the config, starting (tokenizer training,
-corpus preparation, compiling, restoring), the final checkpoint save, the evaluation after the
-last step, a best/ save and a fine-tuning task's prediction pass. Each ends with exit 75 and one
-line through `launch.main` under `errors.run_cli`, leaves nothing half-written, and the same
-command run again ends where an uninterrupted run ends."""
+`os.kill(os.getpid(), SIGTERM)` and goes on): importing the libraries, loading the config,
+starting (tokenizer training, corpus preparation, compiling, restoring), the final checkpoint
+save, the evaluation after the last step, a best/ save and a fine-tuning task's prediction pass.
+Each ends with exit 75 and one line through `launch.main` under `errors.run_cli`, leaves nothing
+half-written, and the same command run again ends where an uninterrupted run ends."""
 
 import os
 import pathlib
 import signal
+import subprocess
 import sys
 
 import jax
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 
 import launch
-from bertjax import checkpoints, config_lib, errors, metric_writers, train
+from bertjax import checkpoints, config_lib, digests, errors, metric_writers, train
 from bertjax.data import prepare, tokenizers
 from bertjax.tasks import base as task_base
 
@@ -124,6 +125,33 @@ def test_sigterm_while_loading_the_config(tmp_path, capsys):
   assert not (tmp_path / "run").exists()
 
 
+# launch.py run as a command, sending SIGTERM to itself as it begins to import JAX.
+WHILE_IMPORTING = """
+import builtins, os, runpy, signal, sys
+real_import = builtins.__import__
+def sigterm_at_jax(name, *args, **kwargs):
+  if name == "jax" and not sys.modules.get("jax"):
+    os.kill(os.getpid(), signal.SIGTERM)
+  return real_import(name, *args, **kwargs)
+builtins.__import__ = sigterm_at_jax
+sys.argv = ["launch.py", "--config", "configs/quickstart.py:runlocal", "--workdir", sys.argv[1]]
+runpy.run_path("launch.py", run_name="__main__")
+"""
+
+
+def test_sigterm_while_launch_imports_its_libraries(tmp_path):
+  """Before main installs the run's handler (importing JAX takes seconds): exit 75, one line,
+  nothing written."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+  run = subprocess.run([sys.executable, "-c", WHILE_IMPORTING, str(tmp_path / "run")], cwd=REPO,
+                       env=env, capture_output=True, text=True, timeout=300)
+  assert run.returncode == errors.EXIT_PREEMPTED, run.stderr[-2000:]
+  assert run.stderr.strip().splitlines() == [
+      "preempted: SIGTERM while loading the libraries (nothing was written); run the same "
+      "command again to go on"]
+  assert not (tmp_path / "run").exists()
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
   """The uninterrupted run the stopped ones are compared with."""
@@ -135,16 +163,16 @@ def reference(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["setup", "restore"])
 def test_sigterm_while_starting(tmp_path, capsys, reference, point):
-  """Compiling and initializing the model, or restoring the latest checkpoint of a run that
-  trained 2 steps: exit 75, one line, no checkpoint added, the lock released; run again, the
-  run ends with the uninterrupted run's parameters."""
+  """Compiling and initializing the model, or restoring the latest checkpoint of a run stopped
+  at step 2: exit 75, one line, no checkpoint added or set aside, the lock released; run again,
+  the run ends with the uninterrupted run's parameters."""
   workdir = tmp_path / "run"
   if point == "restore":  # stopped in step 2's save: a checkpoint at step 2
     with pytest.MonkeyPatch.context() as mp:
       _term_in(mp, checkpoints.Checkpointer, "save", when=lambda self, step, *a: step == 2)
       assert _launch(capsys, workdir, {**TINY_ARGS, **KW})[0] == errors.EXIT_PREEMPTED
-  owner, name = {"setup": (train, "setup"),
-                 "restore": (checkpoints.Checkpointer, "restore_latest")}[point]
+  # restore: inside the loop over checkpoints that sets a damaged one aside and tries the next
+  owner, name = {"setup": (train, "setup"), "restore": (digests, "verify")}[point]
   with pytest.MonkeyPatch.context() as mp:
     sent = _term_in(mp, owner, name)
     code, lines = _launch(capsys, workdir, {**TINY_ARGS, **KW})
@@ -152,6 +180,7 @@ def test_sigterm_while_starting(tmp_path, capsys, reference, point):
   _preempted(code, lines, "while starting")
   steps = checkpoints.Checkpointer(workdir / "checkpoints").all_steps()
   assert steps == ([2] if point == "restore" else [])
+  assert not list(workdir.glob("checkpoints/damaged-*"))
   assert not (workdir / "lock").exists()
   code, lines = _launch(capsys, workdir, {**TINY_ARGS, **KW})
   _finished(code, lines)
@@ -169,7 +198,7 @@ def test_sigterm_while_preparing_the_corpus(tmp_path, capsys, point):
   lines = (REPO / "bertjax/data/samples/wikitext2_test.raw").read_text().splitlines()[:400]
   text.write_text("\n".join(lines) + "\n")
   settings = {**TINY_ARGS, **KW, "data.synthetic": False, "data.corpus": str(text),
-              "data.format": "wikitext", "data.vocab_size": 200, "total_steps": 2}
+              "data.format": "wikitext", "data.vocab_size": 200, "total_steps": 2, "eval_every": 0}
   owner, name = {"tokenizer": (tokenizers, "train_sentencepiece"),
                  "corpus": (prepare, "_prepare_into")}[point]
   workdir = tmp_path / "run"
