@@ -454,12 +454,12 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.Path, 
     if (stop_reason == "finished" and config.eval_every and step == config.total_steps
         and record.last_eval_step != step):
       record.last_eval = run_eval(step, state, last=True) or record.last_eval
-    if preemption.requested:  # during the last evaluation's writes: all is saved, say so anyway
-      stop_reason = PREEMPTED
   finally:
     # Also on errors: orbax's background threads must finish before the process exits.
     ckpt.close()
   writer.close()
+  if preemption.requested:  # since the loop (the last writes, the last save's end): all is saved
+    stop_reason = PREEMPTED
   summary = {"workdir": str(workdir), "step": step, "status": stop_reason,
              "checkpoint": str(ckpt.directory / str(ckpt.latest_step())) if ckpt.latest_step() else None,
              "first_train": record.first, "last_train": record.last,

@@ -291,3 +291,25 @@ def test_sigterm_in_fine_tuning_best_save_and_predictions(tmp_path, capsys, data
   _finished(code, lines)
   assert _evals(workdir) == _evals(tmp_path / "reference")
   _assert_same(_params(tmp_path / "reference", 5), _params(workdir, 5))
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_final_evaluations_best_save(tmp_path, capsys, reference):
+  """Pretraining keeping best/ by eval loss: SIGTERM while step 5's evaluation (after the loop)
+  updates best/. Its writes finish whole (best/ with its best.json, no best.tmp or best.old, the
+  eval row of step 5), then exit 75 with one line; run again, the run ends as the uninterrupted
+  one, with nothing left to do."""
+  workdir = tmp_path / "run"
+  settings = {**TINY_ARGS, **KW, "best_metric": "loss", "best_mode": "min"}
+  with pytest.MonkeyPatch.context() as mp:
+    sent = _term_in(mp, checkpoints.BestKeeper, "update", when=lambda self, step, *a: step == 5)
+    code, lines = _launch(capsys, workdir, settings)
+  assert sent
+  _preempted(code, lines, "at step 5")
+  assert sorted(p.name for p in workdir.glob("best*")) == ["best"]
+  assert (workdir / "best/best.json").is_file()
+  assert sorted(_evals(workdir)) == [2, 4, 5]
+  code, lines = _launch(capsys, workdir, settings)
+  _finished(code, lines)
+  assert _evals(workdir) == _evals(reference)
+  _assert_same(_params(reference, 5), _params(workdir, 5))
