@@ -7,8 +7,21 @@ calls `bertjax.train.train_and_evaluate` (or runs a sweep with `--sweep`).
 import argparse
 import logging
 import os
+import signal
 import sys
 import warnings
+
+
+def _preempted_while_loading(signum, frame):
+  """SIGTERM before `main` installs the run's handler: nothing was written yet."""
+  del signum, frame
+  print("preempted: SIGTERM while loading the libraries (nothing was written); run the same "
+        "command again to go on", file=sys.stderr, flush=True)
+  sys.exit(75)  # errors.EXIT_PREEMPTED, not imported yet
+
+
+if __name__ == "__main__":  # from the first line on: importing JAX takes seconds
+  signal.signal(signal.SIGTERM, _preempted_while_loading)
 
 # Read by JAX when it is imported (below): compiled steps are cached across runs, so a resumed or
 # repeated run skips most compilation.
@@ -21,6 +34,7 @@ import jax
 from bertjax import (config_lib, distributed, multiseed, paths, progress, sweep, train,
                      xla_defaults)
 from bertjax.errors import EXIT_PREEMPTED, doc_summary, run_cli
+from bertjax.preemption import GO_ON, Preemption
 # pylint: enable=wrong-import-position
 
 xla_defaults.apply()  # the opt-in XLA:CPU flags, before JAX starts a backend
@@ -70,6 +84,13 @@ def end_lines(summary, workdir) -> str:
   return f"summary: {where / 'seeds_summary.json'}"  # several seeds: their spread is logged above
 
 
+def preempted_line(summary) -> str:
+  """The one line on stderr of a run a SIGTERM stopped after training steps: where, and how to
+  go on."""
+  return (f"preempted: SIGTERM at step {summary.get('step', '?')}; checkpoint "
+          f"{summary.get('checkpoint') or 'none'} saved; {GO_ON}")
+
+
 def main(argv=None):
   args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
   paths.check_output_folder(args.workdir)  # before anything is loaded, prepared or written
@@ -78,22 +99,29 @@ def main(argv=None):
     # On CPUs the oneDNN matmuls cannot be cached (bertjax/xla_defaults.py); say nothing per step.
     warnings.filterwarnings("ignore", message="Error writing persistent compilation cache entry")
   if args.sweep:
+    if signal.getsignal(signal.SIGTERM) is _preempted_while_loading:
+      signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the sweep's runs handle their own
     record = sweep.run_sweep(args.sweep, args.workdir, dry_run=args.dry_run, tpu=args.tpu,
                              zone=args.zone, project=args.project, hosts=args.hosts,
                              overrides=overrides)
     sys.exit(1 if record["failed"] else 0)
-  config = config_lib.load_config_file(args.config)
-  config_lib.apply_overrides(config, overrides)
-  if config.get("distributed"):
-    # On Cloud TPU every setting is discovered; on GPU hosts set the coordinator address, process
-    # count and id through JAX's environment variables (see experiments/README.md).
-    jax.distributed.initialize(**distributed.jax_distributed_kwargs())
-  if config.get("seeds"):  # several seeds: one run each into WORKDIR/seed_<n>
-    summary = multiseed.run_seeds(config, args.workdir)
-  else:
-    summary = train.train_and_evaluate(config, args.workdir)
-  print(end_lines(summary, args.workdir), flush=True)
-  if str(summary.get("status", "")).startswith("preempted"):
+  # From here to the end a SIGTERM stops the run as preempted (exit 75, one line; see
+  # bertjax/preemption.py); a sweep's runs are processes of their own.
+  with Preemption() as preemption:
+    with preemption.abandoning("loading the config (nothing was written)"):
+      config = config_lib.load_config_file(args.config)
+      config_lib.apply_overrides(config, overrides)
+      if config.get("distributed"):
+        # On Cloud TPU every setting is discovered; on GPU hosts set the coordinator address,
+        # process count and id through JAX's environment variables (see experiments/README.md).
+        jax.distributed.initialize(**distributed.jax_distributed_kwargs())
+    if config.get("seeds"):  # several seeds: one run each into WORKDIR/seed_<n>
+      summary = multiseed.run_seeds(config, args.workdir)
+    else:
+      summary = train.train_and_evaluate(config, args.workdir)
+    print(end_lines(summary, args.workdir), flush=True)
+  if str(summary.get("status", "")).startswith("preempted") or preemption.requested:
+    print(preempted_line(summary), file=sys.stderr, flush=True)
     sys.exit(EXIT_PREEMPTED)  # a checkpoint was saved: the same command goes on
 
 

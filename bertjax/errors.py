@@ -11,7 +11,8 @@ Exit statuses of every command (README, "Exit statuses"):
   2   a user error: the one line says what to change (nothing of an earlier run was changed);
       also a full disk: the one line names the file and the space that was needed
   3   the run diverged (a non-finite loss or gradient): the last finite checkpoint is kept
-  75  preempted (SIGTERM): a checkpoint was saved, run the same command again to go on
+  75  preempted (SIGTERM): the steps trained are saved (a checkpoint, where a step was trained
+      since the last one), run the same command again to go on
   130 interrupted (Ctrl-C)
 """
 
@@ -37,11 +38,21 @@ EXIT_INTERRUPTED = 130
 class UserError(Exception):
   """An error caused by the user's input; its message is the whole report."""
   exit_code = EXIT_USER_ERROR
+  label = "error"  # the word before the message on its one line
 
 
 class Diverged(UserError):
   """The loss or the gradients became non-finite; the message names the step and likely cause."""
   exit_code = EXIT_DIVERGED
+
+
+class Preempted(BaseException):
+  """SIGTERM stopped the run where nothing needed saving; the message says where and how to go
+  on (bertjax/preemption.py). Not an `Exception`, as KeyboardInterrupt is not: the handlers
+  that turn a failed read into a fallback (a damaged checkpoint, a missing optional file) let it
+  through."""
+  exit_code = EXIT_PREEMPTED
+  label = "preempted"
 
 
 def fail(message: str) -> NoReturn:
@@ -115,7 +126,8 @@ def read_text(path: str | os.PathLike, what: str = "file") -> str:
 
 
 def run_cli(main: Callable[[], object]) -> None:
-  """Runs `main`, turning a `UserError` into one line on stderr and exit status 2."""
+  """Runs `main`, turning a `UserError` into one line on stderr and its exit status (2 unless
+  the error says otherwise: 3 diverged, 75 preempted)."""
   try:
     try:
       main()
@@ -124,8 +136,8 @@ def run_cli(main: Callable[[], object]) -> None:
       if full is None:
         raise
       disk_full(full.filename, full)
-  except UserError as e:
-    print(f"error: {e}", file=sys.stderr)
+  except (UserError, Preempted) as e:
+    print(f"{e.label}: {e}", file=sys.stderr)
     sys.exit(e.exit_code)
   except KeyboardInterrupt:
     print("error: interrupted", file=sys.stderr)

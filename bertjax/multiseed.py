@@ -27,7 +27,7 @@ import ml_collections
 import numpy as np
 
 from bertjax import paths, train
-from bertjax.errors import fail
+from bertjax.errors import Preempted, fail
 
 _log = logging.getLogger(__name__)
 
@@ -84,6 +84,10 @@ def run_seeds(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
       run_config.seeds = ()
     _log.info("seed %d -> %s", seed, workdir / f"seed_{seed}")
     summary = train.train_and_evaluate(run_config, workdir / f"seed_{seed}")
+    if str(summary.get("status", "")).startswith("preempted"):  # the later seeds wait for a rerun
+      raise Preempted(f"SIGTERM at step {summary['step']} of seed {seed}; checkpoint "
+                      f"{summary.get('checkpoint') or 'none'} saved; run the same command again "
+                      "to go on")
     runs[str(seed)] = dict(summary.get("last_eval") or {})
     if not runs[str(seed)]:
       _log.warning("seed %d finished without dev metrics (is eval_every 0?)", seed)

@@ -15,7 +15,6 @@ import dataclasses
 import json
 import logging
 import pathlib
-import signal
 import sys
 import time
 from typing import Any, Callable
@@ -33,6 +32,7 @@ from bertjax.metric_writers import MetricWriter
 from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
 from bertjax.objective import Schedule
+from bertjax.preemption import Preemption
 from bertjax.progress import EVERY_S, Progress
 from bertjax.run_record import RunRecord, add_metrics, summarize
 from bertjax.registry import get_objective
@@ -123,29 +123,6 @@ def make_eval_step(objective, model) -> Callable:
                                    deterministic=True)
     return {**metrics, "loss": (loss, jnp.ones_like(loss))}
   return eval_step
-
-
-class _Preemption:
-  """Turns SIGTERM (a preemption notice) into a flag the loop checks between steps."""
-
-  def __init__(self):
-    self.requested = False
-    self._previous = None
-
-  def __enter__(self):
-    try:
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
-    except ValueError:  # not the main thread: preemption handling is the caller's business
-      self._previous = None
-    return self
-
-  def _handle(self, signum, frame):
-    del signum, frame
-    self.requested = True
-
-  def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
 
 
 @dataclasses.dataclass
@@ -342,82 +319,95 @@ def check_step_memory(s: Setup, state: TrainState, device_batch) -> str:
 
 def _train_loop(config, s: Setup, state: TrainState, data, ckpt, writer: MetricWriter,
                 run_eval: Callable, record: RunRecord, clock: Callable[[], float],
-                started: Callable[[int], None] = lambda step: None
+                preemption: Preemption, started: Callable[[int], None] = lambda step: None
                 ) -> tuple[TrainState, int, str]:
   """Steps until total_steps or SIGTERM: logging, evaluation and checkpoints on their cadence,
   a progress line every `progress_every_s` seconds; `started(step)` once the first step is
-  trained. Returns the state, the step reached and why the loop ended."""
+  trained. A SIGTERM (`preemption.requested`) lets the step, its evaluation and its saves finish,
+  then saves it. Returns the state, the step reached and why the loop ended."""
   step = int(jax.device_get(state.step))
   stop_reason = "finished"
   batches = prefetch.DevicePrefetch(data.train, lambda b: sharding.shard_batch(b, s.mesh),
                                     config.get("prefetch_batches", 2))
   lines = Progress("train", config.total_steps, every_s=config.get("progress_every_s", EVERY_S),
                    clock=clock, enabled=jax.process_index() == 0)
-  with _Preemption() as preemption:
-    while step < config.total_steps:
-      step += 1
-      quiet = not reads_devices(config, step, record.compiling)
-      with QUIET_STEP() if quiet else contextlib.nullcontext():
-        batch, device_batch = next(batches)
-        if record.compiling:  # this process's first step: known to fit before it runs
-          check_step_memory(s, state, device_batch)
-        with jax.set_mesh(s.mesh), nn.logical_axis_rules(s.rules):
-          state, metrics = s.train_step(state, device_batch)
-        first = record.compiling
-        record.add(batch, metrics, state.step)  # the first step: waits until it is trained
-        if first:
-          started(step)
-        if step % config.log_every == 0 or step == config.total_steps:
-          record.log(writer, step, metrics)
-          record.watch.check()
-        lines.update(step, record.shown)
-        if config.eval_every and step % config.eval_every == 0:
-          t_eval = time.time()
-          record.last_eval = run_eval(step, state) or record.last_eval
-          record.t_log += time.time() - t_eval  # evaluation time is not training time
-        if step % config.checkpoint_every == 0 or step == config.total_steps:
-          record.watch.check_checkpoint(step, state.params)
-          ckpt.save(step, state, batches.get_state(), force=True)
-        ckpt.poll()  # the digest of an asynchronous save that finished meanwhile
-      if preemption.requested:  # outside the guard: a preemption checkpoint may come at any step
+  while step < config.total_steps:
+    step += 1
+    quiet = not reads_devices(config, step, record.compiling)
+    with QUIET_STEP() if quiet else contextlib.nullcontext():
+      batch, device_batch = next(batches)
+      if record.compiling:  # this process's first step: known to fit before it runs
+        check_step_memory(s, state, device_batch)
+      with jax.set_mesh(s.mesh), nn.logical_axis_rules(s.rules):
+        state, metrics = s.train_step(state, device_batch)
+      first = record.compiling
+      record.add(batch, metrics, state.step)  # the first step: waits until it is trained
+      if first:
+        started(step)
+      if step % config.log_every == 0 or step == config.total_steps:
+        record.log(writer, step, metrics)
+        record.watch.check()
+      lines.update(step, record.shown)
+      if config.eval_every and step % config.eval_every == 0:
+        t_eval = time.time()
+        record.last_eval = run_eval(step, state) or record.last_eval
+        record.t_log += time.time() - t_eval  # evaluation time is not training time
+      if step % config.checkpoint_every == 0 or step == config.total_steps:
         record.watch.check_checkpoint(step, state.params)
         ckpt.save(step, state, batches.get_state(), force=True)
-        stop_reason = "preempted (SIGTERM): checkpoint saved"
-        break
+      ckpt.poll()  # the digest of an asynchronous save that finished meanwhile
+    if preemption.requested:  # outside the guard: a preemption checkpoint may come at any step
+      record.watch.check_checkpoint(step, state.params)
+      ckpt.save(step, state, batches.get_state(), force=True)
+      stop_reason = PREEMPTED
+      break
   return state, step, stop_reason
+
+
+# Where a SIGTERM before the first step stops a run: nothing of this process to save.
+STARTING = "starting, before this process trained a step (nothing half-written is kept)"
+PREEMPTED = "preempted (SIGTERM): checkpoint saved"
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
                        clock: Callable[[], float] = time.monotonic) -> dict:
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns a summary.
   One run at a time holds the workdir (bertjax/workdir.py). `clock` times the progress lines
-  (bertjax/progress.py)."""
-  paths.check_output_folder(workdir)  # "" (an unset variable) would train into the current folder
-  workdir = paths.as_path(workdir)
-  # Settings are checked before anything is created, prepared, trained or written.
-  config_checks.check_settings(config, workdir)
-  objective = get_objective(config)
-  mesh = sharding.make_mesh(config.mesh_shape)
-  model_cfg = objective.model_config(config)  # the model trained: fine-tuning takes init_from's
-  config_checks.check_run(config, objective, model_cfg, mesh, workdir)
-  config_checks.check_objective(config, objective)
-  workdir.mkdir(parents=True, exist_ok=True)
-  with workdir_lib.locked(workdir):
-    return _train_and_evaluate(config, workdir, objective, mesh, model_cfg, clock)
+  (bertjax/progress.py). A SIGTERM at any point ends the run as preempted (bertjax/preemption.py):
+  a summary saying so, its checkpoint saved, or `errors.Preempted` where a step was not trained
+  since the last checkpoint; either way the same call goes on."""
+  with Preemption() as preemption:
+    with preemption.abandoning("checking the settings (nothing was written)"):
+      paths.check_output_folder(workdir)  # "" (an unset variable): the current folder
+      workdir = paths.as_path(workdir)
+      # Settings are checked before anything is created, prepared, trained or written.
+      config_checks.check_settings(config, workdir)
+      objective = get_objective(config)
+      mesh = sharding.make_mesh(config.mesh_shape)
+      model_cfg = objective.model_config(config)  # trained: fine-tuning takes init_from's
+      config_checks.check_run(config, objective, model_cfg, mesh, workdir)
+      config_checks.check_objective(config, objective)
+    workdir.mkdir(parents=True, exist_ok=True)
+    with workdir_lib.locked(workdir):
+      return _train_and_evaluate(config, workdir, objective, mesh, model_cfg, clock, preemption)
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.Path, objective,
-                        mesh, model_cfg: ModelConfig, clock: Callable[[], float]) -> dict:
-  # A resumed run's settings against its config.json, before anything is prepared or written;
-  # the schedule again once the inputs have derived it.
-  settings = workdir_lib.Settings(workdir, config.get("allow_changed_settings", False),
-                                  trained=workdir_lib.has_checkpoints(workdir))
-  settings.check(_resolved(config, model_cfg), pending=workdir_lib.SCHEDULE)
-  data = objective.build_inputs(config, workdir)
-  config = with_schedule(config, objective.schedule(config, data))
-  config_checks.check_data(config, objective, model_cfg, data, workdir)
-  settings.check(_resolved(config, model_cfg))
-  s, state = setup(config, objective, model_cfg, mesh)
+                        mesh, model_cfg: ModelConfig, clock: Callable[[], float],
+                        preemption: Preemption) -> dict:
+  # A SIGTERM drops everything up to the first step: reads, and writes staged then moved into
+  # place whole (the prepared corpus, a trained tokenizer).
+  with preemption.abandoning(STARTING):
+    # A resumed run's settings against its config.json, before anything is prepared or written;
+    # the schedule again once the inputs have derived it.
+    settings = workdir_lib.Settings(workdir, config.get("allow_changed_settings", False),
+                                    trained=workdir_lib.has_checkpoints(workdir))
+    settings.check(_resolved(config, model_cfg), pending=workdir_lib.SCHEDULE)
+    data = objective.build_inputs(config, workdir)
+    config = with_schedule(config, objective.schedule(config, data))
+    config_checks.check_data(config, objective, model_cfg, data, workdir)
+    settings.check(_resolved(config, model_cfg))
+    s, state = setup(config, objective, model_cfg, mesh)
   logging.info("model: %s parameters", f"{s.num_params:,}")
   if s.partition.frozen_any:
     logging.info(s.partition.describe(state.params))
@@ -426,27 +416,32 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.Path, 
   ckpt = checkpoints.Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints,
                                   async_save=config.async_checkpointing)
   try:
-    restored = ckpt.restore_latest(_abstract_with_shardings(s.abstract_state, s.state_shardings),
-                                   data.train.set_state)
-    step0 = 0
-    if restored is not None:
-      step0, state, _ = restored
-      logging.info("resumed from the checkpoint at step %d in %s", step0, ckpt.directory)
-    elif config.init_from:
-      state, report = checkpoints.load_init_from(state, config.init_from, s.state_shardings)
-      task_base.announce(report)  # once: in the log where one is set up, else on stdout
-    # Every check has passed: the tokenizer is written now; the record of the run (config.json,
-    # changes.jsonl) once its first step is trained, so a run failing before it blocks no fix.
-    _write_tokenizer(workdir, data)
+    with preemption.abandoning(STARTING):
+      restored = ckpt.restore_latest(
+          _abstract_with_shardings(s.abstract_state, s.state_shardings), data.train.set_state)
+      step0 = 0
+      if restored is not None:
+        step0, state, _ = restored
+        logging.info("resumed from the checkpoint at step %d in %s", step0, ckpt.directory)
+      elif config.init_from:
+        state, report = checkpoints.load_init_from(state, config.init_from, s.state_shardings)
+        task_base.announce(report)  # once: in the log where one is set up, else on stdout
+      # Every check has passed: the tokenizer is written now; the record of the run (config.json,
+      # changes.jsonl) once its first step is trained, so a run failing before it blocks no fix.
+      _write_tokenizer(workdir, data)
     writer = MetricWriter(workdir, config.total_steps, tensorboard=config.tensorboard)
 
-    def run_eval(step, state):
+    def run_eval(step, state, last=False):
       context = EvalContext(mesh=mesh, rules=s.rules, workdir=workdir, step=step,
                             total_steps=config.total_steps, eval_step=s.eval_step,
                             batches=data.eval_batches, num_batches=data.num_eval_batches,
                             progress_every_s=config.get("progress_every_s", EVERY_S), clock=clock)
-      metrics = objective.evaluate(state.params, context)
-      if metrics:
+      # After the last step a SIGTERM drops the evaluation (its checkpoint is saved: a rerun
+      # evaluates it); in the loop the evaluation finishes and its step is saved.
+      with (preemption.abandoning(f"evaluating step {step} after the last step (its checkpoint "
+                                  "is saved)") if last else contextlib.nullcontext()):
+        metrics = objective.evaluate(state.params, context)
+      if metrics:  # written whole whatever comes: a SIGTERM now only sets `requested`
         writer.write(step, "eval", metrics)
         best.update(step, metrics, state.params)
         record.last_eval_step = step
@@ -456,14 +451,17 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.Path, 
         config.get("nonfinite_policy", "stop"), int(jax.device_get(state.step)),
         config.learning_rate, model_cfg.dtype))
     state, step, stop_reason = _train_loop(
-        config, s, state, data, ckpt, writer, run_eval, record, clock,
+        config, s, state, data, ckpt, writer, run_eval, record, clock, preemption,
         started=lambda step: settings.record(step0, _resolved(config, model_cfg)))
-    if config.eval_every and step == config.total_steps and record.last_eval_step != step:
-      record.last_eval = run_eval(step, state) or record.last_eval
+    if (stop_reason == "finished" and config.eval_every and step == config.total_steps
+        and record.last_eval_step != step):
+      record.last_eval = run_eval(step, state, last=True) or record.last_eval
   finally:
     # Also on errors: orbax's background threads must finish before the process exits.
     ckpt.close()
   writer.close()
+  if preemption.requested:  # since the loop (the last writes, the last save's end): all is saved
+    stop_reason = PREEMPTED
   summary = {"workdir": str(workdir), "step": step, "status": stop_reason,
              "checkpoint": str(ckpt.directory / str(ckpt.latest_step())) if ckpt.latest_step() else None,
              "first_train": record.first, "last_train": record.last,
