@@ -18,7 +18,7 @@ import os
 import pathlib
 import shutil
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import flax
 import jax
@@ -309,12 +309,31 @@ def restore_params(path: str | pathlib.Path) -> dict:
   """Parameters (a plain nested dict of numpy arrays) from a converted folder or a training workdir."""
   path = paths.as_path(path)
   if (path / "params").is_dir():
-    with draining_event_loops():
-      return ocp.StandardCheckpointer().restore(paths.absolute(path / "params"))
+    return restore_params_folder(path / "params")
   if (path / "checkpoints").is_dir():
     return restore_checkpoint_params(path)[1]
   fail(f"init_from={path} holds neither params/ (a converted checkpoint) nor checkpoints/ "
        f"(a training workdir); run `python -m bertjax.convert from-hf` or point at a workdir")
+
+
+def restore_params_folder(folder: paths.Path) -> dict:
+  """The arrays of one params/ folder (a best/ folder's, a `from-hf` or pruned folder's), checked
+  against its digest first. Such a folder has nothing to fall back to: damage is refused in one
+  line naming the file; a folder written before digests loads unchecked (one warning)."""
+  folder = paths.as_path(folder)
+  try:
+    digests.verify(folder)
+  except digests.Damaged as e:
+    run, meta = folder.parent, folder.parent / "model.json"
+    if (run / "best.json").is_file():
+      fix = f"point at the run {run.parent} (its newest checkpoint) or fine-tune again"
+    elif meta.is_file() and b'"pruning"' in meta.read_bytes():
+      fix = "prune again (python -m bertjax.prune)"
+    else:
+      fix = "write it again (python -m bertjax.convert from-hf)"
+    fail(f"{folder} is damaged: {e}; there is no other copy to fall back to: {fix}")
+  with draining_event_loops():
+    return ocp.StandardCheckpointer().restore(paths.absolute(folder))
 
 
 def restore_checkpoint_params(workdir: str | pathlib.Path, step: int | None = None
@@ -338,11 +357,31 @@ def restore_checkpoint_params(workdir: str | pathlib.Path, step: int | None = No
           restored = manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
         return s, jax.tree.map(lambda x: x, dict(restored["state"]["params"]))
       except Exception as e:  # same fallback as training resume
+        if step is not None:  # the step asked for: no other is tried in its place
+          _damaged_step(ckpt_dir, step, e, sorted(manager.all_steps()))
         logging.warning("checkpoint at step %d is unreadable (%s); trying an earlier one", s,
                         _short(e))
     fail(f"no readable checkpoint in {ckpt_dir}; point at a run that saved one")
   finally:
     manager.close()
+
+
+def _damaged_step(ckpt_dir: paths.Path, step: int, error: Exception, steps: list[int]
+                  ) -> NoReturn:
+  """Refuses `--step step` whose checkpoint is damaged, naming the other steps whose files match
+  their digests (or that have none: saved before digests were written)."""
+  readable = []
+  for s in (s for s in steps if s != step):
+    try:
+      digests.verify(ckpt_dir / str(s))
+    except digests.Damaged:
+      continue
+    readable.append(s)
+  others = (f"readable steps: {', '.join(map(str, readable))}: pass one with --step, or drop "
+            f"--step for the newest readable one" if readable else
+            "no other step is readable; point at a run that saved one")
+  fail(f"--step {step}: the checkpoint at {ckpt_dir / str(step)} is damaged ({_short(error)}); "
+       f"{others}")
 
 
 def load_model_config(path: str | pathlib.Path) -> dict:
@@ -430,6 +469,7 @@ class BestKeeper:
       checkpointer = ocp.StandardCheckpointer()
       checkpointer.save(paths.absolute(tmp / "params"), jax.device_get(params))
       checkpointer.wait_until_finished()
+      digests.write(tmp / "params")  # checked by every reader (restore_params_folder)
       paths.replace_text(tmp / "best.json", json.dumps({"step": step, "metric": self.metric,
                                                         "value": value, "metrics": metrics}))
     except Exception as e:  # pylint: disable=broad-except

@@ -5,6 +5,9 @@ edited file) are read back by TensorStore without complaint as long as they stil
 float is just another float, and training goes on from it. `write` records each file's size and
 checksum in `digest.json` inside the step's folder once orbax has finalized the save; `verify`
 checks them before any array is restored, and a mismatch is damage like an unreadable file.
+A single params/ folder (a fine-tuning run's best/, a `convert from-hf` or pruned folder) gets
+one too, inside it; with no earlier copy to fall back to, its readers refuse damage in one line
+(`checkpoints.restore_params_folder`).
 
 What is hashed, and why: the checkpoint's files, not the restored arrays. The check then runs
 before the restore, on exactly the bytes every reader reads (resume, `init_from`, export, load,

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 import orbax.checkpoint as ocp
 
-from bertjax import checkpoints, paths
+from bertjax import checkpoints, digests, paths
 from bertjax.convert.hf_configs import ELECTRA_PARTS, TASK_CLASSES, hf_config_to_model_config
 from bertjax.convert import hf_tokenizer
 from bertjax.convert.models import check_tree, fresh_part
@@ -197,6 +197,7 @@ def _save_params(path: pathlib.Path, params: Params) -> None:
   checkpointer = ocp.StandardCheckpointer()
   checkpointer.save(path, params)
   checkpointer.wait_until_finished()
+  digests.write(paths.as_path(path))  # checked by every reader (restore_params_folder)
 
 
 def _model_entry(c: Converted) -> dict[str, Any]:
@@ -264,8 +265,9 @@ def load_workdir(workdir: PathLike) -> Converted:
   if not (d / "params").is_dir():
     fail(f"{d / 'params'} not found; re-run the conversion")
   try:
-    with checkpoints.draining_event_loops():
-      params = ocp.StandardCheckpointer().restore(d / "params")
+    params = checkpoints.restore_params_folder(d / "params")
+  except UserError:
+    raise
   except Exception as e:  # pylint: disable=broad-except
     fail(f"cannot restore {d / 'params'}: {one_line(e)}; re-run the conversion")
   params = to_numpy(params)

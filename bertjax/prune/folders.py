@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from bertjax import checkpoints, paths
+from bertjax import checkpoints, digests, paths
 from bertjax.models.config import ModelConfig
 
 
@@ -47,6 +47,7 @@ def save_pruned(path: str | pathlib.Path, cfg: ModelConfig, params: Any,
   checkpointer = ocp.StandardCheckpointer()
   checkpointer.save(tmp / "params", host)
   checkpointer.wait_until_finished()
+  digests.write(paths.as_path(tmp / "params"))  # checked by every reader (restore_params_folder)
   if task is not None and task["name"] not in params:
     raise ValueError(f"params has no {task['name']} tree for the task head")
   meta = {"model": cfg.to_dict(), "heads": [], "missing": [], "pruning": json_safe(info or {})}
