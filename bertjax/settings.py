@@ -278,3 +278,8 @@ def help_text(key: str) -> str:
                  if isinstance(setting.check, tuple) else f"; {setting.check}")
       return f"{key} (default {setting.default!r}{allowed}): {setting.help}"
   raise KeyError(key)
+
+
+def describe() -> str:
+  """Every declared setting's `help_text`, one per line (a config's --help listing)."""
+  return "\n".join(help_text(setting.key) for setting in declared())

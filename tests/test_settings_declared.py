@@ -39,8 +39,9 @@ def test_one_row_declares_a_setting_with_its_default_check_and_help(monkeypatch)
   config_lib.apply_overrides(config, ["masking.keep_rate=0.2"])
   assert config.masking.keep_rate == 0.2
   config.masking.keep_rate = 1.5
-  with pytest.raises(UserError, match=r"^masking.keep_rate=1.5 must be in \[0, 1\] \(share of "
-                     r"the selected tokens kept as they are\); fix: --config.masking.keep_rate=0.1$"):
+  refusal = (r"^masking.keep_rate=1.5 must be in \[0, 1\] \(share of the selected tokens kept "
+             r"as they are\); fix: --config.masking.keep_rate=0.1$")
+  with pytest.raises(UserError, match=refusal):
     config_checks.check_ranges(config)
   config.masking.keep_rate = 0.1
   config.data.order = "random"
@@ -49,6 +50,7 @@ def test_one_row_declares_a_setting_with_its_default_check_and_help(monkeypatch)
   assert settings.help_text("masking.keep_rate") == (
       "masking.keep_rate (default 0.1; in [0, 1]): share of the selected tokens kept as they are")
   assert "one of 'shuffled', 'sequential'" in settings.help_text("data.order")
+  assert settings.help_text("masking.keep_rate") in settings.describe().splitlines()
 
 
 def test_the_checks_are_the_declarations():
