@@ -26,7 +26,7 @@ import pathlib
 
 import jax
 
-from bertjax import paths, sharding
+from bertjax import config_rules, paths, sharding
 # The table of allowed values (bertjax/config_rules.py); its names are also read from here.
 from bertjax.config_rules import (AT_LEAST_1, CHOICES, NON_NEGATIVE, OPEN_UNIT, POSITIVE,
                                   PROBABILITY, RULES, SHARE, UNIT, Range)
@@ -48,12 +48,13 @@ def _get(config, key: str):
 
 
 def check_ranges(config) -> None:
-  """Every numeric setting within its range (RULES), and the ones that depend on each other."""
-  for key, allowed, meaning, example in RULES:
+  """Every declared setting within its range or choices (bertjax/settings.py, as config_rules
+  reads it), and the ones that depend on each other."""
+  for key, allowed, meaning, example in config_rules.rules():
     value = _get(config, key)
     if value is not _MISSING and not allowed.holds(value):
       fail(f"{key}={value!r} must be {allowed} ({meaning}); fix: --config.{key}={example!r}")
-  for key, choices in CHOICES:
+  for key, choices in config_rules.choices():
     value = _get(config, key)
     if value is not _MISSING and value not in choices:
       named = ", ".join(c or "''" for c in choices)

@@ -22,7 +22,8 @@ MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
 # Data parallel over data+fsdp; FSDP shards weights' embed dimension; tensor parallelism splits
-# attention heads, the MLP's hidden units and the vocabulary.
+# attention heads, the MLP's hidden units and the vocabulary. The default of the config's
+# `logical_rules` (bertjax/settings.py), so a run's config.json holds the rules it used.
 DEFAULT_RULES = (
     ("act_batch", ("data", "fsdp")),
     ("act_len", None),
@@ -67,6 +68,8 @@ def make_mesh(mesh_shape: Sequence[int], devices: Sequence[Any] | None = None) -
 
 
 def rules_from_config(config) -> tuple[tuple[str, Any], ...]:
+  """The config's logical_rules as tuples; () (the default's spelling in older configs and
+  workdirs) means DEFAULT_RULES."""
   rules = config.get("logical_rules") or DEFAULT_RULES
   return tuple((name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in rules)
 
