@@ -81,14 +81,15 @@ def define_flags(argv) -> flags.FlagValues:
 def parse_args(argv):
   """(flag values, `--config.key=value` overrides). `args.config` is the locked ConfigDict that
   config_flags loaded (None with --sweep); the overrides are applied by config_lib (its typing
-  rules and typo hints; ARCHITECTURE.md, "The command line", says why)."""
-  overrides = [a for a in argv if a.startswith("--config.")]
-  argv = ["launch.py"] + [a for a in argv if not a.startswith("--config.")]
-  fv = define_flags(argv)
-  if {"--help", "-h", "--helpfull"} & set(argv):
-    print(f"usage: {USAGE}\n\n{doc_summary(__doc__)}\n\n{fv.get_help()}")
-    sys.exit(0)
+  rules and typo hints; ARCHITECTURE.md says why)."""
   try:
+    argv = flags.FlagValues().read_flags_from_files(["launch.py", *argv], force_gnu=False)
+    overrides = [a for a in argv if a.startswith("--config.")]  # a --flagfile's lines too
+    argv = [a for a in argv if not a.startswith("--config.")]
+    fv = define_flags(argv)
+    if {"--help", "-h", "--helpfull"} & set(argv):
+      print(f"usage: {USAGE}\n\n{doc_summary(__doc__)}\n\n{fv.get_help()}")
+      sys.exit(0)
     rest = fv(argv)
   except flags.Error as e:
     fail(f"{' '.join(str(e).split()).rstrip('.')}; see launch.py --help")

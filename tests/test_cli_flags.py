@@ -85,6 +85,15 @@ def test_sweep_takes_overrides_without_config(tmp_path):
   assert args.config is None and args.dry_run and overrides == ["--config.total_steps=2"]
 
 
+def test_flagfile_carries_config_and_overrides(tmp_path):
+  flagfile = tmp_path / "run.flags"
+  flagfile.write_text("--config=configs/bert.py:runlocal\n--config.total_steps=3\n")
+  args, overrides = launch.parse_args([f"--flagfile={flagfile}", "--workdir", str(tmp_path)])
+  assert overrides == ["--config.total_steps=3"]
+  assert args.config.to_dict() == config_lib.load_config_file("configs/bert.py:runlocal").to_dict()
+  assert "Unable to open flagfile" in _one_line([f"--flagfile={tmp_path / 'nope'}"])
+
+
 @pytest.mark.parametrize("flag", ["--help", "--helpfull"])
 def test_help(flag, capsys):
   with pytest.raises(SystemExit) as e:
