@@ -36,7 +36,8 @@ USAGE = ("python launch.py --config configs/<exp>.py[:variant] --workdir DIR "
 class OneLineConfigErrors(flags.ArgumentParser):
   """config_flags' loader of `--config` (`file.py[:variant]` -> `get_config(variant)`, locked);
   a file that is missing, does not parse or defines no get_config fails with config_lib's one
-  line instead of a traceback (or a config that fails only when first read)."""
+  line instead of a traceback (or a config that fails only when first read); a get_config that
+  raises is a traceback, as any bug."""
 
   def __init__(self, loader: flags.ArgumentParser):
     self.loader = loader
@@ -44,10 +45,13 @@ class OneLineConfigErrors(flags.ArgumentParser):
   def parse(self, argument):
     try:
       config = self.loader.parse(argument)
-    except (SyntaxError, AttributeError):
+    except (SyntaxError, AttributeError, TypeError, ValueError):
       config = None
     if not isinstance(config, ml_collections.ConfigDict):  # also the missing file's stand-in
-      config_lib.load_config_file(argument)  # raises the one line naming the problem
+      try:
+        config_lib.load_config_file(argument)  # raises the one line naming the problem
+      except (TypeError, ValueError) as e:  # a bug in get_config: its traceback, not a flag error
+        raise RuntimeError(f"get_config of {argument} failed") from e
     return config
 
   def flag_type(self):

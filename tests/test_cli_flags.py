@@ -77,6 +77,11 @@ def test_config_file_mistakes_are_config_lib_lines(tmp_path):
   empty = tmp_path / "empty.py"
   empty.write_text("x = 1\n")
   assert "defines no get_config" in _one_line(["--config", str(empty), "--workdir", str(tmp_path)])
+  buggy = tmp_path / "buggy.py"
+  buggy.write_text("def get_config(arg=None):\n  return int('x')\n")
+  with pytest.raises(RuntimeError) as e:  # a bug, not a flag error: its traceback is kept
+    launch.parse_args(["--config", str(buggy), "--workdir", str(tmp_path)])
+  assert isinstance(e.value.__cause__, ValueError)
 
 
 def test_sweep_takes_overrides_without_config(tmp_path):
