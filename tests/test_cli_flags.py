@@ -37,7 +37,7 @@ def test_config_flag_is_config_flags_and_resolves_as_config_lib(tmp_path):
 
 
 def test_variant_after_the_colon_reaches_get_config(tmp_path):
-  args, _ = launch.parse_args([f"--config=configs/glue.py:task=rte,runlocal",
+  args, _ = launch.parse_args(["--config=configs/glue.py:task=rte,runlocal",
                                f"--workdir={tmp_path}"])
   assert args.config.to_dict() == config_lib.load_config_file(
       "configs/glue.py:task=rte,runlocal").to_dict()
