@@ -4,11 +4,11 @@ All logic lives in importable modules; this file parses flags, loads and locks t
 calls `bertjax.train.train_and_evaluate` (or runs a sweep with `--sweep`).
 """
 
-import argparse
 import logging
 import os
 import signal
 import sys
+import types
 import warnings
 
 
@@ -30,37 +30,96 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 # pylint: disable=wrong-import-position
 import jax
+import ml_collections
+from absl import flags
+from ml_collections import config_flags
 
 from bertjax import (config_lib, distributed, multiseed, paths, progress, sweep, train,
                      xla_defaults)
-from bertjax.errors import EXIT_PREEMPTED, doc_summary, run_cli
+from bertjax.errors import EXIT_PREEMPTED, doc_summary, fail, run_cli
 from bertjax.preemption import GO_ON, Preemption
 # pylint: enable=wrong-import-position
 
 xla_defaults.apply()  # the opt-in XLA:CPU flags, before JAX starts a backend
 
 
+USAGE = ("python launch.py --config configs/<exp>.py[:variant] --workdir DIR "
+         "[--config.key=value ...]")
+
+
+class OneLineConfigErrors(flags.ArgumentParser):
+  """config_flags' loader of `--config` (`file.py[:variant]` -> `get_config(variant)`, locked);
+  a file that is missing, does not parse or defines no get_config fails with config_lib's one
+  line instead of a traceback (or a config that fails only when first read); a get_config that
+  raises is a traceback, as any bug."""
+
+  def __init__(self, loader: flags.ArgumentParser):
+    self.loader = loader
+
+  def parse(self, argument):
+    try:
+      config = self.loader.parse(argument)
+    except (SyntaxError, AttributeError, TypeError, ValueError):
+      config = None
+    if not isinstance(config, ml_collections.ConfigDict):  # also the missing file's stand-in
+      try:
+        config_lib.load_config_file(argument)  # raises the one line naming the problem
+      except (TypeError, ValueError) as e:  # a bug in get_config: its traceback, not a flag error
+        raise RuntimeError(f"get_config of {argument} failed") from e
+    return config
+
+  def flag_type(self):
+    return self.loader.flag_type()
+
+
+def define_flags(argv) -> flags.FlagValues:
+  """launch.py's absl flags; `--config` is ml_collections' config file flag (`file.py[:variant]`,
+  the variant passed to `get_config`)."""
+  fv = flags.FlagValues()
+  sys.modules.pop("config_config", None)  # config_flags' module name for the file: a fresh one
+  config_flags.DEFINE_config_file("config", None, "configs/<exp>.py[:variant]; then "
+                                  "--config.key=value sets one of its settings", flag_values=fv,
+                                  sys_argv=argv)
+  fv["config"].parser = OneLineConfigErrors(fv["config"].parser)
+  flags.DEFINE_string("workdir", None, "where checkpoints, metrics and logs go", flag_values=fv)
+  flags.mark_flag_as_required("workdir", flag_values=fv)
+  flags.DEFINE_string("sweep", None, "experiments/<name>.py: run every point of a sweep",
+                      flag_values=fv)
+  flags.DEFINE_bool("dry_run", False, "with --sweep: list points and commands", flag_values=fv)
+  flags.DEFINE_string("tpu", None, "with --sweep: run every point on all workers of this TPU VM",
+                      flag_values=fv)
+  flags.DEFINE_string("zone", None, "with --tpu: the TPU VM's zone", flag_values=fv)
+  flags.DEFINE_string("project", None, "with --tpu: the TPU VM's Google Cloud project",
+                      flag_values=fv)
+  flags.DEFINE_string("hosts", None, "with --sweep: h1,h2: one process per ssh host (GPU hosts)",
+                      flag_values=fv)
+  return fv
+
+
 def parse_args(argv):
-  parser = argparse.ArgumentParser(description=doc_summary(__doc__))
-  parser.add_argument("--config", help="configs/<exp>.py[:variant]")
-  parser.add_argument("--workdir", required=True, help="where checkpoints, metrics and logs go")
-  parser.add_argument("--sweep", help="experiments/<name>.py: run every point of a sweep")
-  parser.add_argument("--dry_run", action="store_true", help="with --sweep: list points and commands")
-  parser.add_argument("--tpu", help="with --sweep: run every point on all workers of this TPU VM")
-  parser.add_argument("--zone", help="with --tpu: the TPU VM's zone")
-  parser.add_argument("--project", help="with --tpu: the TPU VM's Google Cloud project")
-  parser.add_argument("--hosts", help="with --sweep: h1,h2: one process per ssh host (GPU hosts)")
-  args, rest = parser.parse_known_args(argv)
-  overrides = [r for r in rest if r.startswith("--config.")]
-  unknown = [r for r in rest if not r.startswith("--config.")]
-  if unknown:
-    parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-  if not args.config and not args.sweep:
-    parser.error("give --config configs/<exp>.py (or --sweep experiments/<name>.py)")
-  if args.sweep and args.config:
-    parser.error("--sweep takes the config from the sweep file; drop --config")
+  """(flag values, `--config.key=value` overrides). `args.config` is the locked ConfigDict that
+  config_flags loaded (None with --sweep); the overrides are applied by config_lib (its typing
+  rules and typo hints; ARCHITECTURE.md says why)."""
+  try:
+    argv = flags.FlagValues().read_flags_from_files(["launch.py", *argv], force_gnu=False)
+    overrides = [a for a in argv if a.startswith("--config.")]  # a --flagfile's lines too
+    argv = [a for a in argv if not a.startswith("--config.")]
+    fv = define_flags(argv)
+    if {"--help", "-h", "--helpfull"} & set(argv):
+      print(f"usage: {USAGE}\n\n{doc_summary(__doc__)}\n\n{fv.get_help()}")
+      sys.exit(0)
+    rest = fv(argv)
+  except flags.Error as e:
+    fail(f"{' '.join(str(e).split()).rstrip('.')}; see launch.py --help")
+  if rest[1:]:
+    fail(f"unrecognized arguments: {' '.join(rest[1:])}; see launch.py --help")
+  args = types.SimpleNamespace(**fv.flag_values_dict())
+  if args.config is None and not args.sweep:
+    fail("give --config configs/<exp>.py (or --sweep experiments/<name>.py)")
+  if args.sweep and args.config is not None:
+    fail("--sweep takes the config from the sweep file; drop --config")
   if not args.sweep and (args.dry_run or args.tpu or args.hosts):
-    parser.error("--dry_run, --tpu and --hosts go with --sweep experiments/<name>.py")
+    fail("--dry_run, --tpu and --hosts go with --sweep experiments/<name>.py")
   return args, overrides
 
 
@@ -109,7 +168,7 @@ def main(argv=None):
   # bertjax/preemption.py); a sweep's runs are processes of their own.
   with Preemption() as preemption:
     with preemption.abandoning("loading the config (nothing was written)"):
-      config = config_lib.load_config_file(args.config)
+      config = args.config  # loaded and locked by the --config flag
       config_lib.apply_overrides(config, overrides)
       if config.get("distributed"):
         # On Cloud TPU every setting is discovered; on GPU hosts set the coordinator address,
