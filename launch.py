@@ -151,7 +151,8 @@ def preempted_line(summary) -> str:
 
 
 def main(argv=None):
-  args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+  with Preemption() as loading, loading.abandoning("loading the config (nothing was written)"):
+    args, overrides = parse_args(sys.argv[1:] if argv is None else argv)  # loads --config
   paths.check_output_folder(args.workdir)  # before anything is loaded, prepared or written
   configure_logging()
   if xla_defaults.onednn_active():

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import launch
-from bertjax import checkpoints, config_lib, digests, errors, metric_writers, train
+from bertjax import checkpoints, digests, errors, metric_writers, train
 from bertjax.data import prepare, tokenizers
 from bertjax.tasks import base as task_base
 
@@ -119,7 +119,7 @@ def _finished(code, lines):
 def test_sigterm_while_loading_the_config(tmp_path, capsys):
   """Before anything is read or written: exit 75, one line, an untouched output folder."""
   with pytest.MonkeyPatch.context() as mp:
-    _term_in(mp, config_lib, "load_config_file")
+    _term_in(mp, launch.OneLineConfigErrors, "parse")  # config_flags' loading of --config
     code, lines = _launch(capsys, tmp_path / "run", {**TINY_ARGS, **KW})
   _preempted(code, lines, "while loading the config")
   assert not (tmp_path / "run").exists()
