@@ -227,12 +227,13 @@ class Setup:
   partition: freezing.Partition | None = None  # a frozen encoder's trainable/frozen split
 
 
-def setup(config, objective, model_cfg: ModelConfig, mesh,
-          schedule: Schedule | None = None) -> tuple[Setup, TrainState]:
+def setup(config, objective, model_cfg: ModelConfig, mesh, schedule: Schedule | None = None,
+          grad_accum_steps: int | None = None) -> tuple[Setup, TrainState]:
   """The jitted steps of `objective` under `config` (model, optimizer, shardings) and its freshly
-  initialized, sharded train state; the learning rate runs to `schedule.total_steps` (a run's
-  plan, bertjax/run_plan.py), else to config.total_steps."""
-  accum = run_plan.accumulation_steps(config, mesh)
+  initialized, sharded train state. A run's plan (bertjax/run_plan.py) gives `schedule` (the
+  learning rate runs to its total_steps, else to config.total_steps) and `grad_accum_steps`
+  (already checked; else checked here)."""
+  accum = grad_accum_steps or run_plan.accumulation_steps(config, mesh)
   model = objective.make_model(model_cfg)
   init_batch = objective.init_batch(1, config.max_seq_length, config.max_predictions_per_seq)
   # The optimizer sees the parameter tree (shapes only) for per-layer learning-rate scales.
@@ -404,7 +405,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       plan = run_plan.plan(config, workdir, get_objective, prepare,
                            checking=preemption.abandoning(CHECKING))
       settings[0].check(_resolved(config, plan.model_cfg, plan.schedule))
-      s, state = setup(config, plan.objective, plan.model_cfg, plan.mesh, plan.schedule)
+      s, state = setup(config, plan.objective, plan.model_cfg, plan.mesh, plan.schedule,
+                       plan.grad_accum_steps)
     return _train_and_evaluate(plan, settings[0], s, state, clock, preemption)
 
 
