@@ -1,6 +1,6 @@
 """Settings checked before a run prepares, trains or writes anything; each failure is one line.
 
-The trainer calls, in order:
+The trainer reaches them through its run plan (bertjax/run_plan.py `plan`), which calls, in order:
   `check_settings`  the config alone (every numeric setting's range), the workdir and init_from
                     paths: before the objective, the mesh or the workdir exist;
   `check_run`       the mesh and the model actually trained (fine-tuning takes init_from's
@@ -186,14 +186,13 @@ def accumulation_steps(config, mesh) -> int:
   return accum
 
 
-def eval_batch_size(config, mesh) -> int:
-  """Rows per evaluation batch: `eval_batch_size`, or the training micro-batch."""
-  size = int(config.get("eval_batch_size", 0) or config.batch_size // config.grad_accum_steps)
+def check_eval_batch_size(size: int, mesh) -> None:
+  """Rows per evaluation batch (bertjax/run_plan.py derives them): a positive multiple of the
+  data-parallel size and the process count."""
   dp = sharding.data_parallel_size(mesh)
   if size <= 0 or size % dp or size % jax.process_count():
     fail(f"eval_batch_size={size} must be a positive multiple of the data-parallel size {dp} and "
          f"the process count {jax.process_count()}; fix: set --config.eval_batch_size")
-  return size
 
 
 def check_positions(config, model_cfg, source: str = "") -> None:
@@ -260,7 +259,7 @@ def check_run(config, objective, model_cfg, mesh, workdir=None) -> int:
   text, its tokenizer); returns grad_accum_steps."""
   accum = accumulation_steps(config, mesh)
   if "eval_batch_size" in config:
-    eval_batch_size(config, mesh)
+    check_eval_batch_size(int(config.eval_batch_size or config.batch_size // accum), mesh)
   if objective.data_kind != "task" and config.max_predictions_per_seq >= config.max_seq_length:
     fail(f"max_predictions_per_seq={config.max_predictions_per_seq} must be below max_seq_length="
          f"{config.max_seq_length}; fix: --config.max_predictions_per_seq="

@@ -26,11 +26,13 @@ DECAYS = ("linear", "polynomial", "constant", "wsd")
 WSD_SHAPES = ("1-sqrt", "linear")  # the decay of a warmup-stable-decay schedule
 
 
-def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+def make_schedule(config: ml_collections.ConfigDict,
+                  total_steps: int | None = None) -> optax.Schedule:
   """Linear warmup to `learning_rate`, then linear ('linear') or polynomial decay to `end`, or
-  ('wsd') the peak held until the last `wsd_decay_fraction` of the steps, which decay to `end`."""
+  ('wsd') the peak held until the last `wsd_decay_fraction` of the steps, which decay to `end`.
+  `total_steps`: the run's (its plan's schedule, bertjax/run_plan.py), else config.total_steps."""
   o = config.optimizer
-  total = max(int(config.total_steps), 1)
+  total = max(int(config.total_steps if total_steps is None else total_steps), 1)
   warmup = int(o.warmup_steps if o.warmup_steps >= 0 else round(o.warmup_fraction * total))
   warmup = min(warmup, total)
   peak = config.learning_rate
@@ -227,15 +229,15 @@ def decay_coefficient(config: ml_collections.ConfigDict) -> float:
 
 
 def make_optimizer(config: ml_collections.ConfigDict, params=None,
-                   num_layers: int | None = None,
-                   scalar_clipping: bool = True) -> optax.GradientTransformation:
-  """The optimizer of `config.optimizer` on the learning-rate schedule. `scalar_clipping`: clip
-  by `clip_by_global_norm` (the model's kernel set's `scalar_clipping`), else by
-  `optax.clip_by_global_norm`."""
+                   num_layers: int | None = None, scalar_clipping: bool = True,
+                   total_steps: int | None = None) -> optax.GradientTransformation:
+  """The optimizer of `config.optimizer` on the learning-rate schedule (to `total_steps`, else
+  config.total_steps). `scalar_clipping`: clip by `clip_by_global_norm` (the model's kernel
+  set's `scalar_clipping`), else by `optax.clip_by_global_norm`."""
   o = config.optimizer
   if o.name not in OPTIMIZERS:
     fail(f"unknown optimizer.name={o.name!r}; use one of {', '.join(OPTIMIZERS)}")
-  schedule = make_schedule(config)
+  schedule = make_schedule(config, total_steps)
   wd = decay_coefficient(config)
 
   @optax.inject_hyperparams

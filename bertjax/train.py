@@ -10,7 +10,6 @@ repeats an uninterrupted one bit for bit.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import json
 import logging
@@ -26,8 +25,8 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from bertjax import (checkpoints, config_checks, divergence, freezing, optim, paths, prefetch,
-                     sharding, step_memory, workdir as workdir_lib)
+from bertjax import (checkpoints, divergence, freezing, optim, paths, prefetch, run_plan, sharding,
+                     step_memory, workdir as workdir_lib)
 from bertjax.metric_writers import MetricWriter
 from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
@@ -171,8 +170,7 @@ def param_shardings_for(objective, model, config, mesh, init_batch, abstract_box
   """(abstract boxed params, NamedSharding per param) without allocating anything."""
   if abstract_boxed is None:
     abstract_boxed = abstract_params_of(objective, model, init_batch)
-  shardings = sharding.logical_shardings(abstract_boxed, mesh, sharding.rules_from_config(config))
-  config_checks.check_param_shardings(nn.meta.unbox(abstract_boxed), shardings)
+  shardings = run_plan.param_shardings(abstract_boxed, mesh, sharding.rules_from_config(config))
   return abstract_boxed, shardings
 
 
@@ -229,10 +227,13 @@ class Setup:
   partition: freezing.Partition | None = None  # a frozen encoder's trainable/frozen split
 
 
-def setup(config, objective, model_cfg: ModelConfig, mesh) -> tuple[Setup, TrainState]:
+def setup(config, objective, model_cfg: ModelConfig, mesh, schedule: Schedule | None = None,
+          grad_accum_steps: int | None = None) -> tuple[Setup, TrainState]:
   """The jitted steps of `objective` under `config` (model, optimizer, shardings) and its freshly
-  initialized, sharded train state."""
-  accum = config_checks.accumulation_steps(config, mesh)
+  initialized, sharded train state. A run's plan (bertjax/run_plan.py) gives `schedule` (the
+  learning rate runs to its total_steps, else to config.total_steps) and `grad_accum_steps`
+  (already checked; else checked here)."""
+  accum = grad_accum_steps or run_plan.accumulation_steps(config, mesh)
   model = objective.make_model(model_cfg)
   init_batch = objective.init_batch(1, config.max_seq_length, config.max_predictions_per_seq)
   # The optimizer sees the parameter tree (shapes only) for per-layer learning-rate scales.
@@ -242,7 +243,8 @@ def setup(config, objective, model_cfg: ModelConfig, mesh) -> tuple[Setup, Train
                                     model_cfg.num_hidden_layers)
   optimizer = optim.make_optimizer(config, params=partition.trainable(nn.meta.unbox(abstract_boxed)),
                                    num_layers=model_cfg.num_hidden_layers,
-                                   scalar_clipping=kernels.for_model(model_cfg).scalar_clipping)
+                                   scalar_clipping=kernels.for_model(model_cfg).scalar_clipping,
+                                   total_steps=schedule.total_steps if schedule else None)
   state, state_shardings, abstract_state = create_train_state(
       objective, model, optimizer, config, mesh, init_batch, abstract_boxed, partition)
   batch_shard = sharding.batch_sharding(mesh)
@@ -261,18 +263,15 @@ def setup(config, objective, model_cfg: ModelConfig, mesh) -> tuple[Setup, Train
   return run, state
 
 
-def with_schedule(config: ml_collections.ConfigDict, schedule: Schedule) -> ml_collections.ConfigDict:
-  """A copy of `config` with the objective's schedule (the caller's config stays as it was)."""
-  config = copy.deepcopy(config)
-  config.total_steps, config.eval_every = schedule.total_steps, schedule.eval_every
-  return config
-
-
-def _resolved(config, model_cfg: ModelConfig | None) -> dict:
-  """What config.json records: the config with the model actually trained (fine-tuning takes
-  init_from's architecture, so this workdir can itself be an init_from or a teacher); without
-  `model_cfg`, no model."""
-  resolved = workdir_lib.as_recorded(config.to_dict())
+def _resolved(config, model_cfg: ModelConfig | None, schedule: Schedule | None = None) -> dict:
+  """What config.json records: the config with the schedule run (`schedule`: the run's plan; a
+  fine-tuning task derives it) and the model actually trained (fine-tuning takes init_from's
+  architecture, so this workdir can itself be an init_from or a teacher); without `model_cfg`,
+  no model."""
+  fields = config.to_dict()
+  if schedule is not None:
+    fields.update(total_steps=schedule.total_steps, eval_every=schedule.eval_every)
+  resolved = workdir_lib.as_recorded(fields)
   resolved.pop("model")
   return {**resolved, "model": model_cfg.to_dict()} if model_cfg else resolved
 
@@ -294,12 +293,12 @@ def _write_tokenizer(workdir: paths.Path, data) -> None:
 QUIET_STEP: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
 
-def reads_devices(config, step: int, first: bool) -> bool:
+def reads_devices(config, schedule: Schedule, step: int, first: bool) -> bool:
   """Whether the loop reads device values at `step` (1-based): a process's `first` step, whose
   end starts the throughput clock, and logging, evaluation and checkpoint steps. Between them
   it only queues work, so the devices never wait for the host."""
-  return bool(first or step % config.log_every == 0 or step == config.total_steps
-              or (config.eval_every and step % config.eval_every == 0)
+  return bool(first or step % config.log_every == 0 or step == schedule.total_steps
+              or (schedule.eval_every and step % schedule.eval_every == 0)
               or step % config.checkpoint_every == 0)
 
 
@@ -317,7 +316,7 @@ def check_step_memory(s: Setup, state: TrainState, device_batch) -> str:
   return line
 
 
-def _train_loop(config, s: Setup, state: TrainState, data, ckpt, writer: MetricWriter,
+def _train_loop(plan: run_plan.RunPlan, s: Setup, state: TrainState, ckpt, writer: MetricWriter,
                 run_eval: Callable, record: RunRecord, clock: Callable[[], float],
                 preemption: Preemption, started: Callable[[int], None] = lambda step: None
                 ) -> tuple[TrainState, int, str]:
@@ -325,15 +324,17 @@ def _train_loop(config, s: Setup, state: TrainState, data, ckpt, writer: MetricW
   a progress line every `progress_every_s` seconds; `started(step)` once the first step is
   trained. A SIGTERM (`preemption.requested`) lets the step, its evaluation and its saves finish,
   then saves it. Returns the state, the step reached and why the loop ended."""
+  config, data, total_steps, eval_every = (plan.config, plan.data, plan.schedule.total_steps,
+                                           plan.schedule.eval_every)
   step = int(jax.device_get(state.step))
   stop_reason = "finished"
   batches = prefetch.DevicePrefetch(data.train, lambda b: sharding.shard_batch(b, s.mesh),
                                     config.get("prefetch_batches", 2))
-  lines = Progress("train", config.total_steps, every_s=config.get("progress_every_s", EVERY_S),
+  lines = Progress("train", total_steps, every_s=config.get("progress_every_s", EVERY_S),
                    clock=clock, enabled=jax.process_index() == 0)
-  while step < config.total_steps:
+  while step < total_steps:
     step += 1
-    quiet = not reads_devices(config, step, record.compiling)
+    quiet = not reads_devices(config, plan.schedule, step, record.compiling)
     with QUIET_STEP() if quiet else contextlib.nullcontext():
       batch, device_batch = next(batches)
       if record.compiling:  # this process's first step: known to fit before it runs
@@ -344,15 +345,15 @@ def _train_loop(config, s: Setup, state: TrainState, data, ckpt, writer: MetricW
       record.add(batch, metrics, state.step)  # the first step: waits until it is trained
       if first:
         started(step)
-      if step % config.log_every == 0 or step == config.total_steps:
+      if step % config.log_every == 0 or step == total_steps:
         record.log(writer, step, metrics)
         record.watch.check()
       lines.update(step, record.shown)
-      if config.eval_every and step % config.eval_every == 0:
+      if eval_every and step % eval_every == 0:
         t_eval = time.time()
         record.last_eval = run_eval(step, state) or record.last_eval
         record.t_log += time.time() - t_eval  # evaluation time is not training time
-      if step % config.checkpoint_every == 0 or step == config.total_steps:
+      if step % config.checkpoint_every == 0 or step == total_steps:
         record.watch.check_checkpoint(step, state.params)
         ckpt.save(step, state, batches.get_state(), force=True)
       ckpt.poll()  # the digest of an asynchronous save that finished meanwhile
@@ -369,45 +370,51 @@ STARTING = "starting, before this process trained a step (nothing half-written i
 PREEMPTED = "preempted (SIGTERM): checkpoint saved"
 
 
+CHECKING = "checking the settings (nothing was written)"
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
                        clock: Callable[[], float] = time.monotonic) -> dict:
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns a summary.
   One run at a time holds the workdir (bertjax/workdir.py). `clock` times the progress lines
   (bertjax/progress.py). A SIGTERM at any point ends the run as preempted (bertjax/preemption.py):
   a summary saying so, its checkpoint saved, or `errors.Preempted` where a step was not trained
-  since the last checkpoint; either way the same call goes on."""
-  with Preemption() as preemption:
-    with preemption.abandoning("checking the settings (nothing was written)"):
+  since the last checkpoint; either way the same call goes on. The run is planned once
+  (bertjax/run_plan.py): `config` is that of every step, never copied or changed."""
+  with Preemption() as preemption, contextlib.ExitStack() as held:
+    with preemption.abandoning(CHECKING):
       paths.check_output_folder(workdir)  # "" (an unset variable): the current folder
       workdir = paths.as_path(workdir)
+    settings = []
+
+    def prepare(objective, model_cfg):
+      # Every check before the inputs has passed: the workdir is made and held. A SIGTERM drops
+      # everything from now to the first step: reads, and writes staged then moved into place
+      # whole (the prepared corpus, a trained tokenizer). A resumed run's settings against its
+      # config.json before anything is prepared or written; the schedule once it is derived.
+      workdir.mkdir(parents=True, exist_ok=True)
+      held.enter_context(workdir_lib.locked(workdir))
+      starting.enter_context(preemption.abandoning(STARTING))
+      settings.append(workdir_lib.Settings(workdir, config.get("allow_changed_settings", False),
+                                           trained=workdir_lib.has_checkpoints(workdir)))
+      settings[0].check(_resolved(config, model_cfg), pending=workdir_lib.SCHEDULE)
+      return objective.build_inputs(config, workdir)
+
+    with contextlib.ExitStack() as starting:
       # Settings are checked before anything is created, prepared, trained or written.
-      config_checks.check_settings(config, workdir)
-      objective = get_objective(config)
-      mesh = sharding.make_mesh(config.mesh_shape)
-      model_cfg = objective.model_config(config)  # trained: fine-tuning takes init_from's
-      config_checks.check_run(config, objective, model_cfg, mesh, workdir)
-      config_checks.check_objective(config, objective)
-    workdir.mkdir(parents=True, exist_ok=True)
-    with workdir_lib.locked(workdir):
-      return _train_and_evaluate(config, workdir, objective, mesh, model_cfg, clock, preemption)
+      plan = run_plan.plan(config, workdir, get_objective, prepare,
+                           checking=preemption.abandoning(CHECKING))
+      settings[0].check(_resolved(config, plan.model_cfg, plan.schedule))
+      s, state = setup(config, plan.objective, plan.model_cfg, plan.mesh, plan.schedule,
+                       plan.grad_accum_steps)
+    return _train_and_evaluate(plan, settings[0], s, state, clock, preemption)
 
 
-def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.Path, objective,
-                        mesh, model_cfg: ModelConfig, clock: Callable[[], float],
+def _train_and_evaluate(plan: run_plan.RunPlan, settings: workdir_lib.Settings, s: Setup,
+                        state: TrainState, clock: Callable[[], float],
                         preemption: Preemption) -> dict:
-  # A SIGTERM drops everything up to the first step: reads, and writes staged then moved into
-  # place whole (the prepared corpus, a trained tokenizer).
-  with preemption.abandoning(STARTING):
-    # A resumed run's settings against its config.json, before anything is prepared or written;
-    # the schedule again once the inputs have derived it.
-    settings = workdir_lib.Settings(workdir, config.get("allow_changed_settings", False),
-                                    trained=workdir_lib.has_checkpoints(workdir))
-    settings.check(_resolved(config, model_cfg), pending=workdir_lib.SCHEDULE)
-    data = objective.build_inputs(config, workdir)
-    config = with_schedule(config, objective.schedule(config, data))
-    config_checks.check_data(config, objective, model_cfg, data, workdir)
-    settings.check(_resolved(config, model_cfg))
-    s, state = setup(config, objective, model_cfg, mesh)
+  config, workdir, objective, data = plan.config, plan.workdir, plan.objective, plan.data
+  total_steps, eval_every = plan.schedule.total_steps, plan.schedule.eval_every
   logging.info("model: %s parameters", f"{s.num_params:,}")
   if s.partition.frozen_any:
     logging.info(s.partition.describe(state.params))
@@ -429,11 +436,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.Path, 
       # Every check has passed: the tokenizer is written now; the record of the run (config.json,
       # changes.jsonl) once its first step is trained, so a run failing before it blocks no fix.
       _write_tokenizer(workdir, data)
-    writer = MetricWriter(workdir, config.total_steps, tensorboard=config.tensorboard)
+    writer = MetricWriter(workdir, total_steps, tensorboard=config.tensorboard)
 
     def run_eval(step, state, last=False):
-      context = EvalContext(mesh=mesh, rules=s.rules, workdir=workdir, step=step,
-                            total_steps=config.total_steps, eval_step=s.eval_step,
+      context = EvalContext(mesh=plan.mesh, rules=s.rules, workdir=workdir, step=step,
+                            total_steps=total_steps, eval_step=s.eval_step,
                             batches=data.eval_batches, num_batches=data.num_eval_batches,
                             progress_every_s=config.get("progress_every_s", EVERY_S), clock=clock)
       # After the last step a SIGTERM drops the evaluation (its checkpoint is saved: a rerun
@@ -449,11 +456,12 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.Path, 
 
     record = RunRecord.resumed(writer.resume_at(step0), divergence.Watch(
         config.get("nonfinite_policy", "stop"), int(jax.device_get(state.step)),
-        config.learning_rate, model_cfg.dtype))
+        config.learning_rate, plan.model_cfg.dtype))
     state, step, stop_reason = _train_loop(
-        config, s, state, data, ckpt, writer, run_eval, record, clock, preemption,
-        started=lambda step: settings.record(step0, _resolved(config, model_cfg)))
-    if (stop_reason == "finished" and config.eval_every and step == config.total_steps
+        plan, s, state, ckpt, writer, run_eval, record, clock, preemption,
+        started=lambda step: settings.record(step0, _resolved(config, plan.model_cfg,
+                                                              plan.schedule)))
+    if (stop_reason == "finished" and eval_every and step == total_steps
         and record.last_eval_step != step):
       record.last_eval = run_eval(step, state, last=True) or record.last_eval
   finally:

@@ -32,7 +32,7 @@ from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import checkpoints, config_checks, inputs, paths
+from bertjax import checkpoints, config_checks, inputs, paths, run_plan
 from bertjax.data import tokenizers
 from bertjax.errors import fail
 from bertjax.models.config import ModelConfig
@@ -418,7 +418,7 @@ class TaskObjective(Objective):
 
   def predict(self, params, context, eval_set: EvalSet) -> dict[str, np.ndarray]:
     """`outputs` of every row of `eval_set`, in row order (padding rows removed)."""
-    size = config_checks.eval_batch_size(self.config, context.mesh)
+    size = run_plan.eval_batch_size(self.config, context.mesh)
     chunks: list[dict[str, np.ndarray]] = []
     lines = context.progress(f"eval {eval_set.name} at step {context.step}:",
                              -(-eval_set.num_rows // size))
