@@ -299,7 +299,7 @@ def test_trainer_passes_params_to_the_optimizer(monkeypatch, tmp_path, data_dir)
   """Layer-wise decay needs the parameter tree; the trainer must hand it to make_optimizer."""
   seen = {}
 
-  def spy(config, params=None, num_layers=None):
+  def spy(config, params=None, num_layers=None, **kwargs):  # kwargs: the kernel set's choices
     seen["params"] = params
     raise _Stop
 
