@@ -26,8 +26,8 @@ import jax.numpy as jnp
 
 from bertjax.errors import fail
 from bertjax.models.config import ModelConfig
-from bertjax.models.encoder import Encoder
-from bertjax.models.heads import DiscriminatorHead, MLMHead
+from bertjax.models.heads import DiscriminatorHead
+from bertjax.models.modernbert import encoder_for, mlm_head_for
 from bertjax.models.pretraining import PretrainingModel
 
 
@@ -40,7 +40,7 @@ class ElectraDiscriminator(nn.Module):
   config: ModelConfig
 
   def setup(self):
-    self.encoder = Encoder(self.config)
+    self.encoder = encoder_for(self.config)
     self.rtd = DiscriminatorHead(self.config)
 
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, segment_ids=None,
@@ -90,8 +90,8 @@ class ElectraGeneratorTower(nn.Module):
   embeddings: nn.Module
 
   def setup(self):
-    self.encoder = Encoder(self.config, shared_embeddings=self.embeddings)
-    self.mlm = MLMHead(self.config)
+    self.encoder = encoder_for(self.config, shared_embeddings=self.embeddings)
+    self.mlm = mlm_head_for(self.config)
 
   def __call__(self, input_ids, attention_mask, token_type_ids, masked_positions,
                deterministic: bool):
@@ -142,7 +142,7 @@ class ElectraPretrainingModel(nn.Module):
   generator_config: ModelConfig
 
   def setup(self):
-    self.encoder = Encoder(self.config)
+    self.encoder = encoder_for(self.config)
     self.rtd = DiscriminatorHead(self.config)
     self.generator = ElectraGeneratorTower(self.generator_config, self.encoder.embeddings)
 

@@ -235,7 +235,9 @@ class ModernBertLayer(nn.Module):
 
 
 class ModernBertEmbeddings(nn.Module):
-  """Token embeddings, LayerNorm, dropout; no position or token-type table."""
+  """Token embeddings, LayerNorm, dropout; no position or token-type table. The table is
+  `embed_size` wide (the hidden size unless `embedding_size` is set: ELECTRA's generator reads
+  its discriminator's table)."""
   config: ModelConfig
 
   def setup(self):
@@ -243,7 +245,7 @@ class ModernBertEmbeddings(nn.Module):
     # Looked up on the float32 table and cast afterwards: the gradient's scatter-add stays in
     # float32 (see bertjax.models.embeddings.lookup).
     self.tok_embeddings = nn.Embed(
-        cfg.vocab_size, cfg.hidden_size, dtype=jnp.float32, param_dtype=jnp.float32,
+        cfg.vocab_size, cfg.embed_size, dtype=jnp.float32, param_dtype=jnp.float32,
         embedding_init=nn.with_logical_partitioning(truncated_init(cfg), ("vocab", "embed")))
     self.norm = _norm(self.config, "norm")
     self.drop = nn.Dropout(cfg.embedding_dropout)
@@ -262,12 +264,21 @@ class ModernBertEncoder(nn.Module):
   """Embeddings, the layer stack and the final norm. Called as `Encoder` is (token_type_ids are
   accepted and ignored: ModernBERT has none); returns an `EncoderOutput` without a pooled output.
   `hidden_states` (when asked for): the embeddings' output, then each layer's, the last after
-  the final norm (as `Encoder` with pre-LN; transformers' last entry is before it)."""
+  the final norm (as `Encoder` with pre-LN; transformers' last entry is before it).
+
+  `shared_embeddings`, when given, is a `ModernBertEmbeddings` owned by another model (ELECTRA's
+  generator reads the discriminator's), as for `Encoder`; with `embedding_size` set, an
+  `embedding_projection` maps the table's width onto this encoder's hidden size."""
   config: ModelConfig
+  shared_embeddings: nn.Module | None = None
 
   def setup(self):
     cfg = self.config
-    self.embeddings = ModernBertEmbeddings(cfg)
+    self.embeddings = (self.shared_embeddings if self.shared_embeddings is not None
+                       else ModernBertEmbeddings(cfg))
+    if cfg.embed_size != cfg.hidden_size:
+      self.embedding_projection = _dense(cfg, cfg.hidden_size, ("embed_in", "embed"),
+                                         "embedding_projection", True)
     layer_cls = ModernBertLayer
     if cfg.remat:
       policy = {"full": None,
@@ -291,6 +302,8 @@ class ModernBertEncoder(nn.Module):
     if position_ids is None:
       position_ids = position_ids_for(cfg, input_ids, segment_ids)
     x = self.embeddings(input_ids, deterministic)
+    if cfg.embed_size != cfg.hidden_size:
+      x = self.embedding_projection(x)
     x = nn.with_logical_constraint(x, ("act_batch", "act_len", "act_embed"))
     global_mask = attention_mask_for(cfg, attention_mask, segment_ids)
     # The global mask's other forms (tokens and segment ids) stay: splash reads them. The full
@@ -334,7 +347,8 @@ class ModernBertMLMHead(nn.Module):
   @nn.compact
   def __call__(self, x, encoder):
     cfg = self.config
-    x = _dense(cfg, cfg.hidden_size, ("embed", "embed_out"), "dense", cfg.classifier_bias,
+    # Ends in the table's width (the hidden size unless `embedding_size` is set).
+    x = _dense(cfg, cfg.embed_size, ("embed", "embed_out"), "dense", cfg.classifier_bias,
                out_std(cfg))(x)
     x = _norm(cfg, "norm")(activation(cfg.classifier_activation)(x))
     logits = encoder.attend(x).astype(jnp.float32)
