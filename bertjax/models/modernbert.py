@@ -16,7 +16,8 @@ the sizes, `pad_token_id`, `dtype`, `remat`/`remat_policy` and `kernels` (which 
 global layers and, on TPUs, the local ones take), and leaves `hidden_act`, `layer_norm_eps`,
 `hidden_dropout_prob`, `attention_probs_dropout_prob`, `type_vocab_size`, `use_pooler`,
 `mlm_head_act`, `dropout_impl` and `gather_last_layer` unread (ModelConfig refuses the BERT-only
-`embedding_size`, `num_hidden_groups`, `scan_layers` and `pruned_heads`).
+`num_hidden_groups` and `scan_layers`). `pruned_heads` removes heads from `Wqkv` and `Wo`
+(bertjax.models.pruning); `embedding_size` gives a narrower token table and a projection.
 """
 
 from __future__ import annotations
@@ -159,14 +160,17 @@ class ModernBertAttention(nn.Module):
   """
   config: ModelConfig
   local: bool
+  num_heads: int | None = None
 
   @nn.compact
   def __call__(self, x, mask: AttentionMask, cos, sin, deterministic: bool,
                output_attentions: bool = False):
     """<float>[batch, seq, hidden] -> the same (and the pre-softmax scores <float>[batch, heads,
-    q, k] with `output_attentions`)."""
+    q, k] with `output_attentions`). `num_heads`: this layer's heads (fewer when pruned; None:
+    num_attention_heads), each of head_dim. A `head_mask` <float>[heads] in the caller's params
+    (bertjax.models.pruning.with_head_masks) multiplies each head's output before `Wo`."""
     cfg = self.config
-    heads, hidden = (cfg.num_attention_heads, cfg.head_dim), cfg.hidden_size
+    heads, hidden = (self.num_heads or cfg.num_attention_heads, cfg.head_dim), cfg.hidden_size
     qkv = _einsum(cfg, "bse,ethd->bsthd", (hidden, 3) + heads, ("embed", None, "heads", "kv"),
                   "Wqkv", cfg.attention_bias, bias_names=(None, "heads", "kv"))(x)
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
@@ -192,6 +196,8 @@ class ModernBertAttention(nn.Module):
     else:
       drop = lambda p: nn.Dropout(rate)(p, deterministic=deterministic)
       out, scores = explicit_attention(q, k, v, mask.keys, drop)
+    if self.has_variable("params", "head_mask"):
+      out = out * self.get_variable("params", "head_mask").astype(out.dtype)[:, None]
     out = _einsum(cfg, "bshd,hde->bse", heads + (hidden,), ("heads", "kv", "embed"), "Wo",
                   cfg.attention_bias, out_std(cfg), bias_names=("embed",))(out)
     out = nn.Dropout(rate)(out, deterministic=deterministic)
@@ -225,8 +231,8 @@ class ModernBertLayer(nn.Module):
     cfg = self.config
     local = not cfg.is_global_layer(self.layer_id)
     h = x if self.layer_id == 0 else _norm(cfg, "attn_norm")(x)
-    out = ModernBertAttention(cfg, local, name="attn")(h, mask, cos, sin, deterministic,
-                                                        output_attentions)
+    out = ModernBertAttention(cfg, local, cfg.layer_heads(self.layer_id), name="attn")(
+        h, mask, cos, sin, deterministic, output_attentions)
     out, scores = out if output_attentions else (out, None)
     x = nn.with_logical_constraint(x + out, ("act_batch", "act_len", "act_embed"))
     x = x + ModernBertMLP(cfg, name="mlp")(_norm(cfg, "mlp_norm")(x), deterministic)
