@@ -11,7 +11,10 @@ Their parameter names match Hugging Face's ElectraForPreTraining / ElectraForMas
 
 In pretraining (`ElectraPretrainingModel`) both networks read ONE `Embeddings` module (token,
 position and token-type tables and their LayerNorm), owned by the discriminator's encoder; the
-generator's `embedding_projection` maps its embed_size onto its own hidden size. Sampling uses
+generator's `embedding_projection` maps its embed_size onto its own hidden size. Both networks
+are of the config's architecture (`encoder_for`): with model.architecture=modernbert they are
+ModernBERT encoders sharing its token table (`ModernBertEmbeddings`), the generator narrowed by
+the same fractions. Sampling uses
 the "sample" rng stream on stop-gradient logits: no gradient flows from the discriminator into
 the generator, as in the paper. Parameters: {"encoder", "rtd"} exactly as `ElectraDiscriminator`
 (so the discriminator's encoder fine-tunes like any other), plus {"generator": {"encoder",
