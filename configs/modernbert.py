@@ -5,8 +5,10 @@
   python launch.py --config configs/modernbert.py:runlocal --workdir runs/modernbert_local
 
 The model is modernbert-base (22 layers, hidden 768; every third layer global, the others a
-128-token window; `--config.model=...` fields override it); runlocal trains modernbert-tiny
-(3 layers, hidden 128, a 16-token window) on the WikiText-2 sample shipped in the repo.
+128-token window; `--config.model.<field>=...` overrides it); runlocal trains modernbert-tiny
+(3 layers, hidden 128, a 16-token window) on the WikiText-2 sample shipped in the repo: its 200
+steps took 65 s of CPU time on a 2-core machine (measured; train loss 7.8 at step 20, eval
+loss 6.5 at step 200).
 
 The training recipe of the paper's base model (its 1024-token pretraining phase):
   masking      30% of the tokens (mlm), dynamic;

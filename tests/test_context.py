@@ -8,7 +8,9 @@ masked-token accuracy (`synthetic.context_free_accuracy`), the majority label fo
 ELECTRA the accuracy of always answering "original" (`rtd_baseline_accuracy`); SOP passes chance
 on short rows (configs/context_check.py:objective=mlm_sop). Each fault is one that removes the
 information the criterion needs (a shifted or consistently permuted input would be learned
-around), injected by monkeypatching a model or data function for one run.
+around), injected by monkeypatching a model or data function for one run. MLM and RTD are
+checked on a ModernBERT encoder too (configs/context_check.py:arch=modernbert), with the same
+faults.
 """
 
 from __future__ import annotations

@@ -180,6 +180,20 @@ def test_glue_fine_tunes_a_modernbert(glue_run):
 
 
 @pytest.mark.slow
+def test_task_distillation_from_a_modernbert_teacher(glue_run, tmp_path):
+  """distill_glue: the SST-2 ModernBERT above as the teacher of a BERT student."""
+  teacher, _ = glue_run
+  config = load_config("configs/distill.py:task=sst2,runlocal", **{
+      **BERT, "data_dir": str(DATA_DIR / "glue"), "max_train_examples": 32, "total_steps": 2,
+      "eval_every": 0, "max_seq_length": 32, "distill.teacher": str(teacher),
+      "distill.student_init": "scratch"})
+  summary = train.train_and_evaluate(config, tmp_path / "student")
+  finite_run(summary, 2)
+  student = checkpoints.restore_params(tmp_path / "student")
+  assert "attention" in student["encoder"]["layer_0"] and "classifier" in student
+
+
+@pytest.mark.slow
 def test_frozen_modernbert_trains_only_the_head_and_top_layer(tmp_path):
   needs_data()
   path = tmp_path / "run"
