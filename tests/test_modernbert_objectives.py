@@ -271,6 +271,7 @@ def random_params(cfg, seed=0):
              for k, x in zip(keys, leaves)])
 
 
+@pytest.mark.slow
 def test_pruned_modernbert_heads_equal_masked_heads():
   cfg = TINY_CFG.replace(attention_bias=True)  # a Wqkv bias to slice too
   params = random_params(cfg)
