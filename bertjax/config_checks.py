@@ -278,9 +278,13 @@ def check_objective(config, objective) -> None:
   if objective.data_kind == "task" or config.data.synthetic:
     return
   objective.masking_kwargs(config)
-  instances.check_kind(objective.data_kind, config.max_seq_length)
+  # The instances built: data.kind when set (ModernBERT's recipe packs single ones for mlm; the
+  # pipeline checks the pair against the objective, bertjax.inputs.data_kind), else the
+  # objective's.
+  kind = config.data.get("kind", "") or objective.data_kind
+  instances.check_kind(kind, config.max_seq_length)
   if config.data.pack:
-    packing.check_packing(objective.data_kind, config.data.pack_bins)
+    packing.check_packing(kind, config.data.pack_bins)
 
 
 def check_freeze(config, objective, model_cfg) -> None:

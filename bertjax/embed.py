@@ -210,7 +210,8 @@ def main(argv=None) -> None:
   if problem:
     fail(f"--layers={args.layers} {problem}")
   if args.pooling == "pooler" and not cfg.use_pooler:
-    fail(f"the model of {args.workdir} has no pooler (ELECTRA); use --pooling cls or mean")
+    fail(f"the model of {args.workdir} has no pooler (ELECTRA, ModernBERT); use --pooling cls or "
+         "mean")
   limit = cfg.max_position_embeddings - cfg.position_offset
   seq = min(128, limit) if args.max_seq_length is None else args.max_seq_length
   if seq > limit:

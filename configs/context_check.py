@@ -17,7 +17,12 @@ tests/test_context.py runs each objective and a broken twin; experiments/context
 the measured curves. SOP passes chance on rows of 24 tokens (mlm_sop below).
 About a minute per objective on 2 CPU cores.
 
-Variants: objective=mlm_nsp (default) | mlm | mlm_sop | span_sbo | rtd | distill.
+Variants: objective=mlm_nsp (default) | mlm | mlm_sop | span_sbo | rtd | distill; arch=bert
+(default: bert-tiny's shape) | modernbert (modernbert-tiny's: 3 layers, layer 0 global, 1 and 2
+within a window; not for NSP/SOP, which need token types):
+
+  python launch.py --config configs/context_check.py:objective=mlm,arch=modernbert \
+      --workdir runs/ctx_mb_mlm
 """
 
 from bertjax.data.synthetic import CycleLanguage
@@ -28,7 +33,9 @@ OBJECTIVES = ("mlm_nsp", "mlm", "mlm_sop", "span_sbo", "rtd", "distill")
 
 
 def get_config(arg=None):
-  v = parse_variant(arg, "configs/context_check.py", {"objective": OBJECTIVES}, objective="mlm_nsp")
+  v = parse_variant(arg, "configs/context_check.py", {"objective": OBJECTIVES,
+                                                      "arch": ("bert", "modernbert")},
+                    objective="mlm_nsp", arch="bert")
   c = base_config()
   c.objective = v.objective
   c.data.generated = "context"
@@ -39,6 +46,13 @@ def get_config(arg=None):
   c.model = model_config("bert-tiny", vocab_size=language.vocab_size,
                          max_position_embeddings=64, num_attention_heads=4,
                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+  if v.arch == "modernbert":
+    # A window of 11 positions either side in the 32-token rows: the local layers see about a
+    # third of the row each way, and take the masked path (banded attention starts past three
+    # half-windows), whose mask the checks' attention fault reaches.
+    c.model = model_config("modernbert-tiny", vocab_size=language.vocab_size,
+                           max_position_embeddings=64, num_attention_heads=4, pad_token_id=0,
+                           local_attention=22)
   c.data.eval_documents = 200
   c.data.eval_batches = 8
   c.max_seq_length = 32

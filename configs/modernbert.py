@@ -4,6 +4,12 @@
       --config.data_dir=PREPARED
   python launch.py --config configs/modernbert.py:runlocal --workdir runs/modernbert_local
 
+The model is modernbert-base (22 layers, hidden 768; every third layer global, the others a
+128-token window; `--config.model.<field>=...` overrides it); runlocal trains modernbert-tiny
+(3 layers, hidden 128, a 16-token window) on the WikiText-2 sample shipped in the repo: its 200
+steps took 65 s of CPU time on a 2-core machine (measured; train loss 7.8 at step 20, eval
+loss 6.5 at step 200).
+
 The training recipe of the paper's base model (its 1024-token pretraining phase):
   masking      30% of the tokens (mlm), dynamic;
   data         sequence packing: whole documents ([CLS] text [SEP], split to fit), several to a
@@ -23,7 +29,7 @@ one's workdir.
 """
 
 from bertjax.data import batch_warmup
-from configs.common import base_config, model_config, parse_variant, runlocal, LOCAL_MODEL
+from configs.common import LOCAL_VOCAB, base_config, model_config, parse_variant, runlocal
 
 SEQ, BATCH, MICRO, START = 1024, 4608, 96, 768  # tokens per row; rows: global, micro, first
 
@@ -43,9 +49,7 @@ def get_config(arg=None):
   v = parse_variant(arg, "configs/modernbert.py", runlocal=False)
   c = base_config()
   c.objective = "mlm"
-  # The ModernBERT architecture's settings go here (another change adds it); until then this
-  # trains the recipe on a BERT-base encoder.
-  c.model = model_config("bert-base")
+  c.model = model_config("modernbert-base")
   c.max_seq_length, c.max_predictions_per_seq = SEQ, 320  # 30% of 1024 is 307
   c.masking.rate = 0.3
   # Packed documents: each [CLS] document [SEP] (split to fit), several per row, attending only
@@ -69,7 +73,10 @@ def get_config(arg=None):
   c.checkpoint_every = 10_000
   if v.runlocal:
     runlocal(c)
-    c.model = model_config("bert-base", **LOCAL_MODEL)
+    # ModernBERT's tiny shape (3 layers: one global, two local) on the sample's vocabulary; a
+    # 16-token window, so the 64-token rows reach past it and the local layers matter.
+    c.model = model_config("modernbert-tiny", vocab_size=LOCAL_VOCAB, pad_token_id=0,
+                           max_position_embeddings=128, local_attention=16)
     c.max_predictions_per_seq = 20  # 30% of 64
     c.grad_accum_steps, c.batch_warmup_start, c.batch_warmup_tokens = 4, 1, 20 * 16 * 64
     c.learning_rate = 2e-3

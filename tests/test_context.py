@@ -8,7 +8,9 @@ masked-token accuracy (`synthetic.context_free_accuracy`), the majority label fo
 ELECTRA the accuracy of always answering "original" (`rtd_baseline_accuracy`); SOP passes chance
 on short rows (configs/context_check.py:objective=mlm_sop). Each fault is one that removes the
 information the criterion needs (a shifted or consistently permuted input would be learned
-around), injected by monkeypatching a model or data function for one run.
+around), injected by monkeypatching a model or data function for one run. MLM and RTD are
+checked on a ModernBERT encoder too (configs/context_check.py:arch=modernbert), with the same
+faults.
 """
 
 from __future__ import annotations
@@ -34,16 +36,18 @@ STEPS_RTD = 600      # ELECTRA's discriminator leaves the prior at ~400-500 step
 RTD_MARGIN = 0.01    # above always "original": ~2.5 standard errors on ~8k tokens
 
 
-def context_config(objective: str, **settings):
+def context_config(objective: str, arch: str = "bert", **settings):
   steps = STEPS_RTD if objective == "rtd" else STEPS
-  return load_config(f"configs/context_check.py:objective={objective}", total_steps=steps,
+  return load_config(f"configs/context_check.py:objective={objective},arch={arch}",
+                     total_steps=steps,
                      eval_every=steps, log_every=steps, checkpoint_every=steps,
                      async_checkpointing=False, **settings)
 
 
-def run(objective: str, workdir, **settings) -> tuple[dict, dict]:
-  """Trains `objective` for STEPS steps; (its final eval metrics, the bounds of its eval batches)."""
-  config = context_config(objective, **settings)
+def run(objective: str, workdir, arch: str = "bert", **settings) -> tuple[dict, dict]:
+  """Trains `objective` for STEPS steps; (its final eval metrics, the bounds of its eval batches).
+  `arch`: configs/context_check.py's encoder (bert, or modernbert)."""
+  config = context_config(objective, arch, **settings)
   metrics = train.train_and_evaluate(config, workdir)["last_eval"]
   batches = list(inputs.build(config, workdir, get_objective(config)).eval_batches())
   bounds = {"context_free": synthetic.context_free_accuracy(batches),
@@ -230,6 +234,38 @@ def test_distill_from_teacher_of_other_rows_does_not(mlm_run, tmp_path, monkeypa
   teacher_of_other_rows(monkeypatch)
   metrics, bounds = run("distill", tmp_path / "run", **{"distill.teacher": str(teacher)})
   assert not beats_context_free(metrics, bounds), (metrics, bounds)
+
+
+# ------------------------------------------------------------------- on a ModernBERT encoder
+
+
+@pytest.mark.slow
+def test_modernbert_mlm_beats_context_free_bound(tmp_path):
+  metrics, bounds = run("mlm", tmp_path / "run", arch="modernbert")
+  assert beats_context_free(metrics, bounds), (metrics, bounds)
+
+
+@pytest.mark.slow
+def test_modernbert_mlm_with_labels_of_other_rows_does_not(tmp_path, monkeypatch):
+  labels_from_other_rows(monkeypatch)
+  metrics, bounds = run("mlm", tmp_path / "run", arch="modernbert")
+  assert not beats_context_free(metrics, bounds), (metrics, bounds)
+
+
+@pytest.mark.slow
+def test_modernbert_rtd_discriminator_beats_always_original(tmp_path):
+  metrics, bounds = run("rtd", tmp_path / "run", arch="modernbert")
+  assert beats_context_free(metrics, bounds), (metrics, bounds)
+  assert detects_replacements(metrics), metrics
+
+
+@pytest.mark.slow
+def test_modernbert_rtd_with_self_only_attention_does_not(tmp_path, monkeypatch):
+  """The fault reaches the global layers' mask and the local layers' window mask built from it
+  (configs/context_check.py's window keeps them off the banded path, which reads segment ids)."""
+  self_only_attention(monkeypatch)
+  metrics, _ = run("rtd", tmp_path / "run", arch="modernbert")
+  assert not detects_replacements(metrics), metrics
 
 
 # ------------------------------------------------------------------------ the generated corpus

@@ -168,6 +168,9 @@ def model_config_to_hf_config(cfg: ModelConfig, architectures: list[str] | None 
                               ) -> dict[str, Any]:
   """Our ModelConfig -> a transformers config.json dict; settings HF cannot express fail."""
   t = cfg.architecture
+  if t == "modernbert" and (cfg.pruned_heads or cfg.embed_size != cfg.hidden_size):
+    fail("a ModernBERT model with pruned heads or an embedding_size has no Hugging Face "
+         "equivalent (ModernBertConfig has neither); use it with bertjax")
   if t == "modernbert":
     return {**modernbert_hf_config(cfg), **({"architectures": list(architectures)}
                                             if architectures else {})}

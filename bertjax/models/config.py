@@ -21,8 +21,9 @@ ARCHITECTURES = ("bert", "roberta", "albert", "electra", "modernbert")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh")
 REMAT_POLICIES = ("full", "dots")
 # What a ModernBERT setup leaves out of the BERT family's options (bertjax.models.modernbert).
-_MODERNBERT_REFUSES = {"embedding_size": None, "num_hidden_groups": None, "scan_layers": False,
-                       "pruned_heads": ()}
+# `embedding_size` (a narrower table and a projection: ELECTRA's generator) and `pruned_heads`
+# apply to it too.
+_MODERNBERT_REFUSES = {"num_hidden_groups": None, "scan_layers": False}
 # ModernBERT's numeric settings: (name, lowest value, whether that value itself is allowed).
 # Checked here, with the architecture (bertjax.config_checks ranges the settings every model reads).
 _MODERNBERT_RANGES = (

@@ -10,9 +10,9 @@ import jax.numpy as jnp
 
 from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
-from bertjax.models.encoder import Encoder
-from bertjax.models.heads import ClassificationHead, MLMHead, gather_positions
+from bertjax.models.heads import ClassificationHead, gather_positions
 from bertjax.models.layers import dense_init
+from bertjax.models.modernbert import encoder_for, mlm_head_for
 
 
 class Projection(nn.Module):
@@ -60,9 +60,9 @@ class DistillModel(nn.Module):
   proj_size: int = 0
 
   def setup(self):
-    self.encoder = Encoder(self.config)
+    self.encoder = encoder_for(self.config)  # BERT's family or ModernBERT's
     if self.head == "mlm":
-      self.mlm = MLMHead(self.config)
+      self.mlm = mlm_head_for(self.config)
     else:
       self.classifier = ClassificationHead(self.config, self.num_labels)
     if self.proj_layers:

@@ -11,7 +11,10 @@ Their parameter names match Hugging Face's ElectraForPreTraining / ElectraForMas
 
 In pretraining (`ElectraPretrainingModel`) both networks read ONE `Embeddings` module (token,
 position and token-type tables and their LayerNorm), owned by the discriminator's encoder; the
-generator's `embedding_projection` maps its embed_size onto its own hidden size. Sampling uses
+generator's `embedding_projection` maps its embed_size onto its own hidden size. Both networks
+are of the config's architecture (`encoder_for`): with model.architecture=modernbert they are
+ModernBERT encoders sharing its token table (`ModernBertEmbeddings`), the generator narrowed by
+the same fractions. Sampling uses
 the "sample" rng stream on stop-gradient logits: no gradient flows from the discriminator into
 the generator, as in the paper. Parameters: {"encoder", "rtd"} exactly as `ElectraDiscriminator`
 (so the discriminator's encoder fine-tunes like any other), plus {"generator": {"encoder",
@@ -26,8 +29,8 @@ import jax.numpy as jnp
 
 from bertjax.errors import fail
 from bertjax.models.config import ModelConfig
-from bertjax.models.encoder import Encoder
-from bertjax.models.heads import DiscriminatorHead, MLMHead
+from bertjax.models.heads import DiscriminatorHead
+from bertjax.models.modernbert import encoder_for, mlm_head_for
 from bertjax.models.pretraining import PretrainingModel
 
 
@@ -40,7 +43,7 @@ class ElectraDiscriminator(nn.Module):
   config: ModelConfig
 
   def setup(self):
-    self.encoder = Encoder(self.config)
+    self.encoder = encoder_for(self.config)
     self.rtd = DiscriminatorHead(self.config)
 
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, segment_ids=None,
@@ -90,8 +93,8 @@ class ElectraGeneratorTower(nn.Module):
   embeddings: nn.Module
 
   def setup(self):
-    self.encoder = Encoder(self.config, shared_embeddings=self.embeddings)
-    self.mlm = MLMHead(self.config)
+    self.encoder = encoder_for(self.config, shared_embeddings=self.embeddings)
+    self.mlm = mlm_head_for(self.config)
 
   def __call__(self, input_ids, attention_mask, token_type_ids, masked_positions,
                deterministic: bool):
@@ -142,7 +145,7 @@ class ElectraPretrainingModel(nn.Module):
   generator_config: ModelConfig
 
   def setup(self):
-    self.encoder = Encoder(self.config)
+    self.encoder = encoder_for(self.config)
     self.rtd = DiscriminatorHead(self.config)
     self.generator = ElectraGeneratorTower(self.generator_config, self.encoder.embeddings)
 

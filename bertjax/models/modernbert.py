@@ -16,7 +16,8 @@ the sizes, `pad_token_id`, `dtype`, `remat`/`remat_policy` and `kernels` (which 
 global layers and, on TPUs, the local ones take), and leaves `hidden_act`, `layer_norm_eps`,
 `hidden_dropout_prob`, `attention_probs_dropout_prob`, `type_vocab_size`, `use_pooler`,
 `mlm_head_act`, `dropout_impl` and `gather_last_layer` unread (ModelConfig refuses the BERT-only
-`embedding_size`, `num_hidden_groups`, `scan_layers` and `pruned_heads`).
+`num_hidden_groups` and `scan_layers`). `pruned_heads` removes heads from `Wqkv` and `Wo`
+(bertjax.models.pruning); `embedding_size` gives a narrower token table and a projection.
 """
 
 from __future__ import annotations
@@ -159,14 +160,17 @@ class ModernBertAttention(nn.Module):
   """
   config: ModelConfig
   local: bool
+  num_heads: int | None = None
 
   @nn.compact
   def __call__(self, x, mask: AttentionMask, cos, sin, deterministic: bool,
                output_attentions: bool = False):
     """<float>[batch, seq, hidden] -> the same (and the pre-softmax scores <float>[batch, heads,
-    q, k] with `output_attentions`)."""
+    q, k] with `output_attentions`). `num_heads`: this layer's heads (fewer when pruned; None:
+    num_attention_heads), each of head_dim. A `head_mask` <float>[heads] in the caller's params
+    (bertjax.models.pruning.with_head_masks) multiplies each head's output before `Wo`."""
     cfg = self.config
-    heads, hidden = (cfg.num_attention_heads, cfg.head_dim), cfg.hidden_size
+    heads, hidden = (self.num_heads or cfg.num_attention_heads, cfg.head_dim), cfg.hidden_size
     qkv = _einsum(cfg, "bse,ethd->bsthd", (hidden, 3) + heads, ("embed", None, "heads", "kv"),
                   "Wqkv", cfg.attention_bias, bias_names=(None, "heads", "kv"))(x)
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
@@ -192,6 +196,8 @@ class ModernBertAttention(nn.Module):
     else:
       drop = lambda p: nn.Dropout(rate)(p, deterministic=deterministic)
       out, scores = explicit_attention(q, k, v, mask.keys, drop)
+    if self.has_variable("params", "head_mask"):
+      out = out * self.get_variable("params", "head_mask").astype(out.dtype)[:, None]
     out = _einsum(cfg, "bshd,hde->bse", heads + (hidden,), ("heads", "kv", "embed"), "Wo",
                   cfg.attention_bias, out_std(cfg), bias_names=("embed",))(out)
     out = nn.Dropout(rate)(out, deterministic=deterministic)
@@ -225,8 +231,8 @@ class ModernBertLayer(nn.Module):
     cfg = self.config
     local = not cfg.is_global_layer(self.layer_id)
     h = x if self.layer_id == 0 else _norm(cfg, "attn_norm")(x)
-    out = ModernBertAttention(cfg, local, name="attn")(h, mask, cos, sin, deterministic,
-                                                        output_attentions)
+    out = ModernBertAttention(cfg, local, cfg.layer_heads(self.layer_id), name="attn")(
+        h, mask, cos, sin, deterministic, output_attentions)
     out, scores = out if output_attentions else (out, None)
     x = nn.with_logical_constraint(x + out, ("act_batch", "act_len", "act_embed"))
     x = x + ModernBertMLP(cfg, name="mlp")(_norm(cfg, "mlp_norm")(x), deterministic)
@@ -235,7 +241,9 @@ class ModernBertLayer(nn.Module):
 
 
 class ModernBertEmbeddings(nn.Module):
-  """Token embeddings, LayerNorm, dropout; no position or token-type table."""
+  """Token embeddings, LayerNorm, dropout; no position or token-type table. The table is
+  `embed_size` wide (the hidden size unless `embedding_size` is set: ELECTRA's generator reads
+  its discriminator's table)."""
   config: ModelConfig
 
   def setup(self):
@@ -243,7 +251,7 @@ class ModernBertEmbeddings(nn.Module):
     # Looked up on the float32 table and cast afterwards: the gradient's scatter-add stays in
     # float32 (see bertjax.models.embeddings.lookup).
     self.tok_embeddings = nn.Embed(
-        cfg.vocab_size, cfg.hidden_size, dtype=jnp.float32, param_dtype=jnp.float32,
+        cfg.vocab_size, cfg.embed_size, dtype=jnp.float32, param_dtype=jnp.float32,
         embedding_init=nn.with_logical_partitioning(truncated_init(cfg), ("vocab", "embed")))
     self.norm = _norm(self.config, "norm")
     self.drop = nn.Dropout(cfg.embedding_dropout)
@@ -262,12 +270,21 @@ class ModernBertEncoder(nn.Module):
   """Embeddings, the layer stack and the final norm. Called as `Encoder` is (token_type_ids are
   accepted and ignored: ModernBERT has none); returns an `EncoderOutput` without a pooled output.
   `hidden_states` (when asked for): the embeddings' output, then each layer's, the last after
-  the final norm (as `Encoder` with pre-LN; transformers' last entry is before it)."""
+  the final norm (as `Encoder` with pre-LN; transformers' last entry is before it).
+
+  `shared_embeddings`, when given, is a `ModernBertEmbeddings` owned by another model (ELECTRA's
+  generator reads the discriminator's), as for `Encoder`; with `embedding_size` set, an
+  `embedding_projection` maps the table's width onto this encoder's hidden size."""
   config: ModelConfig
+  shared_embeddings: nn.Module | None = None
 
   def setup(self):
     cfg = self.config
-    self.embeddings = ModernBertEmbeddings(cfg)
+    self.embeddings = (self.shared_embeddings if self.shared_embeddings is not None
+                       else ModernBertEmbeddings(cfg))
+    if cfg.embed_size != cfg.hidden_size:
+      self.embedding_projection = _dense(cfg, cfg.hidden_size, ("embed_in", "embed"),
+                                         "embedding_projection", True)
     layer_cls = ModernBertLayer
     if cfg.remat:
       policy = {"full": None,
@@ -291,6 +308,8 @@ class ModernBertEncoder(nn.Module):
     if position_ids is None:
       position_ids = position_ids_for(cfg, input_ids, segment_ids)
     x = self.embeddings(input_ids, deterministic)
+    if cfg.embed_size != cfg.hidden_size:
+      x = self.embedding_projection(x)
     x = nn.with_logical_constraint(x, ("act_batch", "act_len", "act_embed"))
     global_mask = attention_mask_for(cfg, attention_mask, segment_ids)
     # The global mask's other forms (tokens and segment ids) stay: splash reads them. The full
@@ -334,7 +353,8 @@ class ModernBertMLMHead(nn.Module):
   @nn.compact
   def __call__(self, x, encoder):
     cfg = self.config
-    x = _dense(cfg, cfg.hidden_size, ("embed", "embed_out"), "dense", cfg.classifier_bias,
+    # Ends in the table's width (the hidden size unless `embedding_size` is set).
+    x = _dense(cfg, cfg.embed_size, ("embed", "embed_out"), "dense", cfg.classifier_bias,
                out_std(cfg))(x)
     x = _norm(cfg, "norm")(activation(cfg.classifier_activation)(x))
     logits = encoder.attend(x).astype(jnp.float32)

@@ -8,6 +8,8 @@ checking a pruned model against the masked unpruned one.
 
 Every function takes the parameters of an Encoder, or of a model holding one under "encoder"
 (a classifier), and returns the same kind of tree. Unrolled layers only (not scan_layers).
+ModernBERT (bertjax.models.modernbert) loses the heads' slices of its fused `Wqkv` (kernel
+[hidden, 3, heads, head_dim]) and of `Wo`; its layers are not removed (see `remove_layers`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,32 @@ def _check_layout(enc: Params, cfg: ModelConfig) -> None:
     fail("pruning needs one parameter set per layer; ALBERT's shared layers cannot be pruned")
 
 
+def _attention_key(cfg: ModelConfig) -> str:
+  """The name of a layer's attention subtree."""
+  return "attn" if cfg.architecture == "modernbert" else "attention"
+
+
+def _bert_heads(att: Params, positions: np.ndarray) -> Params:
+  """A BERT-family attention tree keeping the heads at `positions` (query/key/value, output)."""
+  for proj in _QKV:
+    att[proj] = {"kernel": np.asarray(att[proj]["kernel"])[:, positions],
+                 "bias": np.asarray(att[proj]["bias"])[positions]}
+  att["output"] = {**att["output"], "kernel": np.asarray(att["output"]["kernel"])[positions]}
+  return att
+
+
+def _modernbert_heads(att: Params, positions: np.ndarray) -> Params:
+  """A ModernBERT attention tree keeping the heads at `positions`: Wqkv's kernel [hidden, 3,
+  heads, head_dim] (and bias [3, heads, head_dim], when it has one) and Wo's kernel [heads,
+  head_dim, hidden]; Wo's bias is per output unit and stays."""
+  qkv = {"kernel": np.asarray(att["Wqkv"]["kernel"])[:, :, positions]}
+  if "bias" in att["Wqkv"]:
+    qkv["bias"] = np.asarray(att["Wqkv"]["bias"])[:, positions]
+  att["Wqkv"] = qkv
+  att["Wo"] = {**att["Wo"], "kernel": np.asarray(att["Wo"]["kernel"])[positions]}
+  return att
+
+
 def prune_heads(params: Mapping[str, Any], cfg: ModelConfig,
                 remove: Mapping[int, Iterable[int]]) -> tuple[Params, ModelConfig]:
   """Removes heads: `remove` maps a layer to the original numbers of the heads it loses.
@@ -68,13 +96,9 @@ def prune_heads(params: Mapping[str, Any], cfg: ModelConfig,
     if len(heads) == len(kept):
       fail(f"removing heads {sorted(heads)} leaves layer {layer} without heads; remove the layer")
     positions = np.asarray([p for p, h in enumerate(kept) if h not in heads])
-    name = f"layer_{layer}"
-    att = dict(enc[name]["attention"])
-    for proj in _QKV:
-      att[proj] = {"kernel": np.asarray(att[proj]["kernel"])[:, positions],
-                   "bias": np.asarray(att[proj]["bias"])[positions]}
-    att["output"] = {**att["output"], "kernel": np.asarray(att["output"]["kernel"])[positions]}
-    enc[name] = {**enc[name], "attention": att}
+    name, key = f"layer_{layer}", _attention_key(cfg)
+    slice_heads = _modernbert_heads if cfg.architecture == "modernbert" else _bert_heads
+    enc[name] = {**enc[name], key: slice_heads(dict(enc[name][key]), positions)}
     pruned[layer] |= heads
   new_cfg = cfg.replace(pruned_heads=tuple(tuple(sorted(p)) for p in pruned))
   return _join(enc, whole), new_cfg
@@ -85,6 +109,9 @@ def remove_layers(params: Mapping[str, Any], cfg: ModelConfig,
   """Removes whole layers (attention and feed-forward); the rest are renumbered in order."""
   enc, whole = _split(params)
   _check_layout(enc, cfg)
+  if cfg.architecture == "modernbert":
+    fail("ModernBERT's layers attend globally or locally by their index, so removing one would "
+         "change what the others compute; prune its heads only (--target-layers=1)")
   drop = sorted(set(int(i) for i in layers))
   if any(not 0 <= i < cfg.num_hidden_layers for i in drop):
     fail(f"layers {drop} are not all in 0..{cfg.num_hidden_layers - 1}")
@@ -112,15 +139,16 @@ def with_head_masks(params: Mapping[str, Any], cfg: ModelConfig,
     if tuple(np.shape(mask)) != (cfg.layer_heads(i),):
       fail(f"the head mask of layer {i} has shape {np.shape(mask)}, the layer has "
            f"{cfg.layer_heads(i)} heads")
-    name = f"layer_{i}"
-    enc[name] = {**enc[name], "attention": {**enc[name]["attention"], "head_mask": mask}}
+    name, key = f"layer_{i}", _attention_key(cfg)
+    enc[name] = {**enc[name], key: {**enc[name][key], "head_mask": mask}}
   return _join(enc, whole)
 
 
 def head_masks_of(params: Mapping[str, Any], cfg: ModelConfig) -> list[Any]:
   """The `head_mask` of each layer in `params` (a tree from `with_head_masks`, or its gradient)."""
   enc, _ = _split(params)
-  return [enc[f"layer_{i}"]["attention"]["head_mask"] for i in range(cfg.num_hidden_layers)]
+  key = _attention_key(cfg)
+  return [enc[f"layer_{i}"][key]["head_mask"] for i in range(cfg.num_hidden_layers)]
 
 
 def count_heads(cfg: ModelConfig) -> int:

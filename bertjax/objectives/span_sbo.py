@@ -5,6 +5,8 @@ The pipeline's 'span' masking (geometric span lengths, p=0.2 clipped at 10 words
 tokens are masked; see `bertjax.data.masking`) also yields, for every masked position, the
 positions of its span's two boundary tokens and its offset inside the span; the SBO head predicts
 the token from those alone. loss = MLM + SBO, both averaged over the batch's masked tokens.
+The head's position embedding is its own table of offsets inside the span (SpanBERT's relative
+p_{i-s+1}), not the encoder's, so it serves ModernBERT (rotary positions, no table) unchanged.
 """
 
 from __future__ import annotations

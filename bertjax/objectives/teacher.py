@@ -73,6 +73,8 @@ class Teacher:
     # kernel set.
     fields.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, remat=False,
                   dtype=dtype, kernels=kernels)
+    if fields.get("architecture") == "modernbert":  # its own dropout settings
+      fields.update(attention_dropout=0.0, embedding_dropout=0.0, mlp_dropout=0.0)
     self.config = ModelConfig.from_dict(fields)
     self.model = DistillModel(self.config, head=head, num_labels=num_labels)
     self.params = None

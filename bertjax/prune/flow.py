@@ -118,6 +118,9 @@ def run(s: Session, plan: Plan, params, tokenizer: pathlib.Path | None, override
   original = cfg = s.model_config()
   if plan.structured and cfg.scan_layers:
     fail("pruning heads needs unrolled layers; the run was trained with model.scan_layers=True")
+  if plan.target_layers < 1.0 and cfg.architecture == "modernbert":
+    fail("ModernBERT's layers attend globally or locally by their index, so removing one would "
+         "change what the others compute; prune its heads only (--target-layers=1)")
   if plan.structured and plan.ranking == "importance":
     s.batches = s.importance_batches()
   base = s.evaluate(cfg, params, s.out / "step_0")
