@@ -1,9 +1,12 @@
 """Times the full pretraining train step and reports tokens/s, MFU and memory; optionally side by
-side with transformers' PyTorch BertForPreTraining at the same shapes.
+side with transformers' PyTorch BertForPreTraining at the same shapes (ModernBertForMaskedLM for
+the ModernBERT presets, which train MLM alone).
 
   python -m bertjax.benchmark --preset bert-mini --batch_size 16 --seq_len 128 --objective mlm_nsp \
       --steps 20 --compare hf-torch
   python -m bertjax.benchmark --config configs/quickstart.py --steps 10
+  python -m bertjax.benchmark --preset modernbert-base --batch_size 2 --seq_len 512 \
+      --override max_predictions_per_seq=77 --steps 3 --compare hf-torch --rounds 3
   python -m bertjax.benchmark --ablate h100-bert-base --output ablate.md   # bertjax/ablate.py
 
 The step timed is the real one (`bertjax.train.make_train_step`: forward, backward, optimizer)
@@ -18,6 +21,9 @@ where N_matmul counts the weights a token passes through as matrix multiplies (n
 lookups), and the MLM decoder and transform count only at the masked positions (P of S tokens),
 which is all our head computes. Likewise the last layer's queries, attention output and
 feed-forward count only at the rows the heads read (P + 1 with [CLS]; `model.gather_last_layer`).
+ModernBERT: its GeGLU feed-forward passes through 3 * H * I weights (two H x I input halves, one
+I x H output), its local layers' queries see `local_attention` + 1 keys (fewer near the ends,
+not counted) instead of S, and its last layer computes every row.
 Hardware FLOPs add the forward pass recomputed under remat.
 MFU = tokens/s * model FLOPs per token / peak FLOP/s of the device (a table of bf16 peaks for
 accelerators; on a CPU, a large float32 matmul's rate measured in the same run).
@@ -36,8 +42,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax import (ablate, checkpoint_cost, config_checks, config_lib, inputs, paths, profiling,
-                     sharding, train, xla_defaults)
+from bertjax import (ablate, checkpoint_cost, config_checks, config_lib, convert, inputs, paths,
+                     profiling, sharding, train, xla_defaults)
 from bertjax.errors import ArgumentParser, doc_summary, fail, run_cli
 from bertjax.host_memory import host_peak_rss_bytes
 from bertjax.models import encoder, kernels
@@ -62,11 +68,16 @@ def model_flops_per_token(cfg, seq_len: int, num_predictions: int, pair_head: bo
   """
   h, e, v, i, layers = (cfg.hidden_size, cfg.embed_size, cfg.vocab_size, cfg.intermediate_size,
                         cfg.num_hidden_layers)
-  per_layer = 4 * h * h + 2 * h * i                      # q, k, v, output; MLP in and out
+  modern = cfg.architecture == "modernbert"
+  mlp = (3 if modern else 2) * h * i                     # GeGLU: two input halves
+  per_layer = 4 * h * h + mlp                            # q, k, v, output; MLP in and out
   rows = seq_len if last_layer_rows is None else min(last_layer_rows, seq_len)
-  last = 2 * h * h + (2 * h * h + 2 * h * i) * rows / seq_len
+  last = 2 * h * h + (2 * h * h + mlp) * rows / seq_len
   encoder = (layers - 1) * per_layer + last + (e * h if e != h else 0)  # + embedding projection
-  attention = 12 * (layers - 1) * seq_len * h + 12 * rows * h
+  # Keys each query sees, per layer (ModernBERT's local layers: the window).
+  keys = [seq_len if not modern or cfg.is_global_layer(k) else min(seq_len, cfg.local_attention + 1)
+          for k in range(layers)]
+  attention = 12 * h * (sum(keys[:-1]) + keys[-1] * rows / seq_len)
   frac = num_predictions / seq_len                       # masked positions per token
   mlm = (e * h + e * v) * frac                           # transform + tied decoder
   pair = (h * h + 2 * h) / seq_len if pair_head else 0.0  # pooler + NSP, once per sequence
@@ -88,6 +99,8 @@ def recomputed_flops(cfg, flops: dict) -> float:
 
 def last_layer_rows(cfg, config) -> int | None:
   """Rows the last layer computes per sequence under `config` (None: every row)."""
+  if cfg.architecture == "modernbert":  # no gathered last layer
+    return None
   per_prediction = objective_class(config.objective).output_rows_per_prediction
   if per_prediction is None:
     return None
@@ -136,7 +149,10 @@ def build_config(args):
     with config.unlocked():
       config.model = common.model_config(args.preset)
     config.lock()
+  modern = config.model.architecture == "modernbert"
   overrides = ["data.synthetic=True", "optimizer.warmup_steps=0", "total_steps=1000000"]
+  if modern and not args.objective and not args.config:
+    overrides.append("objective='mlm'")  # ModernBERT has no NSP head
   if args.batch_size is not None:
     overrides.append(f"batch_size={args.batch_size}")
   if args.seq_len is not None:
@@ -148,8 +164,9 @@ def build_config(args):
   if args.remat:
     overrides += ["model.remat=True", f"model.remat_policy='{args.remat}'"]
   if args.dropout is not None:
-    overrides += [f"model.hidden_dropout_prob={args.dropout}",
-                  f"model.attention_probs_dropout_prob={args.dropout}"]
+    names = (("attention_dropout", "embedding_dropout", "mlp_dropout") if modern else
+             ("hidden_dropout_prob", "attention_probs_dropout_prob"))
+    overrides += [f"model.{name}={args.dropout}" for name in names]
   config_lib.apply_overrides(config, overrides + list(args.override or []))
   if config.max_seq_length > config.model.max_position_embeddings:
     config_lib.apply_overrides(config, [f"model.max_position_embeddings={config.max_seq_length}"])
@@ -255,6 +272,9 @@ def _torch_subprocess(config, steps: int, compile_model: bool = False) -> dict:
   spec = {"model": config.model.to_dict(), "batch_size": config.batch_size,
           "seq_len": config.max_seq_length, "num_predictions": config.max_predictions_per_seq,
           "steps": steps, "learning_rate": config.learning_rate, "compile": compile_model}
+  if config.model.architecture == "modernbert":  # its ModernBertConfig, field for field
+    spec["hf_config"] = convert.model_config_to_hf_config(
+        get_objective(config).model_config(config))
   r = subprocess.run([sys.executable, "-m", "bertjax.torch_benchmark", json.dumps(spec)],
                      capture_output=True, text=True, cwd=REPO, timeout=3600)
   if r.returncode != 0:
@@ -324,10 +344,13 @@ def parse_args(argv):
   parser.add_argument("--remat", nargs="?", const="full", choices=("full", "dots"),
                       help="rematerialize each layer: full (keep nothing) or dots (keep the "
                            "weight products' outputs)")
-  parser.add_argument("--dropout", type=float, help="override both dropout rates")
+  parser.add_argument("--dropout", type=float,
+                      help="override every dropout rate of the model (BERT's two, ModernBERT's "
+                           "three)")
   parser.add_argument("--compare", choices=("hf-torch", "hf-torch-compile"),
-                      help="time transformers' BertForPreTraining at the same shapes (eager, or "
-                           "under torch.compile)")
+                      help="time transformers' BertForPreTraining (ModernBertForMaskedLM for "
+                           "a ModernBERT model) at the same shapes (eager, or under "
+                           "torch.compile)")
   parser.add_argument("--profile", metavar="DIR",
                       help="also trace a few steps with the JAX profiler into DIR and write a "
                            "table of device time per operation (DIR/ops.md, DIR/ops.json)")

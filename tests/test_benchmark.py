@@ -54,6 +54,37 @@ def test_albert_counts_its_projection_and_shared_layers_once_per_use():
   assert flops["encoder"] == 6 * (12 * per_layer + 128 * 768)
 
 
+def test_modernbert_counts_geglu_and_the_local_window():
+  cfg = preset("modernbert-tiny")  # L=3 (layer 0 global, 1 and 2 local), H=128, I=192, window 16
+  flops = model_flops_per_token(cfg, seq_len=64, num_predictions=10, pair_head=False)
+  # GeGLU: Wi's two H x I halves and Wo's I x H, at every row of every layer (no gathering).
+  assert flops["encoder"] == 6 * 3 * (4 * 128 * 128 + 3 * 128 * 192)
+  # The global layer's queries see 64 keys, the local layers' 16 + 1.
+  assert flops["attention"] == 12 * 128 * (64 + 17 + 17)
+  assert flops["mlm_head"] == pytest.approx(6 * (128 * 128 + 128 * 50368) * 10 / 64)
+  assert flops["pair_head"] == 0
+  from ml_collections import ConfigDict
+  assert last_layer_rows(cfg, ConfigDict({"objective": "mlm", "max_predictions_per_seq": 10,
+                                          "max_seq_length": 64})) is None
+
+
+@pytest.mark.slow
+def test_modernbert_preset_compares_with_modernbert_for_masked_lm():
+  """`--preset modernbert-tiny --compare hf-torch`: MLM on both sides, transformers'
+  ModernBertForMaskedLM as the reference, FLOPs as counted above."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  r = subprocess.run([sys.executable, "-m", "bertjax.benchmark", "--preset", "modernbert-tiny",
+                      "--batch_size", "2", "--seq_len", "64", "--steps", "1",
+                      "--override", "max_predictions_per_seq=10", "--compare", "hf-torch"],
+                     cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  result = json.loads(r.stdout.strip().splitlines()[-1])
+  assert result["objective"] == "mlm" and result["reference"]["model"] == "ModernBertForMaskedLM"
+  assert result["reference"]["tokens_per_s"] > 0 and result["tokens_per_s"] > 0
+  assert result["model_flops_per_token"] == pytest.approx(
+      model_flops_per_token(preset("modernbert-tiny"), 64, 10, pair_head=False)["total"])
+
+
 @pytest.mark.slow
 def test_benchmark_cli_reports_json_and_compares(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu")

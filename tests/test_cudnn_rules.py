@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from bertjax import inputs, metric_writers, sharding, train
-from bertjax.models import attention, kernels
+from bertjax.models import attention, kernels, modernbert
 from bertjax.models.attention import (AttentionMask, attention_mask_for, explicit_attention,
                                       fused_attention, pad_odd_lengths)
 from bertjax.models.config import ModelConfig
@@ -117,6 +117,34 @@ def test_twin_odd_sequence_without_padding_crashes(monkeypatch):
   with cudnn_rules(monkeypatch):
     with pytest.raises(NotImplementedError, match="Unsupported sequence length Q 33, KV 33"):
       steps("configs/quickstart.py", max_seq_length=33)
+
+
+# ModernBERT: 4 layers, global every 2nd (layers 0 and 2), a window of 8 (4 each side).
+MODERNBERT = {"objective": "mlm", "model.architecture": "modernbert",
+              "model.num_hidden_layers": 4, "model.global_attn_every_n_layers": 2,
+              "model.local_attention": 8, "model.attention_dropout": 0.0}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seq", [64, 33])
+def test_modernbert_global_layers_take_the_fused_kernel(monkeypatch, seq):
+  """A ModernBERT bf16 train step with the GPU kernel set: its 2 global layers go to the fused
+  kernel under its rules (even lengths in training: 33 is padded), its 2 local layers do not
+  (cuDNN refuses ModernBERT's symmetric window, a right window without a causal mask) and take
+  the band-by-band path instead."""
+  banded = []
+  real_banded = modernbert.banded_attention
+  monkeypatch.setattr(modernbert, "banded_attention",
+                      lambda *a, **kw: banded.append(a[0].shape) or real_banded(*a, **kw))
+  with cudnn_rules(monkeypatch) as calls:
+    steps("configs/quickstart.py", max_seq_length=seq, **MODERNBERT)
+    q = jnp.zeros((2, seq, 2, 16), jnp.bfloat16)
+    with pytest.raises(ValueError, match="right window: 4"):  # the window, were it sent there
+      jax.nn.dot_product_attention(q, q, q, local_window_size=(4, 4), implementation="cudnn")
+  assert len(calls.trained) == 2, calls.trained  # the global layers, once each
+  assert all(q == k >= seq and q % 2 == 0 for q, k in calls.trained), calls.trained
+  assert len(calls.fused) > len(calls.trained)  # the eval step took it too
+  assert banded and len(banded) % 2 == 0 and {s[1] for s in banded} == {seq}
 
 
 # --------------------------------------------------------------------------- the double itself
