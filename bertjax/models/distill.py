@@ -12,7 +12,8 @@ from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
 from bertjax.models.heads import ClassificationHead, gather_positions
 from bertjax.models.layers import dense_init
-from bertjax.models.modernbert import encoder_for, mlm_head_for
+from bertjax.models.modernbert import (ModernBertTaskHead, encoder_for, mlm_head_for,
+                                      pool_for_sequence)
 
 
 class Projection(nn.Module):
@@ -63,6 +64,8 @@ class DistillModel(nn.Module):
     self.encoder = encoder_for(self.config)  # BERT's family or ModernBERT's
     if self.head == "mlm":
       self.mlm = mlm_head_for(self.config)
+    elif self.config.architecture == "modernbert":  # its own head, as SequenceClassifier's
+      self.classifier = ModernBertTaskHead(self.config, self.num_labels)
     else:
       self.classifier = ClassificationHead(self.config, self.num_labels)
     if self.proj_layers:
@@ -79,7 +82,12 @@ class DistillModel(nn.Module):
                               kernels.for_model(self.config).float32_gather)
       logits = self.mlm(rows, self.encoder)
     else:
-      pooled = out.pooler_output if out.pooler_output is not None else out.last_hidden_state[:, 0]
+      if self.config.architecture == "modernbert":
+        pooled = pool_for_sequence(self.config, out.last_hidden_state, attention_mask)
+      elif out.pooler_output is not None:
+        pooled = out.pooler_output
+      else:
+        pooled = out.last_hidden_state[:, 0]
       logits = self.classifier(pooled, deterministic)
     projected = {i: self.distill_proj(out.hidden_states[i]) for i in self.proj_layers}
     return {"logits": logits, "hidden_states": out.hidden_states, "attentions": out.attentions,
