@@ -2,6 +2,7 @@
 checkpoint, tfds input, pair encoding, layer-wise learning rates and bad input."""
 
 import json
+import logging
 import pathlib
 
 import flax.linen as nn
@@ -132,7 +133,7 @@ def _wordpiece_checkpoint(tmp_path, data_dir) -> pathlib.Path:
 
 
 @pytest.mark.slow
-def test_init_from_converted_hf_checkpoint(tmp_path, data_dir, capsys):
+def test_init_from_converted_hf_checkpoint(tmp_path, data_dir, capsys, caplog):
   """The encoder comes from the checkpoint (architecture, weights, WordPiece tokenizer), the
   classifier starts fresh, and the run says so. A zero learning rate leaves the restored encoder
   bit for bit what the checkpoint holds."""
@@ -146,10 +147,12 @@ def test_init_from_converted_hf_checkpoint(tmp_path, data_dir, capsys):
   cfg = get_objective(config).model_config(config)
   assert cfg.hidden_size == 32 and cfg.num_hidden_layers == 2  # from the checkpoint, not config
   assert cfg.hidden_dropout_prob == 0.2  # the run's dropout setting
-  summary = train.train_and_evaluate(config, workdir)
+  with caplog.at_level(logging.INFO):  # the line is logged where logging is set up, else printed
+    summary = train.train_and_evaluate(config, workdir)
   out = capsys.readouterr().out
-  report = [l for l in out.splitlines() if l.startswith("init_from")]
-  assert len(report) == 1, out
+  said = out.splitlines() + [r.getMessage() for r in caplog.records]
+  report = [l for l in said if l.startswith("init_from")]
+  assert len(report) == 1, said
   assert "(encoder)" in report[0] and "initialized fresh 2 (classifier)" in report[0], report
   assert summary["last_eval"]["examples"] == 277  # 17 batches of 16 and one of 5
 
