@@ -26,13 +26,9 @@ from bertjax.convert.hf_configs import modernbert_model_config
 from bertjax.convert.names import encoder_entries, hf_to_params, task_head_entries
 from bertjax.models.classifiers import SequenceClassifier, TokenClassifier
 
-TOL = 1e-4
-TINY = dict(vocab_size=60, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-            intermediate_size=40, max_position_embeddings=64, pad_token_id=0,
-            global_attn_every_n_layers=3, local_attention=8, reference_compile=False)
-BIASES = dict(attention_bias=True, mlp_bias=True, norm_bias=True, classifier_bias=True)
-BATCH, SEQ = 3, 33
-LENGTHS = (33, 20, 7)  # unpadded, padded past the window, padded within it
+# The tiny model, its rows and its random weights, shared with the encoder's parity tests.
+from test_modernbert import BIASES, TINY, TOL, inputs, randomize
+
 # (transformers class, our task kind, our head name, labels, extra ModernBertConfig settings)
 CLASSES = {
     "sequence_cls": (T.ModernBertForSequenceClassification, "sequence", "classifier", 3,
@@ -42,25 +38,6 @@ CLASSES = {
     "token": (T.ModernBertForTokenClassification, "token", "classifier", 5, BIASES),
     "qa": (T.ModernBertForQuestionAnswering, "qa", "qa_outputs", 2, {}),
 }
-
-
-def randomize(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-  """Random values everywhere: transformers' init leaves biases 0 and LayerNorm scales 1."""
-  gen = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      if name.endswith("norm.weight"):
-        p.copy_(0.5 + torch.rand(p.shape, generator=gen))
-      else:
-        p.copy_(0.2 * torch.randn(p.shape, generator=gen))
-  return model.eval()
-
-
-def inputs(seed: int = 1):
-  rs = np.random.RandomState(seed)
-  mask = (np.arange(SEQ)[None, :] < np.array(LENGTHS)[:, None]).astype(np.int64)
-  ids = np.where(mask == 1, rs.randint(3, TINY["vocab_size"], (BATCH, SEQ)), 0)
-  return ids, mask
 
 
 def hf_model(name: str) -> torch.nn.Module:
