@@ -24,7 +24,7 @@ from bertjax.models.attention import (AttentionMask, attention_implementation, a
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import dropout_layer
 from bertjax.models.embeddings import Embeddings, position_ids_for
-from bertjax.models.layers import make_dense, make_layer_norm, activation
+from bertjax.models.layers import activation, make_dense, make_layer_norm, rematerialized
 
 Array = jax.Array
 
@@ -235,11 +235,7 @@ class Encoder(nn.Module):
     if has_embedding_projection(cfg):
       self.embedding_projection = make_dense(cfg.hidden_size, ("embed_in", "embed"),
                                              "embedding_projection", cfg)
-    layer_cls = TransformerLayer
-    if cfg.remat:
-      policy = {"full": None,
-                "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}[cfg.remat_policy]
-      layer_cls = nn.remat(TransformerLayer, static_argnums=(3, 4), policy=policy)
+    layer_cls = rematerialized(TransformerLayer, cfg, static_argnums=(3, 4))
     if cfg.scan_layers:
       self.scanned = nn.scan(
           _ScanBody, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},

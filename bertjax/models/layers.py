@@ -39,6 +39,18 @@ def activation(name: str, erf_gelu: bool = True) -> Callable[[Array], Array]:
   return {"relu": jax.nn.relu, "tanh": jnp.tanh}[name]
 
 
+def rematerialized(layer_cls: type[nn.Module], cfg: ModelConfig,
+                   static_argnums: tuple[int, ...]) -> type[nn.Module]:
+  """`layer_cls`, wrapped in `nn.remat` with `cfg.remat_policy` ("full": nothing saved, "dots":
+  the matmul outputs saved) when `cfg.remat` is on; `static_argnums` are the call's Python
+  arguments (counted with the module as 0)."""
+  if not cfg.remat:
+    return layer_cls
+  policy = {"full": None,
+            "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}[cfg.remat_policy]
+  return nn.remat(layer_cls, static_argnums=static_argnums, policy=policy)
+
+
 def dense_init(std: float = 0.02):
   return nn.initializers.normal(stddev=std)
 

@@ -37,7 +37,7 @@ from bertjax.models.config import ModelConfig
 from bertjax.models.embeddings import position_ids_for
 from bertjax.models.encoder import Encoder, EncoderOutput, gather_positions
 from bertjax.models.heads import MLMHead, add_vocab_bias
-from bertjax.models.layers import activation
+from bertjax.models.layers import activation, rematerialized
 
 Array = jax.Array
 
@@ -285,11 +285,7 @@ class ModernBertEncoder(nn.Module):
     if cfg.embed_size != cfg.hidden_size:
       self.embedding_projection = _dense(cfg, cfg.hidden_size, ("embed_in", "embed"),
                                          "embedding_projection", True)
-    layer_cls = ModernBertLayer
-    if cfg.remat:
-      policy = {"full": None,
-                "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}[cfg.remat_policy]
-      layer_cls = nn.remat(ModernBertLayer, static_argnums=(5, 6), policy=policy)
+    layer_cls = rematerialized(ModernBertLayer, cfg, static_argnums=(5, 6))
     self.layers = [layer_cls(cfg, i, name=f"layer_{i}") for i in range(cfg.num_hidden_layers)]
     self.final_norm = _norm(cfg, "final_norm")
 
