@@ -371,10 +371,6 @@ def format_table(title: str, base: dict, references: list[dict], rows: list[dict
   return "\n".join(lines) + "\n"
 
 
-def write_atomically(path: pathlib.Path, text: str) -> None:
-  paths.replace_text(path, text)
-
-
 def run_ablation(spec_name: str, output: str | None = None, timeout: float | None = None) -> dict:
   """Runs the spec (references first, then each variant) and writes the table; returns every
   row."""
@@ -389,8 +385,8 @@ def run_ablation(spec_name: str, output: str | None = None, timeout: float | Non
     table = format_table(title, base, record["references"], record["rows"])
     if out:
       out.parent.mkdir(parents=True, exist_ok=True)
-      write_atomically(out, table)
-      write_atomically(out.with_suffix(".json"), json.dumps(record, indent=1, default=str))
+      paths.replace_text(out, table)
+      paths.replace_text(out.with_suffix(".json"), json.dumps(record, indent=1, default=str))
     return table
 
   for name in settings(base, {})["references"]:
