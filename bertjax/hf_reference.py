@@ -130,8 +130,8 @@ def bertjax_losses(objective, config, model_cfg, params: Any, batches: Iterable[
                    ) -> list[float]:
   """bertjax's side: the trainer's state, optimizer and jitted train step (one device), started
   from `params` (numpy, the objective's tree) and run one step per batch; the per-step losses."""
-  model = objective.make_model(model_cfg)
-  init_batch = objective.init_batch(1, config.max_seq_length, config.max_predictions_per_seq)
+  model = objective.make_model(config, model_cfg)
+  init_batch = objective.init_batch(config, 1, config.max_seq_length, config.max_predictions_per_seq)
   abstract = nn.meta.unbox(trainer.abstract_params_of(objective, model, init_batch))
   if jax.tree.structure(abstract) != jax.tree.structure(params):
     raise ValueError(f"params do not fit {type(model).__name__}: "

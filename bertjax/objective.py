@@ -1,10 +1,20 @@
 """The contract every pretraining objective (and fine-tuning task) honours for the one trainer.
 
-An objective says which examples the input pipeline builds (`data_kind`, `masking`), which model
-and heads it trains (`make_model`), and how a batch becomes a loss (`loss`). Losses are sums
-divided by denominators that depend only on the *whole* batch (`denominators`), so gradient
-accumulation over micro-batches reproduces the full-batch gradient exactly. Metrics are returned
-as (numerator, denominator) pairs and summed over micro-batches before dividing.
+An objective is stateless: a set of functions of the config, the batch and the parameters, on a
+class for its constants (`name`, `data_kind`, `masking`) and so that objectives share code by
+inheritance. It holds no config, model, tokenizer or data: each method is handed what it needs,
+and an instance refuses attribute assignment, so `objective_class(name)()` is the whole object.
+
+- Data: which examples the input pipeline builds (`data_kind`, `masking`, `masking_kwargs`); a
+  task prepares its own in `build_inputs`, whose `Inputs` carry what evaluation reads later.
+- Model: `make_model(config, model_config)` returns what `init_params` and `loss` are handed back
+  (a flax module, or a frozen holder of several, such as a student and its teacher).
+- Loss: `loss` divides sums by denominators that depend only on the *whole* batch
+  (`denominators`), so gradient accumulation over micro-batches reproduces the full-batch
+  gradient exactly. Metrics are (numerator, denominator) pairs, summed before dividing.
+- Evaluation: `evaluate(config, params, context)` with the trainer's `EvalContext` (its jitted
+  metric step and per-row `predict_step`, the model and the prepared inputs), as big_vision's
+  evaluators are handed the trainer's functions.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import optax
 
 from bertjax import inputs
 from bertjax.models.config import ModelConfig
+from bertjax.models.pretraining import PretrainingModel
 
 Batch = Mapping[str, jax.Array]
 Metrics = dict[str, tuple[jax.Array, jax.Array]]
@@ -40,8 +51,13 @@ class Objective:
   # None: every row. Lets the benchmark count what `model.gather_last_layer` computes.
   output_rows_per_prediction: int | None = None
 
-  def __init__(self, config):
-    self.config = config
+  def __setattr__(self, name, value):
+    raise AttributeError(f"objectives are stateless: {type(self).__name__}.{name} cannot be set; "
+                         "pass what a method needs as an argument")
+
+  def check(self, config) -> None:
+    """What can be refused from the config alone, before any data is read (default: nothing)."""
+    del config
 
   def model_config(self, config):
     """The encoder's `ModelConfig`: from `config.model` (fine-tuning tasks take init_from's)."""
@@ -65,10 +81,16 @@ class Objective:
     del settings
     return "loss"
 
-  def evaluate(self, params, context) -> dict[str, float] | None:
+  def evaluate(self, config, params, context) -> dict[str, float] | None:
     """Eval metrics at `context.step`: the trainer's metric sums over its eval batches (the
     context is the trainer's `EvalContext`); fine-tuning tasks override this to decode and score."""
+    del config
     return context.metric_sums(params)
+
+  def predictions(self, model, params, batch: Batch) -> dict[str, jax.Array]:
+    """Per-row outputs of a deterministic forward pass, for an evaluator that decodes them (the
+    trainer jits this once as `EvalContext.predict_step`); pretraining objectives have none."""
+    raise NotImplementedError(f"objective {self.name!r} has no per-row predictions")
 
   def masking_kwargs(self, config) -> dict[str, Any]:
     """How the input pipeline masks this objective's examples (see bertjax.data.masking)."""
@@ -77,11 +99,15 @@ class Objective:
             "max_predictions": config.max_predictions_per_seq, "max_ngram": m.max_ngram,
             "span_p": m.span_p, "span_max": m.span_max}
 
-  def make_model(self, model_config) -> nn.Module:
-    raise NotImplementedError
+  def make_model(self, config, model_config) -> nn.Module:
+    """The masked-LM model with the pair head when `pair_head` (override for other models)."""
+    del config
+    return PretrainingModel(model_config, pair_head=self.pair_head)
 
-  def init_batch(self, batch_size: int, seq_len: int, num_predictions: int) -> dict[str, jax.Array]:
+  def init_batch(self, config, batch_size: int, seq_len: int,
+                 num_predictions: int) -> dict[str, jax.Array]:
     """A dummy batch of the right shapes, for parameter initialization."""
+    del config
     z = lambda *s: jnp.zeros(s, jnp.int32)
     return {"input_ids": z(batch_size, seq_len), "attention_mask": z(batch_size, seq_len),
             "token_type_ids": z(batch_size, seq_len),
@@ -101,7 +127,14 @@ class Objective:
     return inputs
 
   def denominators(self, batch: Batch) -> dict[str, jax.Array]:
-    raise NotImplementedError
+    """The masked-LM denominator: the batch's masked predictions (at least 1)."""
+    return {"mlm": jnp.maximum(jnp.sum(batch["masked_weights"].astype(jnp.float32)), 1.0)}
+
+  def apply(self, model: nn.Module, params, batch: Batch, rng: jax.Array,
+            deterministic: bool) -> dict[str, Any]:
+    """The model's outputs on `batch` (dropout drawn from `rng` unless `deterministic`)."""
+    return model.apply({"params": params}, **self.model_inputs(batch), deterministic=deterministic,
+                       rngs={"dropout": rng})
 
   def loss(self, model: nn.Module, params, batch: Batch, rng: jax.Array,
            denominators: Mapping[str, jax.Array], deterministic: bool) -> tuple[jax.Array, Metrics]:

@@ -35,4 +35,7 @@ def objective_class(name: str) -> type[Objective]:
 
 
 def get_objective(config) -> Objective:
-  return objective_class(config.objective)(config)
+  """The objective `config.objective` names, after its checks of the config alone."""
+  objective = objective_class(config.objective)()
+  objective.check(config)
+  return objective

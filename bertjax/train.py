@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import pathlib
@@ -27,13 +28,14 @@ import optax
 
 from bertjax import (checkpoints, divergence, freezing, optim, paths, prefetch, run_plan, sharding,
                      step_memory, workdir as workdir_lib)
+from bertjax.eval_context import EvalContext, make_eval_step
 from bertjax.metric_writers import MetricWriter
 from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
 from bertjax.objective import Schedule
 from bertjax.preemption import Preemption
 from bertjax.progress import EVERY_S, Progress
-from bertjax.run_record import RunRecord, add_metrics, summarize
+from bertjax.run_record import RunRecord
 from bertjax.registry import get_objective
 from bertjax.tasks import base as task_base
 from bertjax.data.tokenizers import CONFIG_FILE as TOKENIZER_MARK  # written last by its save
@@ -115,52 +117,6 @@ def make_train_step(objective, model, optimizer, accum: int, skip_nonfinite: boo
   return train_step
 
 
-def make_eval_step(objective, model) -> Callable:
-  def eval_step(params, batch):
-    denominators = objective.denominators(batch)
-    loss, metrics = objective.loss(model, params, batch, jax.random.key(0), denominators,
-                                   deterministic=True)
-    return {**metrics, "loss": (loss, jnp.ones_like(loss))}
-  return eval_step
-
-
-@dataclasses.dataclass
-class EvalContext:
-  """What an objective's `evaluate` may use: the mesh, a jitted metric step and the eval batches."""
-  mesh: Any
-  rules: Any
-  workdir: paths.Path
-  step: int
-  total_steps: int
-  eval_step: Callable      # (params, sharded batch) -> (numerator, denominator) metric sums
-  batches: Callable        # () -> iterable of host (numpy) batches
-  num_batches: int | None = None   # how many `batches` yields, when known
-  progress_every_s: float = EVERY_S
-  clock: Callable[[], float] = time.monotonic
-
-  def shard(self, batch):
-    return sharding.shard_batch(batch, self.mesh)
-
-  def progress(self, what: str, total: int | None, unit: str = "batch") -> Progress:
-    """Progress lines of an evaluation pass (bertjax/progress.py); process 0 prints them."""
-    return Progress(what, total, unit=unit, every_s=self.progress_every_s, clock=self.clock,
-                    enabled=jax.process_index() == 0)
-
-  def metric_sums(self, params) -> dict[str, float] | None:
-    """The default evaluation: metric sums over the eval batches, divided at the end."""
-    sums = None
-    lines = self.progress(f"eval at step {self.step}:", self.num_batches)
-
-    def finished_so_far():  # a progress line times the batches done, not those dispatched
-      jax.block_until_ready(sums)
-
-    for i, batch in enumerate(self.batches()):
-      with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-        sums = add_metrics(sums, self.eval_step(params, self.shard(batch)))
-      lines.update(i + 1, finished_so_far)
-    return summarize(sums) if sums is not None else None
-
-
 def abstract_params_of(objective, model, init_batch):
   """The boxed parameter tree (shapes, dtypes, logical axes), traced without allocating."""
   return jax.eval_shape(lambda r: objective.init_params(model, r, init_batch), jax.random.key(0))
@@ -223,6 +179,7 @@ class Setup:
   abstract_state: TrainState
   train_step: Callable     # jitted (state, sharded batch) -> (state, metrics); donates the state
   eval_step: Callable      # jitted (params, sharded batch) -> metric sums
+  predict_step: Callable   # jitted (params, sharded batch) -> per-row outputs (fine-tuning tasks)
   num_params: int
   partition: freezing.Partition | None = None  # a frozen encoder's trainable/frozen split
 
@@ -234,8 +191,8 @@ def setup(config, objective, model_cfg: ModelConfig, mesh, schedule: Schedule | 
   learning rate runs to its total_steps, else to config.total_steps) and `grad_accum_steps`
   (already checked; else checked here)."""
   accum = grad_accum_steps or run_plan.accumulation_steps(config, mesh)
-  model = objective.make_model(model_cfg)
-  init_batch = objective.init_batch(1, config.max_seq_length, config.max_predictions_per_seq)
+  model = objective.make_model(config, model_cfg)
+  init_batch = objective.init_batch(config, 1, config.max_seq_length, config.max_predictions_per_seq)
   # The optimizer sees the parameter tree (shapes only) for per-layer learning-rate scales.
   abstract_boxed = abstract_params_of(objective, model, init_batch)
   partition = freezing.Partition.of(nn.meta.unbox(abstract_boxed),
@@ -257,8 +214,12 @@ def setup(config, objective, model_cfg: ModelConfig, mesh, schedule: Schedule | 
                        out_shardings=(state_shardings, metric_shard), donate_argnums=(0,))
   eval_step = jax.jit(make_eval_step(objective, model),
                       in_shardings=(state_shardings.params, batch_shard), out_shardings=metric_shard)
+  # Compiled only when an evaluation calls it (a task decoding its dev set).
+  predict_step = jax.jit(functools.partial(objective.predictions, model),
+                         in_shardings=(state_shardings.params, batch_shard))
   run = Setup(mesh=mesh, rules=sharding.rules_from_config(config), state_shardings=state_shardings,
               abstract_state=abstract_state, train_step=train_step, eval_step=eval_step,
+              predict_step=predict_step,
               num_params=sum(x.size for x in jax.tree.leaves(state.params)), partition=partition)
   return run, state
 
@@ -442,12 +403,14 @@ def _train_and_evaluate(plan: run_plan.RunPlan, settings: workdir_lib.Settings, 
       context = EvalContext(mesh=plan.mesh, rules=s.rules, workdir=workdir, step=step,
                             total_steps=total_steps, eval_step=s.eval_step,
                             batches=data.eval_batches, num_batches=data.num_eval_batches,
+                            predict_step=s.predict_step, eval_batch_size=plan.eval_batch_size,
+                            data=data,
                             progress_every_s=config.get("progress_every_s", EVERY_S), clock=clock)
       # After the last step a SIGTERM drops the evaluation (its checkpoint is saved: a rerun
       # evaluates it); in the loop the evaluation finishes and its step is saved.
       with (preemption.abandoning(f"evaluating step {step} after the last step (its checkpoint "
                                   "is saved)") if last else contextlib.nullcontext()):
-        metrics = objective.evaluate(state.params, context)
+        metrics = objective.evaluate(config, state.params, context)
       if metrics:  # written whole whatever comes: a SIGTERM now only sets `requested`
         writer.write(step, "eval", metrics)
         best.update(step, metrics, state.params)

@@ -8,7 +8,7 @@ import pathlib
 import numpy as np
 import torch
 
-from bertjax import sharding, train
+from bertjax import eval_context, sharding, train
 from bertjax.data import tokenizers
 from bertjax.registry import get_objective
 
@@ -62,13 +62,10 @@ def sample_ids(workdir: pathlib.Path):
 def own_prediction(config, workdir: pathlib.Path, params):
   """The run's own prediction pass (TaskObjective.predict) over its first dev set."""
   objective = get_objective(config)
-  objective.build_inputs(config, workdir)
-  objective.make_model(objective.model_config(config))
-  mesh = sharding.make_mesh(config.mesh_shape)
-  context = train.EvalContext(mesh=mesh, rules=sharding.rules_from_config(config),
-                              workdir=workdir, step=0, total_steps=1, eval_step=None,
-                              batches=None)
-  eval_set = objective.eval_sets[0]
+  data = objective.build_inputs(config, workdir)
+  context = eval_context.standalone(config, objective, objective.model_config(config), data,
+                                    workdir, sharding.make_mesh(config.mesh_shape))
+  eval_set = data.eval_sets[0]
   return eval_set, objective.predict(params, context, eval_set)
 
 

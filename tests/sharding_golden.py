@@ -27,10 +27,10 @@ def specs() -> dict[str, list]:
     config.model = model_config("bert-base")
   config.mesh_shape = (2, 2, 2)
   objective = get_objective(config)
-  model = objective.make_model(train.model_config_from(config))
+  model = objective.make_model(config, train.model_config_from(config))
   mesh = sharding.make_mesh(config.mesh_shape)
   _, shardings = train.param_shardings_for(objective, model, config, mesh,
-                                           objective.init_batch(1, 128, 20))
+                                           objective.init_batch(config, 1, 128, 20))
   flat = flax.traverse_util.flatten_dict(shardings, sep="/")
   return {k: [list(a) if isinstance(a, tuple) else a for a in v.spec] for k, v in sorted(flat.items())}
 

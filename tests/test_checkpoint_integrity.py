@@ -143,10 +143,10 @@ class _TermDuringEval:
   def __getattr__(self, name):
     return getattr(self._objective, name)
 
-  def evaluate(self, params, context):
+  def evaluate(self, config, params, context):
     if context.step == self._at:
       os.kill(os.getpid(), signal.SIGTERM)
-    return self._objective.evaluate(params, context)
+    return self._objective.evaluate(config, params, context)
 
 
 @pytest.mark.slow

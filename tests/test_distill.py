@@ -18,6 +18,7 @@ import pytest
 from bertjax import checkpoints, config_lib, inputs, optim, sharding, train
 from bertjax.objectives import distill_losses, distill_settings
 from bertjax.registry import get_objective
+from bertjax.run_record import summarize
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "bertjax/data/samples/wikitext2_test.raw"
@@ -126,7 +127,7 @@ def test_loss_terms_match_a_hand_computed_example():
   attention = ((s_att[0, 0, :2, :2] - t_att[0, 0, :2, :2]) ** 2).sum() / 4   # 4 pairs x 1 head
   expected = (5.0 * sum(soft) / 2 + 2.0 * sum(hard) / 2 + 1.0 * sum(cos) / 2 + 0.5 * hidden
               + 0.25 * attention)
-  summary = train.summarize(metrics)
+  summary = summarize(metrics)
   assert float(loss) == pytest.approx(expected, rel=1e-5)
   assert summary["soft_ce"] == pytest.approx(sum(soft) / 2, rel=1e-5)
   assert summary["soft_kl"] == pytest.approx(sum(kl) / 2, rel=1e-5)
@@ -247,15 +248,15 @@ def test_teacher_is_frozen_and_runs_inside_the_jitted_step(corpus, teacher):
       "distill.layer_map": "uniform", "optimizer.warmup_steps": 0})
   objective = get_objective(config)
   data = objective.build_inputs(config, pathlib.Path("/nonexistent"))
-  model = objective.make_model(objective.model_config(config))
-  init_batch = objective.init_batch(1, config.max_seq_length, config.max_predictions_per_seq)
+  model = objective.make_model(config, objective.model_config(config))
+  init_batch = objective.init_batch(config, 1, config.max_seq_length, config.max_predictions_per_seq)
   abstract = flax.linen.meta.unbox(jax.eval_shape(
       lambda r: objective.init_params(model, r, init_batch), jax.random.key(0)))
   optimizer = optim.make_optimizer(config, params=abstract, num_layers=4)
   mesh = sharding.make_mesh(config.mesh_shape)
   state, _, _ = train.create_train_state(objective, model, optimizer, config, mesh, init_batch)
 
-  teacher_params = objective.teacher.params
+  teacher_params = model.teacher.params
   saved = checkpoints.restore_params(teacher)
   n_teacher = sum(x.size for x in jax.tree.leaves(teacher_params))
   n_student = sum(x.size for x in jax.tree.leaves(state.params))
@@ -284,7 +285,7 @@ def test_teacher_is_frozen_and_runs_inside_the_jitted_step(corpus, teacher):
   for accum in (1, 2):
     new_state, metrics = jax.jit(train.make_train_step(objective, model, optimizer, accum))(
         state, batch)
-    results.append((new_state, train.summarize(metrics)))
+    results.append((new_state, summarize(metrics)))
   (s1, m1), (s2, m2) = results
   assert m1["loss"] == pytest.approx(m2["loss"], rel=1e-5)
   for key in ("soft_ce", "mlm_loss", "cosine_loss", "hidden_mse", "attention_mse", "agreement"):

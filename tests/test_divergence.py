@@ -18,25 +18,23 @@ POISON = 7  # a batch whose first token is this id gets a NaN loss from the pois
 
 def _poisoned(config):
   """The config's objective, with a NaN loss on batches marked by POISON."""
-  objective = get_objective(config)
-  loss = objective.loss
+  class Poisoned(type(get_objective(config))):
 
-  def poisoned_loss(model, params, batch, rng, denominators, deterministic):
-    value, metrics = loss(model, params, batch, rng, denominators, deterministic)
-    return value * jnp.where(batch["input_ids"][0, 0] == POISON, jnp.nan, 1.0), metrics
+    def loss(self, model, params, batch, rng, denominators, deterministic):
+      value, metrics = super().loss(model, params, batch, rng, denominators, deterministic)
+      return value * jnp.where(batch["input_ids"][0, 0] == POISON, jnp.nan, 1.0), metrics
 
-  objective.loss = poisoned_loss
-  return objective
+  return Poisoned()
 
 
 def _step_and_state(skip: bool):
   config = tiny_config(**{"optimizer.warmup_steps": 0})
   objective = _poisoned(config)
-  model = objective.make_model(train.model_config_from(config))
+  model = objective.make_model(config, train.model_config_from(config))
   optimizer = optim.make_optimizer(config)
   mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
   state, _, _ = train.create_train_state(objective, model, optimizer, config, mesh,
-                                         objective.init_batch(1, 16, 4))
+                                         objective.init_batch(config, 1, 16, 4))
   step = jax.jit(train.make_train_step(objective, model, optimizer, 1, skip_nonfinite=skip))
   batch = jax.tree.map(jnp.asarray, next(inputs.SyntheticBatches(config, 200, 0, 8)))
   return step, state, batch, {**batch, "input_ids": batch["input_ids"].at[0, 0].set(POISON)}

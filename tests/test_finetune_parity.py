@@ -63,6 +63,7 @@ from bertjax.models.pretraining import PretrainingModel
 from bertjax.objective import Objective
 from bertjax.objectives.rtd import rtd_terms
 from bertjax.registry import get_objective
+from bertjax.tasks import glue as glue_task
 from configs.common import SAMPLE
 from conftest import DATA_DIR
 from helpers import load_config
@@ -121,8 +122,8 @@ def starting_params(objective, config, cfg, hf, heads=(), head_names=None):
   for ours, theirs in head_names.items():
     converted[ours] = {"classifier": {"kernel": state[f"{theirs}.weight"].T,
                                       "bias": state[f"{theirs}.bias"]}}
-  model = objective.make_model(cfg)
-  init_batch = objective.init_batch(1, config.max_seq_length, config.max_predictions_per_seq)
+  model = objective.make_model(config, cfg)
+  init_batch = objective.init_batch(config, 1, config.max_seq_length, config.max_predictions_per_seq)
   init = nn.meta.unbox(objective.init_params(model, jax.random.key(1), init_batch))
   return merged(init, converted)
 
@@ -169,7 +170,7 @@ def glue_case(task, corpus, data_dir, tmp_path):
       batch_size=16, **(STRONG if task == "stsb" else {}))
   cfg = objective.model_config(config)
   hf = hf_reference.build_model(cfg, cls=T.BertForSequenceClassification,
-                                num_labels=objective.task.num_labels)
+                                num_labels=glue_task.task_of(config).num_labels)
   params = starting_params(objective, config, cfg, hf, head_names={"classifier": "classifier"})
   return config, objective, cfg, batches, hf, params
 
@@ -349,7 +350,8 @@ class Discriminator(Objective):
   term `bertjax.objectives.rtd` uses (rtd_terms: mean binary cross-entropy over real tokens)."""
   name = "rtd_discriminator"
 
-  def make_model(self, model_config):
+  def make_model(self, config, model_config):
+    del config
     return ElectraDiscriminator(model_config)
 
   def model_inputs(self, batch):
@@ -364,10 +366,10 @@ class Discriminator(Objective):
                      denominators["tokens"])
 
 
-def replaced(objective, batches):
+def replaced(config, objective, batches):
   """Our ELECTRA pretraining model's corrupted inputs and labels for each masked batch: tokens
   sampled from its (untrained) generator at the masked positions."""
-  model = objective.make_model(objective.model_config(objective.config))
+  model = objective.make_model(config, objective.model_config(config))
   params = nn.meta.unbox(objective.init_params(model, jax.random.key(0), batches[0]))
   apply = jax.jit(lambda b, r: model.apply({"params": params}, **objective.model_inputs(b),
                                            rngs={"sample": r}))
@@ -389,10 +391,10 @@ def test_electra_discriminator_matches_transformers(corpus, tmp_path):
                                             **{"model.embedding_size": 16, "masking.rate": 0.15,
                                                "optimizer.decay": "linear",
                                                "learning_rate": 2e-3})
-  batches = replaced(rtd, masked)
+  batches = replaced(config, rtd, masked)
   labels = np.concatenate([b["rtd_labels"].ravel() for b in batches])
   assert 0.05 < labels.mean() < 0.3, labels.mean()  # about the 15% masked, most replaced
-  objective = Discriminator(config)
+  objective = Discriminator()
   cfg = objective.model_config(config)
   assert cfg.embed_size == 16 and not cfg.use_pooler
   hf = hf_reference.build_model(cfg, cls=T.ElectraForPreTraining)

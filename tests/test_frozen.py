@@ -21,6 +21,7 @@ from bertjax import config_checks, sharding, train, workdir as workdir_lib
 from bertjax.convert.export import convert_to_hf
 from bertjax.errors import UserError
 from bertjax.registry import get_objective
+from bertjax.run_record import summarize
 
 from helpers import REPO, TINY, load_config
 
@@ -64,7 +65,7 @@ def run_steps(s, state, batch, steps):
   with jax.set_mesh(s.mesh):
     for _ in range(steps):
       state, metrics = s.train_step(state, batch)
-      losses.append(train.summarize(metrics)["loss"])
+      losses.append(summarize(metrics)["loss"])
   return state, losses
 
 
@@ -215,7 +216,7 @@ def test_frozen_run_end_to_end_resumes_exactly(tmp_path, data_dir):
   assert (loaded.task.features, loaded.task.layers) == ("concat", (-2, -1))
   batch = glue_batch()
   params = jax.tree.map(jnp.asarray, ocp_params(workdir, 6))
-  want = get_objective(config).make_model(get_objective(config).model_config(config)).apply(
+  want = get_objective(config).make_model(config, get_objective(config).model_config(config)).apply(
       {"params": params}, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
   got = loaded.logits(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -12,6 +12,7 @@ import pytest
 
 from bertjax import metric_writers, progress, registry, report, train
 from bertjax.objectives.rtd import rtd_terms
+from bertjax.run_record import summarize
 from tests.helpers import load_config
 
 # ---------------------------------------------------------------------------------------------
@@ -22,12 +23,12 @@ def test_rtd_precision_is_zero_not_nan_when_nothing_is_predicted_replaced():
   labels = jnp.array([[1, 0, 0, 0]])
   mask = jnp.ones((1, 4), jnp.int32)
   _, none = rtd_terms(jnp.full((1, 4), -3.0), labels, mask, jnp.float32(4))
-  m = train.summarize(none)
+  m = summarize(none)
   assert m["rtd_precision"] == 0.0 and m["rtd_recall"] == 0.0
   assert m["rtd_accuracy"] == m["rtd_baseline_accuracy"] == 0.75
   # Summed with a batch that predicts two tokens, one of them right: exactly 1/2.
   _, some = rtd_terms(jnp.array([[3.0, 3.0, -3.0, -3.0]]), labels, mask, jnp.float32(4))
-  both = train.summarize({k: (none[k][0] + some[k][0], none[k][1] + some[k][1]) for k in none})
+  both = summarize({k: (none[k][0] + some[k][0], none[k][1] + some[k][1]) for k in none})
   assert both["rtd_precision"] == 0.5
 
 

@@ -29,6 +29,7 @@ from bertjax.models.encoder import Encoder
 from bertjax.models.heads import SpanBoundaryHead
 from bertjax.registry import get_objective
 from bertjax.objectives.rtd import rtd_terms
+from bertjax.run_record import summarize
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PRETRAINING = ("mlm_nsp", "mlm", "mlm_sop", "span_sbo", "rtd")
@@ -62,8 +63,8 @@ def tiny(objective: str, **overrides):
 def init(config):
   """The objective, its model and an initialization batch."""
   obj = get_objective(config)
-  model = obj.make_model(train.model_config_from(config))
-  batch = obj.init_batch(2, config.max_seq_length, config.max_predictions_per_seq)
+  model = obj.make_model(config, train.model_config_from(config))
+  batch = obj.init_batch(config, 2, config.max_seq_length, config.max_predictions_per_seq)
   return obj, model, batch
 
 
@@ -190,7 +191,7 @@ def test_rtd_labels_with_a_rigged_generator():
            "masked_positions": positions, "masked_ids": masked_ids, "masked_weights": weights}
   batch = jax.tree.map(jnp.asarray, batch)
   _, metrics = obj.loss(model, params, batch, jax.random.key(4), obj.denominators(batch), True)
-  metrics = train.summarize(metrics)
+  metrics = summarize(metrics)
   assert metrics["rtd_baseline_accuracy"] == pytest.approx(1 - 3 / 13)
   assert metrics["mlm_accuracy"] == pytest.approx(3 / 6)  # the slots whose original was 7
 
@@ -200,7 +201,7 @@ def test_rtd_metrics_count_real_tokens():
   labels = jnp.array([[1, 1, 0, 0, 0]])
   mask = jnp.array([[1, 1, 1, 1, 0]])  # the last token is padding: its logit must not count
   _, m = rtd_terms(logits, labels, mask, jnp.float32(4))
-  m = train.summarize(m)
+  m = summarize(m)
   assert m["rtd_accuracy"] == pytest.approx(2 / 4)
   assert m["rtd_precision"] == pytest.approx(1 / 2)
   assert m["rtd_recall"] == pytest.approx(1 / 2)
@@ -265,13 +266,13 @@ def test_family_configs_build(family):
     assert config.objective == objective, variant
     obj = get_objective(config)
     cfg = obj.model_config(config)
-    model = obj.make_model(cfg)  # fails for an inconsistent model / generator config
+    model = obj.make_model(config, cfg)  # fails for an inconsistent model / generator config
     assert isinstance(model, nn.Module)
     if "runlocal" in variant:
       assert config.data.corpus.endswith("wikitext2_test.raw") and not config.data_dir
       assert cfg.hidden_size <= 128 and cfg.vocab_size == config.data.vocab_size
       # Traced, not run: catches shape errors of the family's tiny model in a second.
-      batch = obj.init_batch(2, config.max_seq_length, config.max_predictions_per_seq)
+      batch = obj.init_batch(config, 2, config.max_seq_length, config.max_predictions_per_seq)
       params = jax.eval_shape(lambda r: nn.meta.unbox(obj.init_params(model, r, batch)),
                               jax.random.key(0))
       loss, _ = jax.eval_shape(lambda p: obj.loss(model, p, batch, jax.random.key(0),

@@ -173,7 +173,7 @@ def test_data_pack_reaches_span_sbo_and_its_gradients_stay_finite(tmp_path):
   batch = next(objective.build_inputs(config, work).train)
   assert batch["segment_ids"].max() > 1
   assert "segment_ids" in objective.model_inputs(batch)
-  model = objective.make_model(train.model_config_from(config))
+  model = objective.make_model(config, train.model_config_from(config))
   params = objective.init_params(model, jax.random.key(0), batch)
   denominators = objective.denominators(batch)
 

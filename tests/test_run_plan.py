@@ -63,7 +63,7 @@ def test_a_run_is_planned_once_and_trains_the_config_it_was_given(tmp_path, monk
   before = config.to_dict()
   summary = train.train_and_evaluate(config, tmp_path / "run")
   assert summary["step"] == 3 and summary["status"] == "finished"
-  assert len(plans) == 1 and plans[0].config is config and plans[0].objective.config is config
+  assert len(plans) == 1 and plans[0].config is config
   assert (plans[0].schedule.total_steps, plans[0].schedule.eval_every) == (3, 2)
   assert (plans[0].grad_accum_steps, plans[0].eval_batch_size) == (2, 4)  # the micro-batch
   assert len(configs) == 3 and all(c is config for c in configs)

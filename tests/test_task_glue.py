@@ -216,8 +216,8 @@ def test_tfds_source_matches_local_files(tmp_path, data_dir):
   tok = spm_tokenizer(tmp_path, [s for r in train_rows for s in (r["sentence1"],
                                                                   r["sentence2"])], 600)
   overrides = {"data.tokenizer": str(tok), "max_train_examples": 50, "max_seq_length": 64}
-  local = get_objective(glue_config("task=rte,runlocal", data_dir=str(root), **overrides))
-  local_inputs = local.build_inputs(local.config, tmp_path / "a")
+  local_config = glue_config("task=rte,runlocal", data_dir=str(root), **overrides)
+  local = get_objective(local_config).build_inputs(local_config, tmp_path / "a")
   splits = {"train": _records(train_rows, ("sentence1", "sentence2")),
             "validation": _records(glue_eval.read_glue_tsv(root / "RTE/dev.tsv", "rte", "dev"),
                                    ("sentence1", "sentence2")),
@@ -230,8 +230,8 @@ def test_tfds_source_matches_local_files(tmp_path, data_dir):
     return splits[split]
 
   with tfds.testing.mock_data(as_data_source_fn=as_data_source):
-    remote = get_objective(glue_config("task=rte,runlocal", data_dir="", **overrides))
-    remote_inputs = remote.build_inputs(remote.config, tmp_path / "b")
+    remote_config = glue_config("task=rte,runlocal", data_dir="", **overrides)
+    remote = get_objective(remote_config).build_inputs(remote_config, tmp_path / "b")
   assert ("glue", "rte", "validation") in seen and ("glue", "rte", "test") in seen
   for a, b in zip(local.eval_sets + local.test_sets, remote.eval_sets + remote.test_sets):
     for k in a.arrays:
@@ -239,8 +239,8 @@ def test_tfds_source_matches_local_files(tmp_path, data_dir):
     assert a.meta["idx"] == b.meta["idx"]
   np.testing.assert_array_equal(local.eval_sets[0].meta["labels"],
                                 remote.eval_sets[0].meta["labels"])
-  for k in local_inputs.train.arrays:
-    np.testing.assert_array_equal(local_inputs.train.arrays[k], remote_inputs.train.arrays[k])
+  for k in local.train.arrays:
+    np.testing.assert_array_equal(local.train.arrays[k], remote.train.arrays[k])
   assert len(remote.test_sets) == 1 and remote.test_sets[0].num_rows == 9
 
   # MNLI: two dev sets and three test sets (matched, mismatched, the AX diagnostic).
@@ -251,16 +251,17 @@ def test_tfds_source_matches_local_files(tmp_path, data_dir):
     for r in recs:
       r["label"] = np.int64(min(int(r["label"]), 2))
   with tfds.testing.mock_data(as_data_source_fn=lambda b, split, **kw: mnli[split]):
-    m = get_objective(glue_config("task=mnli,runlocal", data_dir="", **overrides))
-    m.build_inputs(m.config, tmp_path / "d")
+    mnli_config = glue_config("task=mnli,runlocal", data_dir="", **overrides)
+    m = get_objective(mnli_config).build_inputs(mnli_config, tmp_path / "d")
   assert [s.meta["spec"].task for s in m.eval_sets] == ["mnli_matched", "mnli_mismatched"]
   assert [s.meta["spec"].task for s in m.test_sets] == ["mnli_matched", "mnli_mismatched", "ax"]
 
   bad = {**splits, "train": [dict(r, label=np.int64(5)) for r in splits["train"]]}
   with tfds.testing.mock_data(as_data_source_fn=lambda b, split, **kw: bad[split]):
-    obj = get_objective(glue_config("task=rte,runlocal", data_dir="", **overrides))
+    bad_config = glue_config("task=rte,runlocal", data_dir="", **overrides)
+    obj = get_objective(bad_config)
     with pytest.raises(UserError, match=r"record 0: label 5 is not a rte label index \(0..1\)"):
-      obj.build_inputs(obj.config, tmp_path / "e")
+      obj.build_inputs(bad_config, tmp_path / "e")
 
 
 def test_layerwise_lr_scales_for_a_task_model():
@@ -272,8 +273,8 @@ def test_layerwise_lr_scales_for_a_task_model():
                                                 "optimizer.decay": "constant",
                                                 "learning_rate": 1.0})
   objective = get_objective(config)
-  model = objective.make_model(objective.model_config(config))
-  batch = objective.init_batch(1, 16, 0)
+  model = objective.make_model(config, objective.model_config(config))
+  batch = objective.init_batch(config, 1, 16, 0)
   abstract = jax.eval_shape(
       lambda: nn.meta.unbox(objective.init_params(model, jax.random.key(0), batch)))
   params = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), abstract)
@@ -398,8 +399,8 @@ def test_local_glue_tasks_build(tmp_path, data_dir, task, folder):
   assert config.to_json() == before and inputs.num_train_rows == 40
   steps = -(-100 // config.batch_size)  # ceil(2.5 epochs x 40 rows / batch)
   assert objective.schedule(config, inputs) == Schedule(steps, min(-(-40 // config.batch_size), steps))
-  [dev_set] = objective.eval_sets
-  assert dev_set.num_rows == len(dev) and objective.test_sets == []
+  [dev_set] = inputs.eval_sets
+  assert dev_set.num_rows == len(dev) and inputs.test_sets == ()
   labels = dev_set.meta["labels"]
   assert labels.dtype == (np.float64 if task == "stsb" else np.int64)
   assert labels.tolist() == [r["label"] for r in dev]

@@ -16,6 +16,7 @@ from bertjax.metric_writers import read_metrics
 from bertjax.metrics import ner as ner_eval
 from bertjax.registry import get_objective
 from bertjax.tasks import ner
+from bertjax.run_record import summarize
 
 from helpers import REPO, TINY, load_config, run_module
 
@@ -147,9 +148,9 @@ def test_tfds_source_matches_local_files(tmp_path, data_dir, spm_dir):
   train_file = conll_part(conll / "test.txt", tmp_path / "train.txt", 0, 60)
   dev_file = conll_part(conll / "valid.txt", tmp_path / "valid.txt", 0, 40)
   overrides = {"data.tokenizer": str(spm_dir), "max_seq_length": 32}
-  local = get_objective(ner_config("runlocal", data_dir=str(tmp_path), train_file="train.txt",
-                                   dev_file="valid.txt", test_file="", **overrides))
-  local_inputs = local.build_inputs(local.config, tmp_path / "a")
+  local_config = ner_config("runlocal", data_dir=str(tmp_path), train_file="train.txt",
+                            dev_file="valid.txt", test_file="", **overrides)
+  local = get_objective(local_config).build_inputs(local_config, tmp_path / "a")
 
   def records(path):
     return [{"tokens": np.asarray(s.tokens), "pos": np.asarray([ner.POS_LABELS.index(p)
@@ -160,21 +161,22 @@ def test_tfds_source_matches_local_files(tmp_path, data_dir, spm_dir):
 
   splits = {"train": records(train_file), "validation": records(dev_file), "test": []}
   with tfds.testing.mock_data(as_data_source_fn=lambda b, split, **kw: splits[split]):
-    remote = get_objective(ner_config("runlocal", data_dir="", train_file="", dev_file="",
-                                      test_file="", **overrides))
-    remote_inputs = remote.build_inputs(remote.config, tmp_path / "b")
-  for k, v in local_inputs.train.arrays.items():
-    np.testing.assert_array_equal(v, remote_inputs.train.arrays[k])
+    remote_config = ner_config("runlocal", data_dir="", train_file="", dev_file="",
+                               test_file="", **overrides)
+    remote = get_objective(remote_config).build_inputs(remote_config, tmp_path / "b")
+  for k, v in local.train.arrays.items():
+    np.testing.assert_array_equal(v, remote.train.arrays[k])
   for k, v in local.eval_sets[0].arrays.items():
     np.testing.assert_array_equal(v, remote.eval_sets[0].arrays[k])
-  assert remote.test_sets == []  # an empty test split: no test predictions
+  assert remote.test_sets == ()  # an empty test split: no test predictions
 
   bad = {**splits, "train": [dict(r, ner=np.full(len(r["tokens"]), 9)) for r in splits["train"]]}
   with tfds.testing.mock_data(as_data_source_fn=lambda b, split, **kw: bad[split]):
-    obj = get_objective(ner_config("runlocal", data_dir="", train_file="", dev_file="",
-                                   test_file="", **overrides))
+    bad_config = ner_config("runlocal", data_dir="", train_file="", dev_file="",
+                            test_file="", **overrides)
+    obj = get_objective(bad_config)
     with pytest.raises(UserError, match="record 0: .* labels must be one per token in 0..8"):
-      obj.build_inputs(obj.config, tmp_path / "c")
+      obj.build_inputs(bad_config, tmp_path / "c")
 
 
 @pytest.mark.parametrize("edit, needle", [
@@ -213,16 +215,16 @@ def test_gradient_accumulation_matches_big_batch(spm_dir, data_dir):
   counts = np.asarray(batch["label_weights"]).sum(1)
   assert len(set(counts.tolist())) > 2  # uneven: per-micro-batch normalizing would differ
   objective = get_objective(config)
-  model = objective.make_model(objective.model_config(config))
+  model = objective.make_model(config, objective.model_config(config))
   optimizer = optim.make_optimizer(config)
   mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
   state, _, _ = train.create_train_state(objective, model, optimizer, config, mesh,
-                                         objective.init_batch(1, 32, 0))
+                                         objective.init_batch(config, 1, 32, 0))
   results = []
   for accum in (1, 4):
     step = jax.jit(train.make_train_step(objective, model, optimizer, accum))
     new_state, metrics = step(state, batch)
-    results.append((new_state, train.summarize(metrics)))
+    results.append((new_state, summarize(metrics)))
   (s1, m1), (s4, m4) = results
   assert m1["loss"] == pytest.approx(m4["loss"], rel=1e-5)
   assert m1["accuracy"] == pytest.approx(m4["accuracy"], abs=1e-6)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tokenizers as hf_tokenizers
 
-from bertjax import checkpoints, config_lib, sharding, train
+from bertjax import checkpoints, config_lib, eval_context, sharding, train
 from bertjax.data import tokenizers
 from bertjax.errors import UserError
 from bertjax.metric_writers import read_metrics
@@ -293,13 +293,11 @@ def test_squad_v20_end_to_end(tmp_path, data_dir, spm_dir):
   threshold = float(np.median(list(odds.values())))
   config2 = squad_config("version=2.0,runlocal", null_score_diff_threshold=threshold, **settings)
   objective = get_objective(config2)
-  objective.build_inputs(config2, tmp_path / "again")
-  objective.make_model(objective.model_config(config2))
-  mesh = sharding.make_mesh(config2.mesh_shape)
-  context = train.EvalContext(mesh=mesh, rules=sharding.rules_from_config(config2),
-                              workdir=tmp_path / "again", step=7, total_steps=config2.total_steps,
-                              eval_step=None, batches=None)
-  metrics = objective.evaluate(checkpoints.restore_params(workdir), context)
+  data = objective.build_inputs(config2, tmp_path / "again")
+  context = eval_context.standalone(config2, objective, objective.model_config(config2), data,
+                                    tmp_path / "again", sharding.make_mesh(config2.mesh_shape),
+                                    step=7, total_steps=config2.total_steps)
+  metrics = objective.evaluate(config2, checkpoints.restore_params(workdir), context)
   again = tmp_path / "again" / "predictions" / "step_7"
   odds2 = json.loads((again / "null_odds.json").read_text())
   predictions2 = json.loads((again / "predictions.json").read_text())

@@ -143,6 +143,9 @@ class ElectraPretrainingModel(nn.Module):
   """
   config: ModelConfig
   generator_config: ModelConfig
+  # The discriminator loss's weight against the generator's (ELECTRA: 50): no parameter depends
+  # on it; the objective's loss reads it here (config.electra.disc_weight).
+  disc_weight: float = 50.0
 
   def setup(self):
     self.encoder = encoder_for(self.config)

@@ -11,7 +11,8 @@ Two objectives share the machinery here:
 
 The teacher (`config.distill.teacher`: a training workdir or a converted HF folder) is loaded once
 with `checkpoints.load_model_config` / `checkpoints.restore_params`, placed on the mesh with the
-student's logical sharding rules, and held by the objective. The loss closes over it and runs its
+student's logical sharding rules, and held with the student in the `Distillation` that
+`make_model` returns (the objective itself holds nothing). The loss closes over it and runs its
 forward pass (deterministic) inside the same jitted train step, behind `jax.lax.stop_gradient`.
 Its params are never part of the `TrainState`: no optimizer moments, no checkpoint bytes.
 
@@ -62,122 +63,143 @@ from bertjax.tasks import glue as glue_task
 _log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------
+# What `make_model` returns.
+
+
+@dataclasses.dataclass(frozen=True)
+class Distillation:
+  """The student module and its loaded teacher, with the settings checked against both: what
+  `init_params`, `loss` and `predictions` are handed back as their model."""
+  student: DistillModel
+  teacher: Teacher
+  settings: Settings                   # with the layer_map resolved for this student
+  init_sources: tuple[int, ...] = ()   # teacher layer of each student layer (teacher_layers)
+  classifier: nn.Module | None = None  # distill_glue: GLUE's plain classifier, for predictions
+
+
+def teacher_of(config, head: str, num_labels: int = 0) -> Teacher:
+  """`config.distill.teacher` as a `Teacher` (its model config read, its params not yet)."""
+  return Teacher(Settings.from_config(config).teacher, head, config.model.dtype, num_labels,
+                 config.model.kernels)
+
+
+def checked_settings(config, student: ModelConfig,
+                     teacher: Teacher) -> tuple[Settings, tuple[int, ...]]:
+  """Student against teacher (vocabulary, layer_map, heads, shapes for teacher_layers): the
+  settings with the layer_map resolved and the teacher layer each student layer starts from."""
+  settings, t = Settings.from_config(config), teacher.config
+  where = f"distill.teacher={settings.teacher}"
+  if student.vocab_size != t.vocab_size:
+    fail(f"{where} has vocab_size {t.vocab_size} but the student's model.vocab_size is "
+         f"{student.vocab_size}; student and teacher must share one vocabulary: set "
+         f"--config.model.vocab_size={t.vocab_size} and use the teacher's tokenizer")
+  layer_map = parse_layer_map(settings.layer_map_text, student.num_hidden_layers,
+                              t.num_hidden_layers)
+  settings = dataclasses.replace(settings, layer_map=layer_map)
+  if settings.attention_weight and student.num_attention_heads != t.num_attention_heads:
+    fail(f"distill.attention_weight compares attention scores head by head, but the student has "
+         f"{student.num_attention_heads} heads and the teacher {t.num_attention_heads}; match "
+         "model.num_attention_heads or set --config.distill.attention_weight=0")
+  sources: tuple[int, ...] = ()
+  if settings.student_init == "teacher_layers":
+    for name in SHAPE_FIELDS:
+      mine, theirs = getattr(student, name), getattr(t, name)
+      if mine != theirs:
+        fail(f"student_init=teacher_layers copies the teacher's weights, but model.{name}="
+             f"{mine} differs from the teacher's {theirs}; match it or set "
+             "--config.distill.student_init=scratch")
+    sources = init_layer_sources(settings.init_layers_text, student.num_groups, t.num_groups)
+  return settings, sources
+
+
+def proj_layers(settings: Settings, student: ModelConfig, teacher: ModelConfig) -> tuple[int, ...]:
+  """hidden_states indices the student projects to the teacher's width (W_h)."""
+  layers = set()
+  if settings.hidden_weight:
+    layers |= {i + 1 for i, _ in settings.layer_map}
+  if settings.cosine_weight and student.hidden_size != teacher.hidden_size:
+    layers.add(student.num_hidden_layers)
+  return tuple(sorted(layers))
+
+
+def copy_teacher(boxed, teacher_params, init_sources: tuple[int, ...]):
+  """The student's params with embeddings, head and the chosen layers taken from the teacher."""
+  teacher = flat_paths(teacher_params)
+  out = {}
+  for key, leaf in flat_paths(boxed).items():
+    parts = key.split("/")
+    if parts[0] == "distill_proj":
+      out[key] = leaf
+      continue
+    if len(parts) > 1 and parts[0] == "encoder" and parts[1].startswith("layer_"):
+      parts[1] = f"layer_{init_sources[int(parts[1][len('layer_'):])]}"
+    source = teacher.get("/".join(parts))
+    value = leaf.value if isinstance(leaf, nn.LogicallyPartitioned) else leaf
+    if source is None or tuple(source.shape) != tuple(value.shape):
+      fail(f"student_init=teacher_layers: the teacher has no {'/'.join(parts)} of shape "
+           f"{tuple(value.shape)}; set --config.distill.student_init=scratch")
+    new = source.astype(value.dtype)
+    out[key] = leaf.replace_boxed(new) if isinstance(leaf, nn.LogicallyPartitioned) else new
+  return flax.traverse_util.unflatten_dict(out, sep="/")
+
+
+def with_teacher_tokenizer(config, teacher: Teacher, allowed: bool):
+  """`config`, or a copy tokenizing with the teacher's tokenizer unless the config names one (or
+  data that has its own): the caller's config is never changed."""
+  if not allowed or config.data.tokenizer or teacher.tokenizer_dir is None:
+    return config
+  task_base.announce(f"distill: tokenizing with the teacher's tokenizer {teacher.tokenizer_dir}")
+  config = config.copy_and_resolve_references()
+  config.data.tokenizer = str(teacher.tokenizer_dir)
+  return config
+
+
+# ---------------------------------------------------------------------------------------------
 # The objectives.
 
 
-class _Distillation:
-  """What both objectives share: settings, the teacher, the student model and its init."""
+class DistillationBase(Objective):
+  """What both objectives share: the student model with its teacher, its init and its forward."""
   head = "mlm"
 
-  def _setup(self, config, num_labels: int = 0) -> None:
-    self.settings = Settings.from_config(config)
-    self.teacher = Teacher(self.settings.teacher, self.head, config.model.dtype, num_labels,
-                           config.model.kernels)
-    self.student_config: ModelConfig | None = None
-    self.init_sources: tuple[int, ...] = ()
+  def num_labels(self, config) -> int:
+    del config
+    return 0
 
-  def _check_student(self, student: ModelConfig) -> None:
-    """Student against teacher: vocabulary, layer_map, heads, and shapes for teacher_layers."""
-    t = self.teacher.config
-    where = f"distill.teacher={self.settings.teacher}"
-    if student.vocab_size != t.vocab_size:
-      fail(f"{where} has vocab_size {t.vocab_size} but the student's model.vocab_size is "
-           f"{student.vocab_size}; student and teacher must share one vocabulary: set "
-           f"--config.model.vocab_size={t.vocab_size} and use the teacher's tokenizer")
-    layer_map = parse_layer_map(self.settings.layer_map_text, student.num_hidden_layers,
-                                t.num_hidden_layers)
-    self.settings = dataclasses.replace(self.settings, layer_map=layer_map)
-    if self.settings.attention_weight and student.num_attention_heads != t.num_attention_heads:
-      fail(f"distill.attention_weight compares attention scores head by head, but the student has "
-           f"{student.num_attention_heads} heads and the teacher {t.num_attention_heads}; match "
-           "model.num_attention_heads or set --config.distill.attention_weight=0")
-    if self.settings.student_init == "teacher_layers":
-      for name in SHAPE_FIELDS:
-        mine, theirs = getattr(student, name), getattr(t, name)
-        if mine != theirs:
-          fail(f"student_init=teacher_layers copies the teacher's weights, but model.{name}="
-               f"{mine} differs from the teacher's {theirs}; match it or set "
-               "--config.distill.student_init=scratch")
-      self.init_sources = init_layer_sources(self.settings.init_layers_text, student.num_groups,
-                                             t.num_groups)
-    self.student_config = student
-
-  def _proj_layers(self, student: ModelConfig) -> tuple[int, ...]:
-    """hidden_states indices the student projects to the teacher's width (W_h)."""
-    layers = set()
-    if self.settings.hidden_weight:
-      layers |= {i + 1 for i, _ in self.settings.layer_map}
-    if self.settings.cosine_weight and student.hidden_size != self.teacher.config.hidden_size:
-      layers.add(student.num_hidden_layers)
-    return tuple(sorted(layers))
-
-  def _student_model(self, student: ModelConfig, num_labels: int = 0) -> DistillModel:
-    proj = self._proj_layers(student)
-    if self.settings.student_init == "teacher_layers":
+  def distillation(self, config, student: ModelConfig) -> Distillation:
+    """The student module and the loaded teacher, placed on the config's mesh."""
+    teacher = teacher_of(config, self.head, self.num_labels(config))
+    settings, sources = checked_settings(config, student, teacher)
+    batch = self.init_batch(config, 1, config.max_seq_length, config.max_predictions_per_seq)
+    teacher.load(sharding.make_mesh(config.mesh_shape), sharding.rules_from_config(config),
+                 self.model_inputs(batch))
+    proj = proj_layers(settings, student, teacher.config)
+    if settings.student_init == "teacher_layers":
       task_base.announce(
           f"distill: student layers 0..{student.num_groups - 1} start from teacher layers "
-          f"{list(self.init_sources)}, embeddings and {self.head} head copied"
+          f"{list(sources)}, embeddings and {self.head} head copied"
           + (", distill_proj fresh" if proj else ""))
-    return DistillModel(student, head=self.head, num_labels=num_labels, proj_layers=proj,
-                        proj_size=self.teacher.config.hidden_size)
+    model = DistillModel(student, head=self.head, num_labels=self.num_labels(config),
+                         proj_layers=proj, proj_size=teacher.config.hidden_size)
+    return Distillation(student=model, teacher=teacher, settings=settings, init_sources=sources)
 
-  def _load_teacher(self, config) -> None:
-    if self.teacher.params is None:
-      mesh = sharding.make_mesh(config.mesh_shape)
-      self.teacher.load(mesh, sharding.rules_from_config(config),
-                        self._teacher_init_inputs(config))
-
-  def _teacher_init_inputs(self, config) -> dict[str, Any]:
-    batch = self.init_batch(1, config.max_seq_length, config.max_predictions_per_seq)
-    return self.model_inputs(batch)
-
-  def _copy_teacher(self, boxed):
-    """The student's params with embeddings, head and the chosen layers taken from the teacher."""
-    teacher = flat_paths(self.teacher.params)
-    out = {}
-    for key, leaf in flat_paths(boxed).items():
-      parts = key.split("/")
-      if parts[0] == "distill_proj":
-        out[key] = leaf
-        continue
-      if len(parts) > 1 and parts[0] == "encoder" and parts[1].startswith("layer_"):
-        parts[1] = f"layer_{self.init_sources[int(parts[1][len('layer_'):])]}"
-      source = teacher.get("/".join(parts))
-      value = leaf.value if isinstance(leaf, nn.LogicallyPartitioned) else leaf
-      if source is None or tuple(source.shape) != tuple(value.shape):
-        fail(f"student_init=teacher_layers: the teacher has no {'/'.join(parts)} of shape "
-             f"{tuple(value.shape)}; set --config.distill.student_init=scratch")
-      new = source.astype(value.dtype)
-      out[key] = leaf.replace_boxed(new) if isinstance(leaf, nn.LogicallyPartitioned) else new
-    return flax.traverse_util.unflatten_dict(out, sep="/")
-
-  def _init(self, model, rng, batch):
-    boxed = model.init(rng, **self.model_inputs(batch))["params"]
-    if self.settings.student_init == "teacher_layers":
-      self._load_teacher(self.config)
-      boxed = self._copy_teacher(boxed)
+  def init_params(self, model: Distillation, rng, batch):
+    boxed = model.student.init(rng, **self.model_inputs(batch))["params"]
+    if model.settings.student_init == "teacher_layers":
+      boxed = copy_teacher(boxed, model.teacher.params, model.init_sources)
     return boxed
 
-  def _forward(self, model, params, batch, rng, deterministic):
+  def forward(self, model: Distillation, params, batch, rng, deterministic):
     """(student outputs, teacher outputs) on a batch; the teacher is traced into the caller."""
-    self._load_teacher(self.config)
-    s = self.settings
+    s = model.settings
     inputs = self.model_inputs(batch)
-    student = model.apply({"params": params}, **inputs, deterministic=deterministic,
-                          output_hidden_states=s.uses_hidden,
-                          output_attentions=s.uses_attention, rngs={"dropout": rng})
-    teacher = self.teacher(inputs, s.uses_hidden, s.uses_attention)
-    return student, teacher
-
-  def _prepare_tokenizer(self, config, allowed: bool) -> None:
-    """Uses the teacher's tokenizer unless the config names one (or data that has its own)."""
-    if allowed and not config.data.tokenizer and self.teacher.tokenizer_dir is not None:
-      config.data.tokenizer = str(self.teacher.tokenizer_dir)
-      task_base.announce(f"distill: tokenizing with the teacher's tokenizer "
-                         f"{self.teacher.tokenizer_dir}")
+    student = model.student.apply({"params": params}, **inputs, deterministic=deterministic,
+                                  output_hidden_states=s.uses_hidden,
+                                  output_attentions=s.uses_attention, rngs={"dropout": rng})
+    return student, model.teacher(inputs, s.uses_hidden, s.uses_attention)
 
 
-class Distill(_Distillation, Objective):
+class Distill(DistillationBase):
   """DistilBERT / TinyBERT general distillation: MLM on full segments, no NSP."""
   name = "distill"
   data_kind = "full"
@@ -193,59 +215,58 @@ class Distill(_Distillation, Objective):
     distill_settings = settings.get("distill") or {}
     return "soft_kl" if distill_settings.get("soft_weight") else "loss"
 
-  def __init__(self, config):
-    super().__init__(config)
-    self._setup(config)
-    # Everything checkable without data is checked here, before any corpus is prepared.
-    self._check_student(ModelConfig.from_dict(config.model.to_dict()))
+  def check(self, config) -> None:
+    # Everything checkable without data is checked before any corpus is prepared.
+    checked_settings(config, ModelConfig.from_dict(config.model.to_dict()),
+                     teacher_of(config, self.head))
 
   def build_inputs(self, config, workdir):
-    self._prepare_tokenizer(config, allowed=not config.data_dir and not config.data.synthetic)
+    teacher = teacher_of(config, self.head)
+    config = with_teacher_tokenizer(config, teacher,
+                                    allowed=not config.data_dir and not config.data.synthetic)
     data = super().build_inputs(config, workdir)
-    check_tokenizers(data.tokenizer, self.teacher)
+    check_tokenizers(data.tokenizer, teacher)
     return data
 
-  def make_model(self, model_config):
-    self._check_student(model_config)
-    self._load_teacher(self.config)
-    return self._student_model(model_config)
-
-  def init_params(self, model, rng, batch):
-    return self._init(model, rng, batch)
+  def make_model(self, config, model_config):
+    return self.distillation(config, model_config)
 
   def denominators(self, batch):
     return distill_denominators(batch["attention_mask"], batch["masked_weights"])
 
   def loss(self, model, params, batch, rng, denominators, deterministic):
-    student, teacher = self._forward(model, params, batch, rng, deterministic)
+    student, teacher = self.forward(model, params, batch, rng, deterministic)
     return distillation_terms(student, teacher, batch["masked_ids"], batch["masked_weights"],
-                              batch["attention_mask"], denominators, self.settings,
+                              batch["attention_mask"], denominators, model.settings,
                               hard_prefix="mlm")
 
 
-class DistillGlue(_Distillation, Objective):
+class DistillGlue(DistillationBase):
   """Task distillation on a GLUE task (`config.task`): GlueTask's data and evaluation, a
   fine-tuned teacher's predictions as soft targets."""
   name = "distill_glue"
   data_kind = "task"
   head = "classifier"
+  task = glue_task.GlueTask()
 
   @classmethod
   def main_metric(cls, settings) -> str:
     return glue_task.GlueTask.main_metric(settings)
 
-  def __init__(self, config):
-    super().__init__(config)
-    self.task = glue_task.GlueTask(config)
-    self._setup(config, num_labels=self.task.task.num_labels)
+  def num_labels(self, config) -> int:
+    return glue_task.task_of(config).num_labels
+
+  def check(self, config) -> None:
+    self.task.check(config)
     if not config.init_from:  # else the student's architecture is init_from's: checked later
-      self._check_student(ModelConfig.from_dict(config.model.to_dict()))
+      checked_settings(config, ModelConfig.from_dict(config.model.to_dict()),
+                       teacher_of(config, self.head, self.num_labels(config)))
 
   def build_inputs(self, config, workdir):
-    self.config = config
-    self._prepare_tokenizer(config, allowed=not config.init_from)
+    teacher = teacher_of(config, self.head, self.num_labels(config))
+    config = with_teacher_tokenizer(config, teacher, allowed=not config.init_from)
     data = self.task.build_inputs(config, workdir)
-    check_tokenizers(data.tokenizer, self.teacher)
+    check_tokenizers(data.tokenizer, teacher)
     return data
 
   def schedule(self, config, data):
@@ -253,32 +274,31 @@ class DistillGlue(_Distillation, Objective):
 
   def model_config(self, config):
     cfg = self.task.model_config(config)
-    self._check_student(cfg)
+    checked_settings(config, cfg, teacher_of(config, self.head, self.num_labels(config)))
     return cfg
 
-  def make_model(self, model_config):
-    self.task.make_model(model_config)  # the plain classifier GlueTask predicts with
-    self._load_teacher(self.config)
-    return self._student_model(model_config, self.task.task.num_labels)
+  def make_model(self, config, model_config):
+    model = self.distillation(config, model_config)
+    # GLUE's plain classifier predicts for evaluation; it ignores the student's distill_proj.
+    return dataclasses.replace(model, classifier=self.task.make_model(config, model_config))
 
-  def init_batch(self, batch_size, seq_len, num_predictions):
-    return self.task.init_batch(batch_size, seq_len, num_predictions)
+  def init_batch(self, config, batch_size, seq_len, num_predictions):
+    return self.task.init_batch(config, batch_size, seq_len, num_predictions)
 
   def model_inputs(self, batch):
     return self.task.model_inputs(batch)
-
-  def init_params(self, model, rng, batch):
-    return self._init(model, rng, batch)
 
   def denominators(self, batch):
     return distill_denominators(batch["attention_mask"], batch["weight"])
 
   def loss(self, model, params, batch, rng, denominators, deterministic):
-    student, teacher = self._forward(model, params, batch, rng, deterministic)
+    student, teacher = self.forward(model, params, batch, rng, deterministic)
     return distillation_terms(student, teacher, batch["label"], batch["weight"],
-                              batch["attention_mask"], denominators, self.settings,
-                              hard_prefix="task", regression=self.task.regression)
+                              batch["attention_mask"], denominators, model.settings,
+                              hard_prefix="task", regression=model.student.num_labels == 1)
 
-  def evaluate(self, params, context):
-    # GlueTask's model ignores the student's extra distill_proj params.
-    return self.task.evaluate(params, context)
+  def predictions(self, model, params, batch):
+    return self.task.predictions(model.classifier, params, batch)
+
+  def evaluate(self, config, params, context):
+    return self.task.evaluate(config, params, context)

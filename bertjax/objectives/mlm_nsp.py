@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from bertjax.models.pretraining import PretrainingModel
 from bertjax.objective import Objective, classification_terms, masked_lm_terms
 
 
@@ -16,16 +15,12 @@ class MlmNsp(Objective):
   pair_name = "nsp"
   output_rows_per_prediction = 1
 
-  def make_model(self, model_config):
-    return PretrainingModel(model_config, pair_head=self.pair_head)
-
   def denominators(self, batch):
-    return {"mlm": jnp.maximum(jnp.sum(batch["masked_weights"].astype(jnp.float32)), 1.0),
+    return {**super().denominators(batch),
             "pair": jnp.asarray(batch["input_ids"].shape[0], jnp.float32)}
 
   def loss(self, model, params, batch, rng, denominators, deterministic):
-    out = model.apply({"params": params}, **self.model_inputs(batch), deterministic=deterministic,
-                      rngs={"dropout": rng})
+    out = self.apply(model, params, batch, rng, deterministic)
     loss, metrics = masked_lm_terms(out["mlm_logits"], batch["masked_ids"], batch["masked_weights"],
                                     denominators["mlm"])
     if self.pair_head:

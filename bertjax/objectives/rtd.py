@@ -36,10 +36,11 @@ class Rtd(Objective):
   def masking_kwargs(self, config) -> dict[str, Any]:
     return {**super().masking_kwargs(config), "replace_probs": ELECTRA_REPLACE_PROBS}
 
-  def make_model(self, model_config):
-    e = self.config.electra
+  def make_model(self, config, model_config):
+    e = config.electra
     return ElectraPretrainingModel(model_config, generator_config(
-        model_config, e.generator_hidden_fraction, e.generator_layer_fraction))
+        model_config, e.generator_hidden_fraction, e.generator_layer_fraction),
+        disc_weight=float(e.disc_weight))
 
   def init_params(self, model, rng, batch):
     return model.init({"params": rng, "sample": jax.random.fold_in(rng, 1)},
@@ -51,7 +52,7 @@ class Rtd(Objective):
     return {k: batch[k] for k in keys}
 
   def denominators(self, batch):
-    return {"mlm": jnp.maximum(jnp.sum(batch["masked_weights"].astype(jnp.float32)), 1.0),
+    return {**super().denominators(batch),
             "tokens": jnp.maximum(jnp.sum(batch["attention_mask"].astype(jnp.float32)), 1.0)}
 
   def loss(self, model, params, batch, rng, denominators, deterministic):
@@ -62,7 +63,7 @@ class Rtd(Objective):
                                         batch["masked_weights"], denominators["mlm"])
     disc_loss, disc_metrics = rtd_terms(out["rtd_logits"], out["rtd_labels"],
                                         batch["attention_mask"], denominators["tokens"])
-    return gen_loss + self.config.electra.disc_weight * disc_loss, {**metrics, **disc_metrics}
+    return gen_loss + model.disc_weight * disc_loss, {**metrics, **disc_metrics}
 
 
 def rtd_terms(logits, labels, attention_mask, denominator) -> tuple[jax.Array, dict]:

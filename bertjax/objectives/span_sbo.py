@@ -68,11 +68,12 @@ class SpanSbo(Objective):
            f"leave it empty")
     return kwargs
 
-  def make_model(self, model_config):
+  def make_model(self, config, model_config):
+    del config
     return SpanBertModel(model_config)
 
-  def init_batch(self, batch_size, seq_len, num_predictions):
-    batch = super().init_batch(batch_size, seq_len, num_predictions)
+  def init_batch(self, config, batch_size, seq_len, num_predictions):
+    batch = super().init_batch(config, batch_size, seq_len, num_predictions)
     for key in SPAN_KEYS:
       batch[key] = jnp.zeros((batch_size, num_predictions), jnp.int32)
     return batch
@@ -80,12 +81,8 @@ class SpanSbo(Objective):
   def model_inputs(self, batch):
     return {**super().model_inputs(batch), **{k: batch[k] for k in SPAN_KEYS}}
 
-  def denominators(self, batch):
-    return {"mlm": jnp.maximum(jnp.sum(batch["masked_weights"].astype(jnp.float32)), 1.0)}
-
   def loss(self, model, params, batch, rng, denominators, deterministic):
-    out = model.apply({"params": params}, **self.model_inputs(batch), deterministic=deterministic,
-                      rngs={"dropout": rng})
+    out = self.apply(model, params, batch, rng, deterministic)
     mlm_loss, metrics = masked_lm_terms(out["mlm_logits"], batch["masked_ids"],
                                         batch["masked_weights"], denominators["mlm"])
     sbo_loss, sbo_metrics = masked_lm_terms(out["sbo_logits"], batch["masked_ids"],

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bertjax import checkpoints, config_lib, paths, sharding, train
+from bertjax import checkpoints, config_lib, eval_context, paths, sharding, train
 from bertjax.convert import sources
 from bertjax.errors import fail, read_text
 from bertjax.models.config import ModelConfig
@@ -80,11 +80,9 @@ class Session:
 
   def evaluate(self, cfg: ModelConfig, params, where: pathlib.Path) -> dict[str, float]:
     """The task's dev metrics of `params` (predictions written under `where`)."""
-    model = self.objective.make_model(cfg)
-    eval_step = jax.jit(train.make_eval_step(self.objective, model))
-    context = train.EvalContext(mesh=self.mesh, rules=self.rules, workdir=where, step=0,
-                                total_steps=1, eval_step=eval_step, batches=self.data.eval_batches)
-    metrics = self.objective.evaluate(params, context)
+    context = eval_context.standalone(self.config, self.objective, cfg, self.data, where,
+                                      self.mesh)
+    metrics = self.objective.evaluate(self.config, params, context)
     if self.metric not in metrics:
       fail(f"--metric {self.metric} is not a dev metric of this task; choose one of "
            f"{', '.join(sorted(metrics))}")
@@ -98,9 +96,9 @@ class Session:
     """Labelled dev batches for the importance scores: the dev rows with the gold labels their
     evaluation keeps on the host (GLUE). A task whose dev rows have no such labels (SQuAD,
     CoNLL) is scored on as many training batches instead, which is said."""
-    spec = self.objective.feature_spec(self.config.max_seq_length)
+    spec = self.objective.feature_spec(self.config, self.config.max_seq_length)
     size = int(self.config.get("eval_batch_size", 0) or self.config.batch_size)
-    sets = self.objective.eval_sets
+    sets = self.data.eval_sets
     if "label" in spec and all("labels" in e.meta for e in sets):
       out = []
       for e in sets:
@@ -115,7 +113,7 @@ class Session:
 
   def loss_fn(self, cfg: ModelConfig):
     """(params, host batch) -> the task's deterministic dev loss (what importance differentiates)."""
-    model = self.objective.make_model(cfg)
+    model = self.objective.make_model(self.config, cfg)
 
     def loss(params, batch):
       batch = jax.tree.map(jnp.asarray, batch)

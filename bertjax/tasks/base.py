@@ -28,11 +28,10 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import flax.linen as nn
 import jax
-from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import checkpoints, config_checks, inputs, paths, run_plan
+from bertjax import checkpoints, config_checks, inputs, paths
 from bertjax.data import tokenizers
 from bertjax.errors import fail
 from bertjax.models.config import ModelConfig
@@ -203,12 +202,6 @@ def padded_batches(arrays: Mapping[str, np.ndarray], batch_size: int, process_in
     yield batch, valid
 
 
-def _to_host(x: jax.Array) -> np.ndarray:
-  if jax.process_count() > 1:
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-  return np.asarray(jax.device_get(x))
-
-
 # ---------------------------------------------------------------------------------------------
 # Data sources.
 
@@ -267,33 +260,37 @@ def shared_data_dir(*parts: str) -> str:
 # The task objective.
 
 
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+  """What a task's `prepare` read: its training rows, its dev (and test) sets and the tokenizer
+  they were encoded with; `details` holds task-specific counts for the log."""
+  train: dict[str, np.ndarray]
+  eval_sets: list[EvalSet]
+  tokenizer: tokenizers.Tokenizer
+  test_sets: list[EvalSet] = dataclasses.field(default_factory=list)
+  details: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
 class TaskObjective(Objective):
   """Common parts of GLUE, SQuAD and NER; subclasses define data, model, loss and evaluation.
 
-  Subclasses implement `prepare(config, workdir) -> (train arrays, [EvalSet])` (setting
-  `self.tokenizer` via `load_tokenizer`), `build_model`, `feature_spec`, `outputs`
-  (per-row loss and predictions, used both by `loss` and by evaluation) and `evaluate`.
+  Subclasses implement `prepare(config, workdir) -> Prepared` (the tokenizer from
+  `load_tokenizer`), `build_model(config, model_config)`, `feature_spec(config, seq_len)`,
+  `outputs` (per-row loss and predictions, used both by `loss` and by evaluation) and
+  `evaluate(config, params, context)`, which reads the prepared sets from `context.data`.
   """
   data_kind = "task"
   feature_heads = True  # config.head and config.freeze apply (models/features.py, freezing.py)
 
-  def __init__(self, config):
-    super().__init__(config)
-    self.tokenizer: tokenizers.Tokenizer | None = None
-    self.eval_sets: list[EvalSet] = []
-    self.model: nn.Module | None = None
-    self.workdir: paths.Path | None = None
-    self._forward = None
-
   # -- what subclasses define ------------------------------------------------------------------
 
-  def prepare(self, config, workdir: paths.Path) -> tuple[dict[str, np.ndarray], list[EvalSet]]:
+  def prepare(self, config, workdir: paths.Path) -> Prepared:
     raise NotImplementedError
 
-  def build_model(self, model_config: ModelConfig) -> nn.Module:
+  def build_model(self, config, model_config: ModelConfig) -> nn.Module:
     raise NotImplementedError
 
-  def feature_spec(self, seq_len: int) -> dict[str, tuple[tuple[int, ...], Any]]:
+  def feature_spec(self, config, seq_len: int) -> dict[str, tuple[tuple[int, ...], Any]]:
     """Per-row shape and dtype of every training array except MODEL_INPUTS and weight."""
     raise NotImplementedError
 
@@ -320,23 +317,15 @@ class TaskObjective(Objective):
                                   f"init_from={config.init_from}" if config.init_from else "")
     return cfg
 
-  def head_options(self) -> dict[str, Any]:
-    """`config.head` as the classifiers' fields: what the head reads and how it pools."""
-    head = self.config.get("head") if self.config is not None else None
-    if head is None:
-      return {}
-    return {"features": head.features, "layers": tuple(head.layers), "pooling": head.pooling}
+  def make_model(self, config, model_config: ModelConfig) -> nn.Module:
+    return self.build_model(config, model_config)
 
-  def make_model(self, model_config: ModelConfig) -> nn.Module:
-    self.model = self.build_model(model_config)
-    self._forward = None
-    return self.model
-
-  def init_batch(self, batch_size: int, seq_len: int, num_predictions: int) -> dict[str, Any]:
+  def init_batch(self, config, batch_size: int, seq_len: int,
+                 num_predictions: int) -> dict[str, Any]:
     del num_predictions
     batch = {k: jnp.zeros((batch_size, seq_len), jnp.int32) for k in MODEL_INPUTS}
     batch["weight"] = jnp.zeros((batch_size,), jnp.float32)
-    for k, (shape, dtype) in self.feature_spec(seq_len).items():
+    for k, (shape, dtype) in self.feature_spec(config, seq_len).items():
       batch[k] = jnp.zeros((batch_size, *shape), dtype)
     return batch
 
@@ -350,13 +339,17 @@ class TaskObjective(Objective):
     out = self.outputs(model, params, batch, rng, deterministic)
     return jnp.sum(out["loss"]) / denominators["loss"], out["metrics"]
 
+  def predictions(self, model, params, batch) -> dict[str, jax.Array]:
+    out = self.outputs(model, params, batch, jax.random.key(0), deterministic=True)
+    out.pop("metrics", None)
+    return out
+
   def build_inputs(self, config, workdir) -> inputs.Inputs:
-    self.config = config
-    self.workdir = paths.as_path(workdir)
-    train_arrays, self.eval_sets = self.prepare(config, self.workdir)
-    for s in self.eval_sets:
+    prepared = self.prepare(config, paths.as_path(workdir))
+    for s in prepared.eval_sets:
       if s.num_rows == 0:
         fail(f"the {s.name} set of {self.name} has no examples; check the data files")
+    train_arrays = dict(prepared.train)
     n = num_rows(train_arrays)
     train_arrays["weight"] = np.ones((n,), np.float32)
     train = FeatureIterator(train_arrays, config.batch_size, config.seed, jax.process_index(),
@@ -367,14 +360,16 @@ class TaskObjective(Objective):
     def eval_batches() -> Iterator[dict[str, np.ndarray]]:
       # The generic view of the eval rows (the trainer's default evaluation reads these);
       # this task's own `evaluate` decodes EvalSets directly.
-      for s in self.eval_sets:
+      for s in prepared.eval_sets:
         for batch, _ in padded_batches(s.arrays, size, jax.process_index(), jax.process_count()):
           yield batch
 
     return inputs.Inputs(train=train, eval_batches=eval_batches,
-                         vocab_size=self.tokenizer.vocab_size, tokenizer=self.tokenizer,
+                         vocab_size=prepared.tokenizer.vocab_size, tokenizer=prepared.tokenizer,
                          num_train_rows=n,
-                         num_eval_batches=sum(-(-s.num_rows // size) for s in self.eval_sets))
+                         num_eval_batches=sum(-(-s.num_rows // size) for s in prepared.eval_sets),
+                         eval_sets=tuple(prepared.eval_sets),
+                         test_sets=tuple(prepared.test_sets), details=dict(prepared.details))
 
   def schedule(self, config, data: inputs.Inputs) -> Schedule:
     return derive_schedule(config, data.num_train_rows, self.name)
@@ -385,46 +380,32 @@ class TaskObjective(Objective):
                      train_texts: Callable[[], Iterable[str]]) -> tokenizers.Tokenizer:
     """data.tokenizer, else init_from's tokenizer/, else one trained on the task's text."""
     if config.data.tokenizer:
-      tok = tokenizers.load_tokenizer(os.path.expanduser(config.data.tokenizer))
-    elif config.init_from:
-      tok = tokenizers.load_tokenizer(checkpoints.tokenizer_dir(config.init_from))
-    elif (workdir / "tokenizer").is_dir():  # a resumed run keeps the vocabulary it trained
-      tok = tokenizers.load_tokenizer(paths.reading(workdir / "tokenizer"))
-    else:
-      texts = iter(train_texts())
-      first = next((t for t in texts if t.strip()), None)
-      if first is None:
-        fail(f"{self.name}: the training data has no text to train a tokenizer on; fill the "
-             "training file, or set --config.data.tokenizer (or --config.init_from)")
-      announce(f"{self.name}: no init_from or data.tokenizer; training a sentencepiece tokenizer "
-               f"(vocab {config.data.vocab_size}) on the training text")
-      tok = tokenizers.train_sentencepiece(itertools.chain([first], texts), None,
-                                           vocab_size=config.data.vocab_size, seed=config.seed,
-                                           flag="--config.data.vocab_size")
-    self.tokenizer = tok
-    return tok
-
-  def forward(self, params, batch, context) -> dict[str, np.ndarray]:
-    """The jitted deterministic forward of one host batch, gathered to host numpy."""
-    if self._forward is None:
-      def fwd(params, batch):
-        out = self.outputs(self.model, params, batch, jax.random.key(0), deterministic=True)
-        out.pop("metrics", None)
-        return out
-      self._forward = jax.jit(fwd)
-    with jax.set_mesh(context.mesh), nn.logical_axis_rules(context.rules):
-      out = self._forward(params, context.shard(batch))
-    return {k: _to_host(v) for k, v in out.items()}
+      return tokenizers.load_tokenizer(os.path.expanduser(config.data.tokenizer))
+    if config.init_from:
+      return tokenizers.load_tokenizer(checkpoints.tokenizer_dir(config.init_from))
+    if (workdir / "tokenizer").is_dir():  # a resumed run keeps the vocabulary it trained
+      return tokenizers.load_tokenizer(paths.reading(workdir / "tokenizer"))
+    texts = iter(train_texts())
+    first = next((t for t in texts if t.strip()), None)
+    if first is None:
+      fail(f"{self.name}: the training data has no text to train a tokenizer on; fill the "
+           "training file, or set --config.data.tokenizer (or --config.init_from)")
+    announce(f"{self.name}: no init_from or data.tokenizer; training a sentencepiece tokenizer "
+             f"(vocab {config.data.vocab_size}) on the training text")
+    return tokenizers.train_sentencepiece(itertools.chain([first], texts), None,
+                                          vocab_size=config.data.vocab_size, seed=config.seed,
+                                          flag="--config.data.vocab_size")
 
   def predict(self, params, context, eval_set: EvalSet) -> dict[str, np.ndarray]:
-    """`outputs` of every row of `eval_set`, in row order (padding rows removed)."""
-    size = run_plan.eval_batch_size(self.config, context.mesh)
+    """`predictions` of every row of `eval_set`, in row order (padding rows removed), from the
+    trainer's jitted `context.predict`."""
+    size = context.eval_batch_size
     chunks: list[dict[str, np.ndarray]] = []
     lines = context.progress(f"eval {eval_set.name} at step {context.step}:",
                              -(-eval_set.num_rows // size))
     for batch, valid in padded_batches(eval_set.arrays, size, jax.process_index(),
                                        jax.process_count()):
-      out = self.forward(params, batch, context)  # on the host: the line times finished work
+      out = context.predict(params, batch)  # on the host: the line times finished work
       chunks.append({k: v[valid] for k, v in out.items()})
       lines.update(len(chunks))
     result = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
@@ -442,6 +423,14 @@ class TaskObjective(Objective):
 
   def is_final(self, context) -> bool:
     return context.step >= context.total_steps
+
+
+def head_options(config) -> dict[str, Any]:
+  """`config.head` as the classifiers' fields: what the head reads and how it pools."""
+  head = config.get("head") if config is not None else None
+  if head is None:
+    return {}
+  return {"features": head.features, "layers": tuple(head.layers), "pooling": head.pooling}
 
 
 def derive_schedule(config, num_train: int, what: str) -> Schedule:

@@ -180,58 +180,37 @@ class GlueTask(base.TaskObjective):
     del settings
     return "score"
 
-  def __init__(self, config):
-    super().__init__(config)
-    task = config.get("task", "")
-    if task not in TASKS:
-      fail(f"unknown GLUE task {task!r}; set --config.task to one of {', '.join(TASKS)}")
-    self.task = glue.get_task(task)
-    self.test_sets: list[base.EvalSet] = []
-
-  @property
-  def regression(self) -> bool:
-    return self.task.is_regression
+  def check(self, config) -> None:
+    task_of(config)
 
   # -- data --------------------------------------------------------------------------------------
 
   def prepare(self, config, workdir):
-    task = self.task.name
+    task = task_of(config).name
+    regression = task_of(config).is_regression
     all_rows = read_rows(config, Split("", task, f"glue/{task}", "train"), "train", True)
     train_rows = all_rows[:config.max_train_examples or None]
     # A tokenizer trained here sees all the training text, not only the rows kept for training.
     tok = self.load_tokenizer(
         config, workdir,
         lambda: (s for r in all_rows for s in (r["sentence1"], r["sentence2"]) if s))
-    train, truncated = encode_rows(tok, train_rows, config.max_seq_length, self.regression)
+    train, truncated = encode_rows(tok, train_rows, config.max_seq_length, regression)
     base.announce(f"glue {task}: {len(train_rows)} training examples ({truncated} truncated to "
                   f"max_seq_length {config.max_seq_length})")
-    eval_sets = [self._eval_set(config, spec, "dev", read_rows(config, spec, "dev", True))
+    eval_sets = [eval_set(config, tok, spec, "dev", read_rows(config, spec, "dev", True))
                  for spec in dev_splits(task)]
-    self.test_sets = []
-    for spec in test_splits(task):
-      rows = read_rows(config, spec, "test", False)
-      if rows:
-        self.test_sets.append(self._eval_set(config, spec, "test", rows))
-    return train, eval_sets
-
-  def _eval_set(self, config, spec: Split, split: str, rows) -> base.EvalSet:
-    arrays, truncated = encode_rows(self.tokenizer, rows, config.max_seq_length, self.regression)
-    del arrays["label"]  # scored on the host, from the file's own values (not float32 copies)
-    labels = np.asarray([r["label"] if r["label"] is not None else 0 for r in rows],
-                        np.float64 if self.regression else np.int64)
-    base.announce(f"glue {spec.task} {split}: {len(rows)} examples ({truncated} truncated)")
-    return base.EvalSet(name=f"{spec.task} {split}", arrays=arrays,
-                        meta={"spec": spec, "labels": labels,
-                              "idx": [r["idx"] for r in rows]})
+    test_sets = [eval_set(config, tok, spec, "test", rows) for spec in test_splits(task)
+                 if (rows := read_rows(config, spec, "test", False))]
+    return base.Prepared(train=train, eval_sets=eval_sets, tokenizer=tok, test_sets=test_sets)
 
   # -- model and loss ------------------------------------------------------------------------------
 
-  def build_model(self, model_config):
-    return classifiers.SequenceClassifier(model_config, num_labels=self.task.num_labels,
-                                          **self.head_options())
+  def build_model(self, config, model_config):
+    return classifiers.SequenceClassifier(model_config, num_labels=task_of(config).num_labels,
+                                          **base.head_options(config))
 
-  def feature_spec(self, seq_len):
-    return {"label": ((), jnp.float32 if self.regression else jnp.int32)}
+  def feature_spec(self, config, seq_len):
+    return {"label": ((), jnp.float32 if task_of(config).is_regression else jnp.int32)}
 
   def outputs(self, model, params, batch, rng, deterministic):
     logits = model.apply({"params": params}, **self.model_inputs(batch),
@@ -242,7 +221,7 @@ class GlueTask(base.TaskObjective):
       out["loss"] = jnp.zeros_like(w)
       out["metrics"] = {}
       return out
-    if self.regression:
+    if model.num_labels == 1:  # regression (stsb)
       per_row = jnp.square(logits[:, 0] - batch["label"].astype(jnp.float32)) * w
       out["metrics"] = {"mse": (jnp.sum(per_row), jnp.sum(w))}
     else:
@@ -255,31 +234,20 @@ class GlueTask(base.TaskObjective):
 
   # -- evaluation ----------------------------------------------------------------------------------
 
-  def _predictions(self, logits: np.ndarray) -> np.ndarray:
-    return logits[:, 0].astype(np.float64) if self.regression else logits.argmax(-1)
-
-  def _dev_loss(self, logits: np.ndarray, labels: np.ndarray) -> float:
-    if self.regression:
-      return float(np.mean(np.square(logits[:, 0].astype(np.float64) - labels)))
-    z = logits.astype(np.float64)
-    z = z - z.max(-1, keepdims=True)
-    log_probs = z - np.log(np.exp(z).sum(-1, keepdims=True))
-    return float(-np.mean(log_probs[np.arange(len(labels)), labels]))
-
-  def evaluate(self, params, context) -> dict[str, float]:
+  def evaluate(self, config, params, context) -> dict[str, float]:
     out_dir = self.output_dir(context)
     metrics: dict[str, float] = {}
     scores = []
     lines = []
-    for s in self.eval_sets:
+    for s in context.data.eval_sets:
       spec, t = s.meta["spec"], glue.get_task(s.meta["spec"].task)
       logits = self.predict(params, context, s)["logits"]
-      preds = self._predictions(logits)
+      preds = predictions_of(logits)
       m = glue.glue_metrics(t.name, preds, s.meta["labels"])
       scores.append(glue.glue_task_score(t.name, m))
       prefix = f"{spec.key}_" if spec.key else ""
       metrics.update({prefix + k: v for k, v in m.items()})
-      metrics[prefix + "loss"] = self._dev_loss(logits, s.meta["labels"])
+      metrics[prefix + "loss"] = dev_loss(logits, s.meta["labels"])
       metrics[prefix + "examples"] = len(preds)
       path = out_dir / "dev" / t.leaderboard_file
       if jax.process_index() == 0:
@@ -289,16 +257,51 @@ class GlueTask(base.TaskObjective):
                    + f" ({len(preds)} examples) -> {path}")
     metrics["score"] = float(np.mean(scores))
     if self.is_final(context):
-      for s in self.test_sets:
+      for s in context.data.test_sets:
         t = glue.get_task(s.meta["spec"].task)
-        preds = self._predictions(self.predict(params, context, s)["logits"])
+        preds = predictions_of(self.predict(params, context, s)["logits"])
         path = out_dir / "test" / t.leaderboard_file
         if jax.process_index() == 0:
           path.parent.mkdir(parents=True, exist_ok=True)
           glue.write_predictions_tsv(path, preds, t.name, indices=s.meta["idx"])
         lines.append(f"{t.name} test: {len(preds)} predictions -> {path}")
-    base.write_json(out_dir / "metrics.json", {"step": context.step, "task": self.task.name,
-                                               **metrics})
+    base.write_json(out_dir / "metrics.json",
+                    {"step": context.step, "task": task_of(config).name, **metrics})
     for line in lines:
       base.announce(f"step {context.step}: {line}")
     return metrics
+
+
+def task_of(config) -> glue.GlueTask:
+  """`config.task`'s GLUE task, refused in one line when it is not one."""
+  task = config.get("task", "")
+  if task not in TASKS:
+    fail(f"unknown GLUE task {task!r}; set --config.task to one of {', '.join(TASKS)}")
+  return glue.get_task(task)
+
+
+def eval_set(config, tokenizer, spec: Split, split: str, rows) -> base.EvalSet:
+  """One dev or test split, encoded; its labels stay on the host as the file gives them."""
+  regression = glue.get_task(spec.task).is_regression
+  arrays, truncated = encode_rows(tokenizer, rows, config.max_seq_length, regression)
+  del arrays["label"]  # scored on the host, from the file's own values (not float32 copies)
+  labels = np.asarray([r["label"] if r["label"] is not None else 0 for r in rows],
+                      np.float64 if regression else np.int64)
+  base.announce(f"glue {spec.task} {split}: {len(rows)} examples ({truncated} truncated)")
+  return base.EvalSet(name=f"{spec.task} {split}", arrays=arrays,
+                      meta={"spec": spec, "labels": labels, "idx": [r["idx"] for r in rows]})
+
+
+def predictions_of(logits: np.ndarray) -> np.ndarray:
+  """Class ids, or the score of a one-output (regression) head."""
+  return logits[:, 0].astype(np.float64) if logits.shape[-1] == 1 else logits.argmax(-1)
+
+
+def dev_loss(logits: np.ndarray, labels: np.ndarray) -> float:
+  """The dev set's mean loss: squared error (regression) or cross-entropy, in float64."""
+  if logits.shape[-1] == 1:
+    return float(np.mean(np.square(logits[:, 0].astype(np.float64) - labels)))
+  z = logits.astype(np.float64)
+  z = z - z.max(-1, keepdims=True)
+  log_probs = z - np.log(np.exp(z).sum(-1, keepdims=True))
+  return float(-np.mean(log_probs[np.arange(len(labels)), labels]))

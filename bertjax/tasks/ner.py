@@ -159,49 +159,32 @@ class TaggingTask(base.TaskObjective):
     """Entity F1 for NER, token accuracy for POS, over the whole dev set."""
     return "f1" if settings.get("task", "ner") == "ner" else "accuracy"
 
-  def __init__(self, config):
-    super().__init__(config)
-    task = config.get("task", "ner")
-    if task not in LABELS:
-      fail(f"unknown tagging task {task!r}; set --config.task to ner or pos")
-    self.task = task
-    self.labels = LABELS[task]
-    self.test_sets: list[base.EvalSet] = []
+  def check(self, config) -> None:
+    task_of(config)
 
   def prepare(self, config, workdir):
-    everything, train_from = read_sentences(config, self.task, "train")
+    task = task_of(config)
+    everything, train_from = read_sentences(config, task, "train")
     train = everything[:config.max_train_examples or None]
     tok = self.load_tokenizer(config, workdir, lambda: (" ".join(w) for w, _ in everything))
-    if self.task == "ner" and tok.lowercase:
+    if task == "ner" and tok.lowercase:
       # Capitals are the strongest entity cue: an uncased model loses them (configs/ner.py).
       _log.warning("ner: the tokenizer lower-cases its input (%s); NER needs a cased one: "
                    "fine-tune a cased checkpoint (e.g. bert-base-cased)",
                    config.data.tokenizer or config.init_from or "trained with --lowercase")
-    arrays, _, _ = tag_features(tok, train, self.labels, config.max_seq_length)
-    base.announce(f"{self.task} train ({train_from}): {len(train)} sentences -> "
+    arrays, _, _ = tag_features(tok, train, LABELS[task], config.max_seq_length)
+    base.announce(f"{task} train ({train_from}): {len(train)} sentences -> "
                   f"{base.num_rows(arrays)} rows")
-    dev = self._eval_set(config, "dev", read_sentences(config, self.task, "dev"))
-    self.test_sets = []
-    test = read_sentences(config, self.task, "test", required=False)
-    if test is not None and test[0]:
-      self.test_sets.append(self._eval_set(config, "test", test))
-    return arrays, [dev]
+    dev = eval_set(config, tok, "dev", read_sentences(config, task, "dev"))
+    test = read_sentences(config, task, "test", required=False)
+    test_sets = [eval_set(config, tok, "test", test)] if test is not None and test[0] else []
+    return base.Prepared(train=arrays, eval_sets=[dev], tokenizer=tok, test_sets=test_sets)
 
-  def _eval_set(self, config, split: str, data) -> base.EvalSet:
-    sentences, source = data
-    arrays, owner, word = tag_features(self.tokenizer, sentences, self.labels,
-                                       config.max_seq_length)
-    base.announce(f"{self.task} {split} ({source}): {len(sentences)} sentences -> "
-                  f"{base.num_rows(arrays)} rows")
-    return base.EvalSet(name=split, arrays=arrays,
-                        meta={"sentences": sentences, "owner": owner, "word": word,
-                              "source": source})
+  def build_model(self, config, model_config):
+    return classifiers.TokenClassifier(model_config, num_labels=len(LABELS[task_of(config)]),
+                                       **base.head_options(config))
 
-  def build_model(self, model_config):
-    return classifiers.TokenClassifier(model_config, num_labels=len(self.labels),
-                                       **self.head_options())
-
-  def feature_spec(self, seq_len):
+  def feature_spec(self, config, seq_len):
     return {"labels": ((seq_len,), jnp.int32), "label_weights": ((seq_len,), jnp.float32)}
 
   def loss_denominator(self, batch):
@@ -228,7 +211,7 @@ class TaggingTask(base.TaskObjective):
     for r in range(len(owner)):
       pos = np.flatnonzero(word[r] >= 0)
       for p in pos:
-        tags[owner[r]][word[r, p]] = self.labels[predicted[r, p]]
+        tags[owner[r]][word[r, p]] = eval_set.meta["labels"][predicted[r, p]]
     missing = sum(t is None for s in tags for t in s)
     if missing:  # a bug, never a user error: every word has a labelled position
       raise RuntimeError(f"{missing} words of the {eval_set.name} set got no prediction")
@@ -242,26 +225,27 @@ class TaggingTask(base.TaskObjective):
     metrics: dict[str, Any] = {"accuracy": float(out["correct"].sum()) / max(n_tokens, 1.0),
                                "loss": float(out["loss"].sum()) / max(n_tokens, 1.0),
                                "sentences": len(gold)}
-    if self.task == "ner":
+    if eval_set.meta["task"] == "ner":
       m = ner_eval.ner_metrics(gold, tags)
       metrics.update({k: m[k] for k in ("precision", "recall", "f1", "num_gold", "num_predicted",
                                         "num_correct")})
       metrics.update({f"f1_{t}": v["f1"] for t, v in m["per_type"].items()})
     return metrics, tags
 
-  def evaluate(self, params, context) -> dict[str, float]:
+  def evaluate(self, config, params, context) -> dict[str, float]:
+    task = task_of(config)
     out_dir = self.output_dir(context)
-    dev = self.eval_sets[0]
+    dev = context.data.eval_sets[0]
     metrics, tags = self._score(dev, params, context)
     path = out_dir / "dev_predictions.txt"
     if jax.process_index() == 0:
       ner_eval.write_ner_predictions(path, [w for w, _ in dev.meta["sentences"]], tags)
-    main = self.main_metric(self.config)
-    lines = [f"{self.task} dev {main} {metrics[main]:.4f} ({metrics['sentences']} sentences) "
+    main = self.main_metric(config)
+    lines = [f"{task} dev {main} {metrics[main]:.4f} ({metrics['sentences']} sentences) "
              f"-> {path}"]
-    record = {"step": context.step, "task": self.task, "dev": metrics}
+    record = {"step": context.step, "task": task, "dev": metrics}
     if self.is_final(context):
-      for s in self.test_sets:
+      for s in context.data.test_sets:
         test_metrics, test_tags = self._score(s, params, context)
         test_path = out_dir / "test_predictions.txt"
         if jax.process_index() == 0:
@@ -270,9 +254,29 @@ class TaggingTask(base.TaskObjective):
         record["test"] = test_metrics
         metrics.update({f"test_{k}": v for k, v in test_metrics.items()
                         if k in ("f1", "precision", "recall", "accuracy")})
-        lines.append(f"{self.task} test {main} {test_metrics[main]:.4f} "
+        lines.append(f"{task} test {main} {test_metrics[main]:.4f} "
                      f"({test_metrics['sentences']} sentences) -> {test_path}")
     base.write_json(out_dir / "metrics.json", record)
     for line in lines:
       base.announce(f"step {context.step}: {line}")
     return base.finite_metrics(metrics)
+
+
+def task_of(config) -> str:
+  """`config.task` (ner | pos), refused in one line when it is neither."""
+  task = config.get("task", "ner")
+  if task not in LABELS:
+    fail(f"unknown tagging task {task!r}; set --config.task to ner or pos")
+  return task
+
+
+def eval_set(config, tokenizer, split: str, data) -> base.EvalSet:
+  """The dev or test sentences as feature rows, with what decoding their tags needs."""
+  sentences, source = data
+  task = task_of(config)
+  arrays, owner, word = tag_features(tokenizer, sentences, LABELS[task], config.max_seq_length)
+  base.announce(f"{task} {split} ({source}): {len(sentences)} sentences -> "
+                f"{base.num_rows(arrays)} rows")
+  return base.EvalSet(name=split, arrays=arrays,
+                      meta={"sentences": sentences, "owner": owner, "word": word,
+                            "source": source, "task": task, "labels": LABELS[task]})

@@ -347,12 +347,11 @@ class SquadTask(base.TaskObjective):
     del settings
     return "f1"
 
-  def __init__(self, config):
-    super().__init__(config)
-    self.version = squad_eval.normalize_version(config.get("version", "1.1"))
-    self.report: dict[str, int] = {}
+  def check(self, config) -> None:
+    version_of(config)
 
   def prepare(self, config, workdir):
+    version = version_of(config)
     if config.doc_stride <= 0 or config.max_query_length <= 0 or config.max_answer_length <= 0:
       fail("doc_stride, max_query_length and max_answer_length must be positive; fix the config")
     if config.max_seq_length - config.max_query_length - 3 < 8:
@@ -374,11 +373,10 @@ class SquadTask(base.TaskObjective):
     tok = self.load_tokenizer(config, workdir, texts)
     featurizer = Featurizer(tok, config.max_seq_length, config.doc_stride,
                             config.max_query_length)
-    train, counts = train_features(featurizer, train_examples, self.version)
-    self.report = {"questions": len(train_examples), **counts}
+    train, counts = train_features(featurizer, train_examples, version)
     skipped = {k: counts.get(k, 0) for k in ("outside_window", "mismatched", "no_answer")}
     base.announce(
-        f"squad v{self.version} train ({train_from}): {len(train_examples)} questions -> "
+        f"squad v{version} train ({train_from}): {len(train_examples)} questions -> "
         f"{counts.get('examples', 0)} used in {counts['windows']} windows; skipped "
         f"{skipped['outside_window']} whose answer lies outside every window, "
         f"{skipped['mismatched']} whose answer text does not match the context, "
@@ -389,15 +387,16 @@ class SquadTask(base.TaskObjective):
                    config.max_seq_length, config.doc_stride)
     dev = eval_features(featurizer, dev_examples)
     dev.meta["source"] = dev_from
-    base.announce(f"squad v{self.version} dev ({dev_from}): {len(dev_examples)} questions in "
+    base.announce(f"squad v{version} dev ({dev_from}): {len(dev_examples)} questions in "
                   f"{dev.num_rows} windows")
-    return train, [dev]
+    return base.Prepared(train=train, eval_sets=[dev], tokenizer=tok,
+                         details={"questions": len(train_examples), **counts})
 
-  def build_model(self, model_config):
+  def build_model(self, config, model_config):
     return classifiers.TokenClassifier(model_config, num_labels=2, head_name="qa_outputs",
-                                       **self.head_options())
+                                       **base.head_options(config))
 
-  def feature_spec(self, seq_len):
+  def feature_spec(self, config, seq_len):
     return {"start_position": ((), jnp.int32), "end_position": ((), jnp.int32)}
 
   def outputs(self, model, params, batch, rng, deterministic):
@@ -421,9 +420,9 @@ class SquadTask(base.TaskObjective):
         "end_accuracy": (jnp.sum((jnp.argmax(end, -1) == ep) * w), jnp.sum(w))}
     return out
 
-  def evaluate(self, params, context) -> dict[str, float]:
-    config = self.config
-    dev = self.eval_sets[0]
+  def evaluate(self, config, params, context) -> dict[str, float]:
+    version = version_of(config)
+    dev = context.data.eval_sets[0]
     out = self.predict(params, context, dev)
     nbest, odds = decode(out["start_logits"], out["end_logits"], dev.meta,
                          config.max_answer_length, config.n_best_size)
@@ -434,7 +433,7 @@ class SquadTask(base.TaskObjective):
       best = entries[0]["text"] if entries else ""
       # JSON has no infinity: a question without any allowed span gets huge odds instead.
       o = float(o) if np.isfinite(o) else 1e9
-      if self.version == "2.0":
+      if version == "2.0":
         null_odds[ex["id"]] = o
         if o > threshold:
           best = ""
@@ -444,19 +443,19 @@ class SquadTask(base.TaskObjective):
       raise RuntimeError(f"{len(predictions)} predictions for {len(examples)} questions")
     # na_prob_thresh=1.0 is the official script's (and `python -m bertjax.evaluate`'s) default.
     metrics = squad_eval.squad_metrics(examples, predictions,
-                                       null_odds=null_odds if self.version == "2.0" else None,
-                                       version=self.version, na_prob_thresh=1.0)
+                                       null_odds=null_odds if version == "2.0" else None,
+                                       version=version, na_prob_thresh=1.0)
     metrics = base.finite_metrics(metrics)
-    if self.version == "2.0":
+    if version == "2.0":
       metrics["null_threshold"] = threshold
     out_dir = self.output_dir(context)
     base.write_json(out_dir / "predictions.json", predictions)
     base.write_json(out_dir / "nbest_predictions.json", nbest_json)
-    if self.version == "2.0":
+    if version == "2.0":
       base.write_json(out_dir / "null_odds.json", null_odds)
-    base.write_json(out_dir / "metrics.json", {"step": context.step, "version": self.version,
+    base.write_json(out_dir / "metrics.json", {"step": context.step, "version": version,
                                                **metrics})
-    if self.version == "2.0":
+    if version == "2.0":
       base.announce(
           f"step {context.step}: squad v2.0 dev exact {metrics['exact']:.2f} f1 "
           f"{metrics['f1']:.2f} at null threshold {threshold:g}; tuned on dev: best f1 "
@@ -467,3 +466,8 @@ class SquadTask(base.TaskObjective):
                     f"{metrics['exact_match']:.2f} f1 {metrics['f1']:.2f} "
                     f"({len(predictions)} questions) -> {out_dir}")
     return metrics
+
+
+def version_of(config) -> str:
+  """`config.version` as "1.1" or "2.0" (refused in one line otherwise)."""
+  return squad_eval.normalize_version(config.get("version", "1.1"))
