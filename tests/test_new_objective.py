@@ -19,31 +19,27 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax.models.pretraining import PretrainingModel
 from bertjax.objective import Objective
 
 
 class SmoothedMlm(Objective):
   name = "smoothed_mlm"
   data_kind = "full"
-  masking = "token"
-  output_rows_per_prediction = 1
-
-  def make_model(self, model_config):
-    return PretrainingModel(model_config, pair_head=False)
-
-  def denominators(self, batch):
-    return {"mlm": jnp.maximum(jnp.sum(batch["masked_weights"].astype(jnp.float32)), 1.0)}
 
   def loss(self, model, params, batch, rng, denominators, deterministic):
-    out = model.apply({"params": params}, **self.model_inputs(batch), deterministic=deterministic,
-                      rngs={"dropout": rng})
-    logits = out["mlm_logits"]
+    logits = self.apply(model, params, batch, rng, deterministic)["mlm_logits"]
     targets = optax.smooth_labels(jax.nn.one_hot(batch["masked_ids"], logits.shape[-1]), 0.1)
     w = batch["masked_weights"].astype(jnp.float32)
     loss_sum = jnp.sum(optax.softmax_cross_entropy(logits, targets) * w)
     return loss_sum / denominators["mlm"], {"smoothed_mlm_loss": (loss_sum, jnp.sum(w))}
 '''
+# The same objective took 30 lines at 1cb9496, before objectives became stateless: it had to
+# name its masking and prediction rows, build its model and write its denominators.
+LINES_BEFORE = 30
+
+
+def test_the_new_objective_is_shorter_than_before():
+  assert len(NEW_OBJECTIVE.strip().splitlines()) < LINES_BEFORE
 
 
 @pytest.mark.slow
