@@ -64,6 +64,7 @@ from bertjax.objective import Objective
 from bertjax.objectives.rtd import rtd_terms
 from bertjax.registry import get_objective
 from bertjax.tasks import glue as glue_task
+from bertjax.tasks import ner as ner_task
 from configs.common import SAMPLE
 from conftest import DATA_DIR
 from helpers import load_config
@@ -230,7 +231,7 @@ def test_token_classification_matches_transformers(corpus, data_dir, tmp_path):
   assert 0 < labelled < inner  # some tokens between [CLS] and [SEP] are word continuations
   cfg = objective.model_config(config)
   hf = hf_reference.build_model(cfg, cls=T.BertForTokenClassification,
-                                num_labels=len(objective.labels))
+                                num_labels=len(ner_task.LABELS[ner_task.task_of(config)]))
   params = starting_params(objective, config, cfg, hf, head_names={"classifier": "classifier"})
   compare("ner", objective, config, cfg, params, hf, batches, builtin_loss(tag_labels))
 
