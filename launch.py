@@ -1,7 +1,7 @@
 """Entry point: `python launch.py --config configs/<exp>.py[:variant] --workdir DIR [--config.key=value ...]`.
 
 All logic lives in importable modules; this file parses flags, loads and locks the config, and
-calls `bertjax.train.train_and_evaluate` (or runs a sweep with `--sweep`).
+calls `bertjax.trainer.train.train_and_evaluate` (or runs a sweep with `--sweep`).
 """
 
 import logging
@@ -34,10 +34,14 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax import (config_lib, distributed, multiseed, paths, progress, sweep, train,
-                     xla_defaults)
-from bertjax.errors import EXIT_PREEMPTED, doc_summary, fail, run_cli
-from bertjax.preemption import GO_ON, Preemption
+from bertjax import sweep
+from bertjax.config import config_lib
+from bertjax.core import paths
+from bertjax.core.errors import EXIT_PREEMPTED, doc_summary, fail, run_cli
+from bertjax.runtime import distributed, progress, xla_defaults
+from bertjax.runtime.preemption import GO_ON, Preemption
+from bertjax.tools import multiseed
+from bertjax.trainer import train
 # pylint: enable=wrong-import-position
 
 xla_defaults.apply()  # the opt-in XLA:CPU flags, before JAX starts a backend
@@ -156,7 +160,8 @@ def main(argv=None):
   paths.check_output_folder(args.workdir)  # before anything is loaded, prepared or written
   configure_logging()
   if xla_defaults.onednn_active():
-    # On CPUs the oneDNN matmuls cannot be cached (bertjax/xla_defaults.py); say nothing per step.
+    # On CPUs the oneDNN matmuls cannot be cached (bertjax/runtime/xla_defaults.py); say nothing per
+    # step.
     warnings.filterwarnings("ignore", message="Error writing persistent compilation cache entry")
   if args.sweep:
     if signal.getsignal(signal.SIGTERM) is _preempted_while_loading:
@@ -166,7 +171,7 @@ def main(argv=None):
                              overrides=overrides)
     sys.exit(1 if record["failed"] else 0)
   # From here to the end a SIGTERM stops the run as preempted (exit 75, one line; see
-  # bertjax/preemption.py); a sweep's runs are processes of their own.
+  # bertjax/runtime/preemption.py); a sweep's runs are processes of their own.
   with Preemption() as preemption:
     with preemption.abandoning("loading the config (nothing was written)"):
       config = args.config  # loaded and locked by the --config flag

@@ -49,11 +49,11 @@ def from_hf(model_dir: str | os.PathLike, part: str | None = None
   model_dir: a folder with config.json and model.safetensors (or pytorch_model.bin) of a BERT,
   RoBERTa, ALBERT or ELECTRA model. part: for ELECTRA, "discriminator" or "generator" (by
   default detected from the tensors). Pretraining heads are not loaded; use
-  `bertjax.convert.load_hf` for them. Raises `bertjax.errors.UserError` for unusable input.
+  `bertjax.convert.load_hf` for them. Raises `bertjax.core.errors.UserError` for unusable input.
   """
   from bertjax import convert  # pylint: disable=g-import-not-at-top
   if part == "both":
-    from bertjax.errors import fail  # pylint: disable=g-import-not-at-top
+    from bertjax.core.errors import fail  # pylint: disable=g-import-not-at-top
     fail("from_hf returns one encoder; pass part='discriminator' or part='generator'")
   return _triple(convert.load_hf(model_dir, part=part, heads=False))
 

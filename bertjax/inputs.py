@@ -17,11 +17,11 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import jax
 import numpy as np
 
-from bertjax import paths
+from bertjax.core import paths
+from bertjax.core.errors import fail
 from bertjax.data import (batch_warmup, packing, pipeline, prepare, records, sources, synthetic,
                           tokenizers)
 from bertjax.data.masking import SpecialIds
-from bertjax.errors import fail
 
 
 @dataclasses.dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-from bertjax.errors import fail
+from bertjax.core.errors import fail
 from bertjax.objective import Objective
 
 REGISTERED: dict[str, str] = {

@@ -4,10 +4,10 @@ import pathlib
 
 import ml_collections
 
-from bertjax import settings
-from bertjax.errors import fail
-from bertjax.models.presets import PRESETS
+from bertjax.config import settings
+from bertjax.core.errors import fail
 from bertjax.models.config import ModelConfig
+from bertjax.models.presets import PRESETS
 
 # The WikiText-2 sample shipped in the repo: the `runlocal` variants pretrain on it.
 SAMPLE = pathlib.Path(__file__).resolve().parent.parent / "bertjax/data/samples/wikitext2_test.raw"
@@ -21,7 +21,7 @@ def model_config(preset: str, **overrides) -> ml_collections.ConfigDict:
 
 
 def base_config() -> ml_collections.ConfigDict:
-  """Every experiment's settings at their defaults: one row each in bertjax/settings.py
+  """Every experiment's settings at their defaults: one row each in bertjax/config/settings.py
   (`settings.TRAINER`: default, allowed values and help), the model's from `ModelConfig`."""
   c = settings.defaults(settings.TRAINER)
   c.model = model_config("bert-base")

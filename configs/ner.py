@@ -8,8 +8,8 @@ fine-tuning recipe (lr 5e-5, batch 32, 3 epochs; the first sub-token of each wor
   python launch.py --config configs/ner.py:runlocal --workdir /tmp/ner
 
 Evaluations write WORKDIR/predictions/step_<N>/dev_predictions.txt (`token tag`), scored by
-`python -m bertjax.evaluate ner --data valid.txt --predictions ...` exactly as the run scored it;
-the final one also predicts and scores the test file. NER needs a cased checkpoint.
+`python -m bertjax.tools.evaluate ner --data valid.txt --predictions ...` exactly as the run scored
+it; the final one also predicts and scores the test file. NER needs a cased checkpoint.
 
 BERT's feature-based NER (a tagger over the frozen encoder's last four layers concatenated):
 `--config.freeze.encoder=True --config.head.features=concat` (README, "Frozen encoder").

@@ -10,7 +10,7 @@ Variant `runlocal` shrinks it further for tests.
 
 import pathlib
 
-from bertjax.errors import fail
+from bertjax.core.errors import fail
 from configs.common import base_config, model_config
 
 SAMPLE = pathlib.Path(__file__).resolve().parent.parent / "bertjax/data/samples/wikitext2_test.raw"

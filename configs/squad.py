@@ -8,7 +8,7 @@ doc_stride 128, questions up to 64 tokens, answers up to 30).
   python launch.py --config configs/squad.py:runlocal --workdir /tmp/squad
 
 Evaluations write WORKDIR/predictions/step_<N>/predictions.json (and null_odds.json for v2.0);
-`python -m bertjax.evaluate squad --data dev-v2.0.json --predictions .../predictions.json
+`python -m bertjax.tools.evaluate squad --data dev-v2.0.json --predictions .../predictions.json
 --null_odds .../null_odds.json` scores them as the run did. For v2.0 the run reports the null
 threshold that is best on dev (best_f1_thresh); pass it back as null_score_diff_threshold.
 

@@ -15,10 +15,13 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bertjax import config_lib, inputs, metric_writers, train  # noqa: E402
+from bertjax import inputs  # noqa: E402
+from bertjax.config import config_lib  # noqa: E402
+from bertjax.core.errors import doc_summary  # noqa: E402
 from bertjax.data import synthetic  # noqa: E402
-from bertjax.errors import doc_summary  # noqa: E402
 from bertjax.registry import get_objective  # noqa: E402
+from bertjax.runtime import metric_writers  # noqa: E402
+from bertjax.trainer import train  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # metric -> the bound it must pass ("context_free" | "majority" | "rtd_baseline_accuracy").

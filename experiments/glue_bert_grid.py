@@ -2,10 +2,10 @@
 
   python launch.py --sweep experiments/glue_bert_grid.py:task=rte --workdir runs/glue_grid/rte \
       --config.init_from=runs/bert-base-uncased --config.data_dir=~/glue_data
-  python -m bertjax.report runs/glue_grid/rte
+  python -m bertjax.tools.report runs/glue_grid/rte
 
 Learning rate {5e-5, 4e-5, 3e-5, 2e-5} x batch size {16, 32} x epochs {2, 3, 4} x seeds 1-5:
-120 runs per task. The paper picks the best setting per task on dev; `bertjax.report` does the
+120 runs per task. The paper picks the best setting per task on dev; `bertjax.tools.report` does the
 same on the median over seeds, then takes the GLUE average as papers do (WNLI out, MNLI m/mm
 averaged). `init_from` (the pretrained encoder) must be given on the command line.
 
@@ -14,7 +14,7 @@ with `+` (`task=rte+mrpc`); without it, the eight tasks of the GLUE average (960
 ones, MNLI and QQP, take hours each on a TPU; start with the small tasks).
 """
 
-from bertjax.errors import fail
+from bertjax.core.errors import fail
 
 TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte")
 LEARNING_RATES = [5e-5, 4e-5, 3e-5, 2e-5]

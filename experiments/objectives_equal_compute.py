@@ -1,7 +1,7 @@
 """Pretraining objectives at equal compute on one corpus: MLM+NSP, MLM, MLM+SOP, span+SBO, RTD.
 
   python launch.py --sweep experiments/objectives_equal_compute.py --workdir runs/objectives
-  python -m bertjax.report runs/objectives
+  python -m bertjax.tools.report runs/objectives
 
 Every point pretrains the quickstart model (bert-tiny) on the WikiText-2 sample with the same
 batch, sequence length and learning rate schedule, 3 seeds each. Equal compute means equal

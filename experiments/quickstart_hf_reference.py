@@ -6,7 +6,7 @@
 
 The second command rebuilds the quickstart's batches from WORKDIR's tokenizer and prepared corpus
 (same seed, so the same batches the first run trained on), trains a PyTorch BertForPreTraining of
-the same shape and optimizer settings on them (bertjax.hf_reference), writes
+the same shape and optimizer settings on them (bertjax.tools.hf_reference), writes
 WORKDIR/hf_reference.jsonl and prints both runs' first loss, mean of the last 10 and the drop.
 """
 
@@ -20,9 +20,11 @@ import sys
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bertjax import config_lib, hf_reference, metric_writers  # pylint: disable=g-import-not-at-top
-from bertjax.errors import doc_summary, fail, run_cli  # pylint: disable=g-import-not-at-top
+from bertjax.config import config_lib  # pylint: disable=g-import-not-at-top
+from bertjax.core.errors import doc_summary, fail, run_cli  # pylint: disable=g-import-not-at-top
 from bertjax.registry import get_objective  # pylint: disable=g-import-not-at-top
+from bertjax.runtime import metric_writers  # pylint: disable=g-import-not-at-top
+from bertjax.tools import hf_reference  # pylint: disable=g-import-not-at-top
 
 
 def drop(rows: list[dict]) -> str:

@@ -1,7 +1,7 @@
 """The quickstart pretraining at 2 learning rates x 2 seeds: 4 points, about 2 minutes on 2 CPUs.
 
   python launch.py --sweep experiments/quickstart_sweep.py --workdir runs/qs_sweep
-  python -m bertjax.report runs/qs_sweep
+  python -m bertjax.tools.report runs/qs_sweep
 
 Each point runs the `runlocal` variant (a tiny BERT, 20 steps of 8 sequences, on the WikiText-2
 sample shipped in the repo; the first run of a point trains its tokenizer). The learning rates

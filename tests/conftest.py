@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from bertjax import xla_defaults
+from bertjax.runtime import xla_defaults
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -27,7 +27,7 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
     os.environ.get("TMPDIR", "/tmp"), "bertjax-test-jax-cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # bertjax's opt-in oneDNN flags stay off here (XLA:CPU cannot cache their compiled steps;
-# bertjax/xla_defaults.py); tests/test_training_parity.py runs once with them on.
+# bertjax/runtime/xla_defaults.py); tests/test_training_parity.py runs once with them on.
 os.environ.setdefault("BERTJAX_XLA_DEFAULTS", "0")
 xla_defaults.apply()  # the test process is an entry point: as launch.py does
 

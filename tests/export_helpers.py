@@ -8,9 +8,10 @@ import pathlib
 import numpy as np
 import torch
 
-from bertjax import eval_context, sharding, train
 from bertjax.data import tokenizers
 from bertjax.registry import get_objective
+from bertjax.runtime import sharding
+from bertjax.trainer import eval_context, train
 
 from helpers import TINY, load_config, run_module
 

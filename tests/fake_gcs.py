@@ -26,7 +26,8 @@ from fsspec.implementations.local import LocalFileSystem
 from orbax.checkpoint._src.path import gcs_utils
 from orbax.checkpoint._src.serialization import tensorstore_utils
 
-from bertjax import config_checks, paths
+from bertjax.config import config_checks
+from bertjax.core import paths
 
 
 class Bucket(pathlib.PosixPath):

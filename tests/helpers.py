@@ -5,7 +5,7 @@ import pathlib
 import subprocess
 import sys
 
-from bertjax import config_lib
+from bertjax.config import config_lib
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 TINY = {"model.hidden_size": 32, "model.intermediate_size": 64, "model.num_attention_heads": 2,

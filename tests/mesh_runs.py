@@ -13,7 +13,9 @@ import tempfile
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bertjax import config_lib, metric_writers, train  # pylint: disable=wrong-import-position
+from bertjax.config import config_lib  # pylint: disable=wrong-import-position
+from bertjax.runtime import metric_writers  # pylint: disable=wrong-import-position
+from bertjax.trainer import train  # pylint: disable=wrong-import-position
 
 
 def run(objective: str, mesh: tuple[int, ...], workdir: str) -> list[float]:

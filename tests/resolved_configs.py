@@ -1,6 +1,7 @@
 """Every config file of configs/ and its variants, resolved to plain JSON: the fixture
 tests/golden/resolved_configs.json holds them as they were before the settings were declared
-in one table (bertjax/settings.py), so a change to how defaults are built cannot move a value.
+in one table (bertjax/config/settings.py), so a change to how defaults are built cannot move a
+value.
 
 `python -m tests.resolved_configs` rewrites the fixture (only when a config is meant to change).
 """
@@ -10,7 +11,8 @@ import os
 import pathlib
 import sys
 
-from bertjax import config_lib, sharding
+from bertjax.config import config_lib
+from bertjax.runtime import sharding
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 FIXTURE = REPO / "tests/golden/resolved_configs.json"

@@ -16,8 +16,10 @@ sys.path.insert(0, str(REPO))
 
 import flax  # pylint: disable=wrong-import-position
 
-from bertjax import config_lib, sharding, train  # pylint: disable=wrong-import-position
+from bertjax.config import config_lib  # pylint: disable=wrong-import-position
 from bertjax.registry import get_objective  # pylint: disable=wrong-import-position
+from bertjax.runtime import sharding  # pylint: disable=wrong-import-position
+from bertjax.trainer import train  # pylint: disable=wrong-import-position
 
 
 def specs() -> dict[str, list]:

@@ -1,5 +1,6 @@
-"""`python -m bertjax.benchmark --ablate SPEC`: the reference first, one row per variant, failures
-and timeouts reported in their rows; the spec reader refuses malformed specs in one line."""
+"""`python -m bertjax.tools.benchmark --ablate SPEC`: the reference first, one row per variant,
+failures and timeouts reported in their rows; the spec reader refuses malformed specs in one
+line."""
 
 import json
 import os
@@ -9,8 +10,8 @@ import sys
 
 import pytest
 
-from bertjax import ablate, benchmark
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
+from bertjax.tools import ablate, benchmark
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -144,7 +145,7 @@ def test_ablate_writes_one_row_per_variant_after_the_reference(tmp_path):
       reference_command=["{python}", str(tmp_path / "reference.py")])
   out = tmp_path / "out" / "table.md"
   env = dict(os.environ, JAX_PLATFORMS="no_such_platform")
-  r = subprocess.run([sys.executable, "-m", "bertjax.benchmark", "--ablate", str(spec),
+  r = subprocess.run([sys.executable, "-m", "bertjax.tools.benchmark", "--ablate", str(spec),
                       "--output", str(out), "--timeout", "300"],
                      cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]

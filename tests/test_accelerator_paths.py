@@ -19,14 +19,16 @@ import numpy as np
 
 import pytest
 
-from bertjax import inputs, sharding, train
-from bertjax.errors import UserError
+from bertjax import inputs
+from bertjax.core.errors import UserError
 from bertjax.models import kernels
-from bertjax.models.config import ModelConfig
 from bertjax.models.attention import (AttentionMask, attention_implementation, attention_mask_for,
                                       explicit_attention, fused_attention, make_attention_mask)
+from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import Encoder
 from bertjax.registry import get_objective
+from bertjax.runtime import sharding
+from bertjax.trainer import train
 from tests.helpers import load_config
 
 TINY = {"model.hidden_size": 32, "model.intermediate_size": 64, "model.num_attention_heads": 4,

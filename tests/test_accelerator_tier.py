@@ -27,10 +27,11 @@ import numpy as np
 
 import pytest
 
-from bertjax import inputs, metric_writers
+from bertjax import inputs
 from bertjax.models.attention import (AttentionMask, attention_implementation, attention_mask_for,
                                       explicit_attention, fused_attention, make_attention_mask)
 from bertjax.models.config import ModelConfig
+from bertjax.runtime import metric_writers
 from tests.test_accelerator_paths import step_setup
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -228,7 +229,7 @@ def test_ablation_runs_one_short_variant_on_the_device(platform, tmp_path):
                "steps": 3, "overrides": ["max_predictions_per_seq=10"], "references": []},
       "variants": [{"name": "tiny"}]}))
   out = tmp_path / "table.md"
-  r = subprocess.run([sys.executable, "-m", "bertjax.benchmark", "--ablate", str(spec),
+  r = subprocess.run([sys.executable, "-m", "bertjax.tools.benchmark", "--ablate", str(spec),
                       "--output", str(out), "--timeout", "600"], cwd=REPO,
                      env=dict(os.environ, JAX_PLATFORMS=platform), capture_output=True, text=True,
                      timeout=900)

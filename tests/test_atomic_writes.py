@@ -19,8 +19,11 @@ import numpy as np
 
 import pytest
 
-from bertjax import checkpoints, convert, errors, paths, train
-from bertjax.errors import UserError
+from bertjax import convert
+from bertjax.core import errors, paths
+from bertjax.core.errors import UserError
+from bertjax.runtime import checkpoints
+from bertjax.trainer import train
 
 from test_train import tiny_config
 
@@ -58,7 +61,7 @@ def test_a_size_limit_is_one_line_and_the_old_file_stays(tmp_path):
   """A real failing write: the file-size limit (EFBIG) in a child process."""
   target = tmp_path / "summary.json"
   target.write_text('{"step": 4}')
-  code = ("import sys; from bertjax import paths, errors\n"
+  code = ("import sys; from bertjax.core import paths, errors\n"
           "errors.run_cli(lambda: paths.replace_text(paths.as_path(sys.argv[1]), 'x' * 100000))")
   r = subprocess.run(_size_limited(4096, [sys.executable, "-c", code, str(target)]), cwd=REPO,
                      capture_output=True, text=True, timeout=120,

@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from bertjax.models.config import ModelConfig
 from bertjax.models import classifiers
 from bertjax.tasks import base

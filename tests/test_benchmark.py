@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bertjax.benchmark import last_layer_rows, model_flops_per_token
+from bertjax.tools.benchmark import last_layer_rows, model_flops_per_token
 from bertjax.models.presets import preset
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -73,8 +73,8 @@ def test_modernbert_preset_compares_with_modernbert_for_masked_lm():
   """`--preset modernbert-tiny --compare hf-torch`: MLM on both sides, transformers'
   ModernBertForMaskedLM as the reference, FLOPs as counted above."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  r = subprocess.run([sys.executable, "-m", "bertjax.benchmark", "--preset", "modernbert-tiny",
-                      "--batch_size", "2", "--seq_len", "64", "--steps", "1",
+  r = subprocess.run([sys.executable, "-m", "bertjax.tools.benchmark", "--preset",
+                      "modernbert-tiny", "--batch_size", "2", "--seq_len", "64", "--steps", "1",
                       "--override", "max_predictions_per_seq=10", "--compare", "hf-torch"],
                      cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
@@ -88,7 +88,7 @@ def test_modernbert_preset_compares_with_modernbert_for_masked_lm():
 @pytest.mark.slow
 def test_benchmark_cli_reports_json_and_compares(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  r = subprocess.run([sys.executable, "-m", "bertjax.benchmark", "--preset", "bert-tiny",
+  r = subprocess.run([sys.executable, "-m", "bertjax.tools.benchmark", "--preset", "bert-tiny",
                       "--batch_size", "2", "--seq_len", "16", "--steps", "2",
                       "--override", "max_predictions_per_seq=4", "--compare", "hf-torch"],
                      cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -108,7 +108,7 @@ def test_benchmark_cli_reports_json_and_compares(tmp_path):
 @pytest.mark.slow
 def test_benchmark_rounds_alternate_and_report_the_median():
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  r = subprocess.run([sys.executable, "-m", "bertjax.benchmark", "--preset", "bert-tiny",
+  r = subprocess.run([sys.executable, "-m", "bertjax.tools.benchmark", "--preset", "bert-tiny",
                       "--batch_size", "2", "--seq_len", "16", "--steps", "2",
                       "--override", "max_predictions_per_seq=4", "--compare", "hf-torch",
                       "--rounds", "2"],
@@ -127,7 +127,7 @@ def test_benchmark_rounds_alternate_and_report_the_median():
 
 
 def test_rounds_without_compare_is_a_clear_error():
-  r = subprocess.run([sys.executable, "-m", "bertjax.benchmark", "--preset", "bert-tiny",
+  r = subprocess.run([sys.executable, "-m", "bertjax.tools.benchmark", "--preset", "bert-tiny",
                       "--rounds", "2"], cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),
                      capture_output=True, text=True, timeout=300)
   assert r.returncode != 0 and "Traceback" not in r.stderr
@@ -139,7 +139,7 @@ def test_profile_writes_a_table_of_operations_and_compile_reference_runs(tmp_pat
   """--profile DIR on a CPU: ops.md and ops.json name the step's operations with their count per
   step, time and share; --compare hf-torch-compile times transformers under torch.compile."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  r = subprocess.run([sys.executable, "-m", "bertjax.benchmark", "--preset", "bert-tiny",
+  r = subprocess.run([sys.executable, "-m", "bertjax.tools.benchmark", "--preset", "bert-tiny",
                       "--batch_size", "2", "--seq_len", "16", "--steps", "2",
                       "--override", "max_predictions_per_seq=4", "--profile", str(tmp_path / "prof"),
                       "--compare", "hf-torch-compile"],
@@ -177,7 +177,7 @@ def _write_trace(path, threads, events):
 def test_profile_table_counts_each_device_operation_once(tmp_path, lines):
   """Device traces also carry lines that summarize the operations (modules, steps); only the
   operations themselves are counted: the "XLA Ops" line where there is one, else the streams."""
-  from bertjax.profiling import op_table
+  from bertjax.runtime.profiling import op_table
   x = lambda tid, name, dur, pid=1: {"ph": "X", "pid": pid, "tid": tid, "name": name, "ts": 0,
                                      "dur": dur}
   if lines == "tpu":
@@ -198,8 +198,8 @@ def test_profile_table_counts_each_device_operation_once(tmp_path, lines):
 @pytest.mark.slow
 def test_compile_only_reports_the_plan_and_refuses_timing_flags():
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  base = [sys.executable, "-m", "bertjax.benchmark", "--preset", "bert-tiny", "--batch_size", "2",
-          "--seq_len", "16", "--override", "max_predictions_per_seq=4", "--steps", "0"]
+  base = [sys.executable, "-m", "bertjax.tools.benchmark", "--preset", "bert-tiny", "--batch_size",
+          "2", "--seq_len", "16", "--override", "max_predictions_per_seq=4", "--steps", "0"]
   r = subprocess.run(base + ["--remat", "dots"], cwd=REPO, env=env, capture_output=True, text=True,
                      timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]

@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax import checkpoints, digests, paths, train
 from bertjax.convert.__main__ import main as convert_main
+from bertjax.core import digests, paths
+from bertjax.runtime import checkpoints
+from bertjax.trainer import train
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
@@ -171,7 +173,7 @@ FULL_DISK = """
 import errno, os, sys
 from orbax.checkpoint._src.serialization import serialization
 import launch
-from bertjax.errors import run_cli
+from bertjax.core.errors import run_cli
 original = serialization.async_serialize_from_host
 async def full_at_second_save(*args, **kwargs):
   if os.path.isdir(sys.argv[-1] + "/checkpoints/2"):

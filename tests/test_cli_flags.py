@@ -9,8 +9,8 @@ import sys
 import pytest
 from ml_collections import config_flags
 
-from bertjax import config_lib
-from bertjax.errors import UserError
+from bertjax.config import config_lib
+from bertjax.core.errors import UserError
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))

@@ -12,14 +12,15 @@ import pytest
 import transformers as T
 
 import launch
-from bertjax import benchmark, config_lib, convert, report, train
-from bertjax import embed as embed_cli
-from bertjax import evaluate as evaluate_cli
+from bertjax import convert
+from bertjax.config import config_lib
 from bertjax.convert import __main__ as convert_cli
 from bertjax.data import prepare, tokenizers
 from bertjax.metrics import ner as ner_eval
 from bertjax.prune import __main__ as prune_cli
 from bertjax.registry import get_objective
+from bertjax.tools import benchmark, embed as embed_cli, evaluate as evaluate_cli, report
+from bertjax.trainer import train
 from conftest import REPO
 from helpers import TINY, load_config
 from test_train import tiny_config

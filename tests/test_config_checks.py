@@ -1,7 +1,8 @@
-"""Settings are checked before anything is prepared, trained or written (bertjax/config_checks.py):
-every numeric range, the mesh against the devices, batch and model, max_seq_length against the
-position table of the model trained, the data's tokenizer against init_from's. Each refusal is
-one line (exit status 2) and leaves an earlier run's workdir as it was."""
+"""Settings are checked before anything is prepared, trained or written
+(bertjax/config/config_checks.py): every numeric range, the mesh against the devices, batch and
+model, max_seq_length against the position table of the model trained, the data's tokenizer against
+init_from's. Each refusal is one line (exit status 2) and leaves an earlier run's workdir as it
+was."""
 
 import asyncio
 import gc
@@ -19,10 +20,12 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bertjax import checkpoints, config_checks, config_lib, train
+from bertjax.config import config_checks, config_lib
+from bertjax.core.errors import UserError
 from bertjax.data import tokenizers
-from bertjax.errors import UserError
 from bertjax.models.config import ModelConfig
+from bertjax.runtime import checkpoints
+from bertjax.trainer import train
 from orbax.checkpoint._src import asyncio_utils
 from tests.helpers import run_module
 from tests.test_train import REPO, run_launch, tiny_config
@@ -486,7 +489,7 @@ def test_init_from_problems_are_one_line(tmp_path, finished_run, data_dir):
 
 @pytest.mark.slow
 def test_benchmark_preset_typo_is_one_line():
-  r = run_module("-m", "bertjax.benchmark", "--preset", "bert-tinyy", "--steps", "0")
+  r = run_module("-m", "bertjax.tools.benchmark", "--preset", "bert-tinyy", "--steps", "0")
   one_error_line(r, "unknown model preset 'bert-tinyy'; use one of bert-tiny,")
-  r = run_module("-m", "bertjax.benchmark", "--steps", "many")
+  r = run_module("-m", "bertjax.tools.benchmark", "--steps", "many")
   one_error_line(r, "argument --steps: invalid int value: 'many'")

@@ -19,12 +19,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import config_checks, inputs, train
+from bertjax import inputs
+from bertjax.config import config_checks
+from bertjax.core.errors import UserError
 from bertjax.data import synthetic
 from bertjax.models import attention
 from bertjax.objectives import distill, span_sbo
-from bertjax.errors import UserError
 from bertjax.registry import get_objective
+from bertjax.trainer import train
 from tests.helpers import load_config
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from bertjax import inputs
 from bertjax.data import prepare, sources, tokenizers
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 
 from test_train import run_launch, tiny_config
 

@@ -17,13 +17,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import inputs, metric_writers, sharding, train
+from bertjax import inputs
 from bertjax.models import attention, kernels, modernbert
 from bertjax.models.attention import (AttentionMask, attention_mask_for, explicit_attention,
                                       fused_attention, pad_odd_lengths)
 from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import Encoder
 from bertjax.registry import get_objective
+from bertjax.runtime import metric_writers, sharding
+from bertjax.trainer import train
 from tests.cudnn_rules import check_primal, cudnn_rules, make_double, Calls
 from tests.helpers import TINY as TASK_TINY, load_config
 

@@ -15,10 +15,13 @@ import numpy as np
 
 import pytest
 
-from bertjax import checkpoints, config_lib, inputs, optim, sharding, train
+from bertjax import inputs
+from bertjax.config import config_lib
 from bertjax.objectives import distill_losses, distill_settings
 from bertjax.registry import get_objective
-from bertjax.run_record import summarize
+from bertjax.runtime import checkpoints, optim, sharding
+from bertjax.runtime.run_record import summarize
+from bertjax.trainer import train
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "bertjax/data/samples/wikitext2_test.raw"

@@ -7,9 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import checkpoints, divergence, inputs, metric_writers, optim, sharding, train
-from bertjax.errors import Diverged, UserError
+from bertjax import inputs
+from bertjax.core.errors import Diverged, UserError
 from bertjax.registry import get_objective
+from bertjax.runtime import checkpoints, divergence, metric_writers, optim, sharding
+from bertjax.trainer import train
 
 from test_train import run_launch, tiny_config
 

@@ -12,12 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import config_checks, config_lib, inputs, workdir as workdir_lib
-from bertjax.errors import UserError
+from bertjax import inputs
+from bertjax.config import config_checks, config_lib
+from bertjax.core.errors import UserError
 from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
-from bertjax.models.dropout import (IMPLEMENTATIONS, Dropout, dropout, effective_rate,
-                                    threshold)
+from bertjax.models.dropout import Dropout, IMPLEMENTATIONS, dropout, effective_rate, threshold
+from bertjax.runtime import workdir as workdir_lib
 from tests.helpers import REPO
 from tests.test_accelerator_paths import step_setup
 

@@ -9,9 +9,12 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from bertjax import config_lib, inputs, step_memory, sweep, train
+from bertjax import inputs, sweep
+from bertjax.config import config_lib
+from bertjax.core.errors import UserError
 from bertjax.data import prepare
-from bertjax.errors import UserError
+from bertjax.runtime import step_memory
+from bertjax.trainer import train
 from tests.test_train import REPO, tiny_config
 
 

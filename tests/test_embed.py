@@ -1,4 +1,4 @@
-"""`python -m bertjax.embed`: features of a text file, a GLUE split or a CoNLL file from a
+"""`python -m bertjax.tools.embed`: features of a text file, a GLUE split or a CoNLL file from a
 training workdir or a converted folder equal the model's own forward pass; mean pooling ignores
 padding; user mistakes are one line and leave any earlier output as it was."""
 
@@ -10,12 +10,14 @@ import numpy as np
 
 import pytest
 
-from bertjax import checkpoints, embed, train
 from bertjax.convert import convert_from_hf
+from bertjax.core.errors import UserError
 from bertjax.data import tokenizers
-from bertjax.errors import UserError
 from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import Encoder
+from bertjax.runtime import checkpoints
+from bertjax.tools import embed
+from bertjax.trainer import train
 
 from conftest import DATA_DIR
 from helpers import TINY, load_config, run_module
@@ -114,7 +116,7 @@ def test_converted_folder_through_the_command_line(tmp_path):
   convert_from_hf(hf, converted, log=lambda _: None)
   lines = ["the cat sat on the mat", "a cat"]
   out = tmp_path / "pooled.npy"
-  proc = run_module("-m", "bertjax.embed", "--workdir", str(converted), "--input",
+  proc = run_module("-m", "bertjax.tools.embed", "--workdir", str(converted), "--input",
                     str(text_file(tmp_path, lines)), "--output", str(out), "--pooling", "pooler")
   assert proc.returncode == 0, proc.stderr
   assert "embedded 2/2 examples" in proc.stderr

@@ -1,4 +1,4 @@
-"""`python -m bertjax.evaluate` on real files and on bad input (subprocesses)."""
+"""`python -m bertjax.tools.evaluate` on real files and on bad input (subprocesses)."""
 
 import json
 import os
@@ -18,7 +18,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 
 def _run(*args):
   env = {**os.environ, "PYTHONPATH": str(REPO)}
-  return subprocess.run([sys.executable, "-m", "bertjax.evaluate", *map(str, args)], cwd=REPO,
+  return subprocess.run([sys.executable, "-m", "bertjax.tools.evaluate", *map(str, args)], cwd=REPO,
                         env=env, capture_output=True, text=True, timeout=120)
 
 

@@ -18,9 +18,10 @@ import torch
 import transformers as T
 
 import bertjax
-from bertjax import convert, train
-from bertjax.errors import UserError
+from bertjax import convert
+from bertjax.core.errors import UserError
 from bertjax.models.pretraining import PretrainingModel
+from bertjax.trainer import train
 
 from export_helpers import (QUIET, SMALL, TOL, glue_run, hf_load, hf_logits, max_diff,
                             own_prediction, sample_ids, to_hf)

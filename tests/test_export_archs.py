@@ -12,8 +12,9 @@ import tokenizers as hf_tokenizers
 import transformers as T
 
 import bertjax
-from bertjax import convert, train
+from bertjax import convert
 from bertjax.data import tokenizers
+from bertjax.trainer import train
 
 from export_helpers import (QUIET, TOL, glue_run, hf_load, hf_logits, max_diff, own_prediction,
                             pretraining_outputs, sample_ids, to_hf)

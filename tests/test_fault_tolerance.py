@@ -58,13 +58,13 @@ def _wait_for(path: pathlib.Path, proc, timeout=300):
 
 
 def _params(workdir):
-  from bertjax import checkpoints
+  from bertjax.runtime import checkpoints
   import jax
   return jax.tree.leaves(checkpoints.restore_params(workdir))
 
 
 def _train_rows(workdir):
-  from bertjax import metric_writers
+  from bertjax.runtime import metric_writers
   rows = metric_writers.read_metrics(workdir)
   return {r["step"]: r for r in rows if r["split"] == "train"}
 
@@ -129,7 +129,7 @@ def test_sigterm_saves_current_step_and_exits_cleanly(tmp_path, corpus):
   step = summary["step"]
   assert 3 <= step < 1000
   assert (tmp_path / "checkpoints" / str(step)).is_dir()
-  from bertjax import checkpoints
+  from bertjax.runtime import checkpoints
   params = checkpoints.restore_params(tmp_path)
   assert params["encoder"]["embeddings"]["word_embeddings"]["embedding"].shape == (512, 128)
 
@@ -156,7 +156,7 @@ def test_truncated_latest_checkpoint_falls_back(tmp_path, corpus):
 
 def _rows(workdir):
   """The rows logged so far (a line being written is skipped)."""
-  from bertjax import metric_writers
+  from bertjax.runtime import metric_writers
   return metric_writers.read_metrics(workdir)
 
 

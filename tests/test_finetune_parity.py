@@ -8,9 +8,9 @@ discriminator's loss alone on given replaced inputs). Each case: one randomly in
 transformers model is converted to our parameters (the encoder and pretraining heads by
 `bertjax.convert`'s names, the fine-tuning head by hand: classifier / qa_outputs); both are
 trained for STEPS steps on the same real batches from bertjax's own pipelines; ours with the
-trainer's jitted step and `bertjax.optim` (optax AdamW, no decay on biases and LayerNorm, global
-norm clipping, warmup then linear decay), theirs with torch.optim.AdamW on the same parameter
-groups, clip_grad_norm_ and get_linear_schedule_with_warmup (bertjax.hf_reference). Dropout is
+trainer's jitted step and `bertjax.runtime.optim` (optax AdamW, no decay on biases and LayerNorm,
+global norm clipping, warmup then linear decay), theirs with torch.optim.AdamW on the same parameter
+groups, clip_grad_norm_ and get_linear_schedule_with_warmup (bertjax.tools.hf_reference). Dropout is
 off and everything is float32. The loss is transformers' own (the model's `loss` output), except
 for QA (below). Tagging: bertjax's loss is the cross-entropy averaged over the batch's labelled
 positions (each word's first sub-token), transformers' the same given label -100 at [CLS],
@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 import transformers as T
 
-from bertjax import convert, hf_reference
+from bertjax import convert
 from bertjax.data import prepare, sources, tokenizers
 from bertjax.models.config import ModelConfig
 from bertjax.models.electra import ElectraDiscriminator
@@ -63,8 +63,8 @@ from bertjax.models.pretraining import PretrainingModel
 from bertjax.objective import Objective
 from bertjax.objectives.rtd import rtd_terms
 from bertjax.registry import get_objective
-from bertjax.tasks import glue as glue_task
-from bertjax.tasks import ner as ner_task
+from bertjax.tasks import glue as glue_task, ner as ner_task
+from bertjax.tools import hf_reference
 from configs.common import SAMPLE
 from conftest import DATA_DIR
 from helpers import load_config

@@ -17,14 +17,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import inputs, sharding, train, workdir
-from bertjax.errors import UserError
+from bertjax import inputs
+from bertjax.core.errors import UserError
 from bertjax.models import attention, kernels
 from bertjax.models.attention import explicit_attention
 from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import Encoder
 from bertjax.models.flash_attention import dropout_keep_mask, dropout_seed, flash_attention
 from bertjax.registry import get_objective
+from bertjax.runtime import sharding, workdir
+from bertjax.trainer import train
 from tests.helpers import load_config
 
 B, H = 2, 2

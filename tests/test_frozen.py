@@ -1,5 +1,5 @@
-"""A frozen encoder (bertjax/freezing.py): frozen parameters stay bit for bit, the compiled step
-computes no gradient and keeps no optimizer state for them, the top k layers train alone; its
+"""A frozen encoder (bertjax/runtime/freezing.py): frozen parameters stay bit for bit, the compiled
+step computes no gradient and keeps no optimizer state for them, the top k layers train alone; its
 settings are checked in one line each."""
 
 import json
@@ -17,11 +17,13 @@ import orbax.checkpoint as ocp
 import pytest
 
 import bertjax
-from bertjax import config_checks, sharding, train, workdir as workdir_lib
+from bertjax.config import config_checks
 from bertjax.convert.export import convert_to_hf
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from bertjax.registry import get_objective
-from bertjax.run_record import summarize
+from bertjax.runtime import sharding, workdir as workdir_lib
+from bertjax.runtime.run_record import summarize
+from bertjax.trainer import train
 
 from helpers import REPO, TINY, load_config
 

@@ -21,7 +21,7 @@ from safetensors.numpy import load_file, save_file
 
 import bertjax
 from bertjax import convert
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from bertjax.models.electra import ElectraDiscriminator, ElectraGenerator
 from bertjax.models.pretraining import PretrainingModel
 

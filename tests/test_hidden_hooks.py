@@ -113,7 +113,7 @@ def test_no_module_assigns_to_another_packages_attribute():
 def test_the_checks_find_what_they_look_for():
   """Each check flags the forms it exists for (the ones this repository had)."""
   code = ast.parse(
-      "import jax\nimport orbax.checkpoint as ocp\nfrom bertjax import checkpoints\n"
+      "import jax\nimport orbax.checkpoint as ocp\nfrom bertjax.runtime import checkpoints\n"
       "from bertjax.models.layers import _dense, make_dense\n"
       "from orbax.checkpoint._src import asyncio_utils\n"
       "asyncio_utils._run_sync_via_new_loop = f\njax.config.x += 1\nsetattr(ocp, 'y', 2)\n"
@@ -128,10 +128,11 @@ def test_the_checks_find_what_they_look_for():
 @pytest.mark.slow
 def test_importing_bertjax_leaves_the_environment_unchanged():
   """With the opt-in XLA flags asked for (BERTJAX_XLA_DEFAULTS=1), only an entry point adds them
-  (bertjax/xla_defaults.py); importing the library, its trainer and checkpoints changes nothing."""
+  (bertjax/runtime/xla_defaults.py); importing the library, its trainer and checkpoints changes
+  nothing."""
   script = ("import json, os\nimport jax, flax, optax, orbax.checkpoint\n"
             "before = dict(os.environ)\n"
-            "import bertjax, bertjax.train, bertjax.checkpoints, bertjax.convert\n"
+            "import bertjax, bertjax.trainer.train, bertjax.runtime.checkpoints, bertjax.convert\n"
             "after = dict(os.environ)\n"
             "print(json.dumps({k: [before.get(k), after.get(k)] for k in before.keys() | after.keys()"
             " if before.get(k) != after.get(k)}))\n")

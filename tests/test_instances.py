@@ -12,7 +12,7 @@ import pytest
 
 from bertjax.data import instances as inst
 from bertjax.data.instances import Segment
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from bertjax.data.masking import SpecialIds
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4

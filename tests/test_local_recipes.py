@@ -10,9 +10,12 @@ import math
 import jax.numpy as jnp
 import pytest
 
-from bertjax import metric_writers, progress, registry, report, train
+from bertjax import registry
 from bertjax.objectives.rtd import rtd_terms
-from bertjax.run_record import summarize
+from bertjax.runtime import metric_writers, progress
+from bertjax.runtime.run_record import summarize
+from bertjax.tools import report
+from bertjax.trainer import train
 from tests.helpers import load_config
 
 # ---------------------------------------------------------------------------------------------

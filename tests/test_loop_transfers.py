@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import divergence, train
+from bertjax.runtime import divergence
+from bertjax.trainer import train
 
 from test_train import tiny_config
 

@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from bertjax.data import masking
 from bertjax.data.masking import SpecialIds
 

@@ -10,7 +10,7 @@ import pytest
 from jax.test_util import check_grads
 
 from bertjax.models.layers import LayerNorm, layer_norm
-from bertjax.optim import clip_by_global_norm
+from bertjax.runtime.optim import clip_by_global_norm
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])

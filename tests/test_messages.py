@@ -13,9 +13,11 @@ from orbax import checkpoint as ocp
 import pytest
 
 import bertjax
-from bertjax import benchmark, config_lib, embed, evaluate, inputs, sweep
-from bertjax.errors import UserError
+from bertjax import inputs, sweep
+from bertjax.config import config_lib
+from bertjax.core.errors import UserError
 from bertjax.prune import __main__ as prune_main
+from bertjax.tools import benchmark, embed, evaluate
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 TINY = {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,

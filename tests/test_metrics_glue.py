@@ -14,7 +14,7 @@ import pytest
 import scipy.stats
 import sklearn.metrics
 
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from bertjax.metrics import glue
 
 # (tfds task, GLUE folder, HF processor name) for the dev files in ../shared/data/glue.

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from seqeval import metrics as seqeval_metrics
 
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from bertjax.metrics import ner
 
 TYPES = ("PER", "LOC", "ORG", "MISC")

@@ -10,7 +10,7 @@ import types
 import numpy as np
 import pytest
 
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from bertjax.metrics import squad
 
 

@@ -21,15 +21,18 @@ import torch
 import transformers as T
 
 import bertjax
-from bertjax import checkpoints, config_lib, convert, freezing, metric_writers, train
+from bertjax import convert
+from bertjax.config import config_lib
 from bertjax.convert.hf_configs import modernbert_hf_config, modernbert_model_config
 from bertjax.convert.names import hf_to_params, params_to_hf
-from bertjax.errors import UserError
-from bertjax.models.config import ModelConfig
+from bertjax.core.errors import UserError
 from bertjax.models.attention import explicit_attention, make_attention_mask
+from bertjax.models.config import ModelConfig
 from bertjax.models.modernbert import ModernBertEncoder, banded_attention, window_mask
 from bertjax.models.presets import PRESETS, preset
 from bertjax.models.pretraining import PretrainingModel
+from bertjax.runtime import checkpoints, freezing, metric_writers
+from bertjax.trainer import train
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 TOL = 1e-4

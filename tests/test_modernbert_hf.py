@@ -188,8 +188,8 @@ def test_trained_run_goes_to_transformers_and_back_with_equal_outputs(tmp_path):
   ModernBertForSequenceClassification gives bertjax's logits on AutoTokenizer's ids, which are
   bertjax's; -> from-hf again: `bertjax.load` gives them too."""
   import os  # pylint: disable=g-import-not-at-top
-  from bertjax import train  # pylint: disable=g-import-not-at-top
   from bertjax.data import tokenizers  # pylint: disable=g-import-not-at-top
+  from bertjax.trainer import train  # pylint: disable=g-import-not-at-top
   from helpers import TINY as RUN, load_config  # pylint: disable=g-import-not-at-top
   data = pathlib.Path(os.environ.get("BERTJAX_DATA", "/work/shared/data"))
   if not (data / "glue" / "RTE").is_dir():

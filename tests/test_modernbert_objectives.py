@@ -1,8 +1,9 @@
 """Every pretraining objective and fine-tuning task on a ModernBERT encoder
 (`model.architecture="modernbert"`, bertjax/models/modernbert.py): RTD (its generator and
 discriminator), span masking with SBO, distillation from and into BERT, GLUE, SQuAD, NER, frozen
-encoders, `bertjax.embed` and head pruning; NSP/SOP refused in one line; configs/modernbert.py's
-recipe and its runlocal. Tiny shapes (hidden 32, 3 layers, rows <= 64 tokens, a few steps).
+encoders, `bertjax.tools.embed` and head pruning; NSP/SOP refused in one line;
+configs/modernbert.py's recipe and its runlocal. Tiny shapes (hidden 32, 3 layers, rows <= 64
+tokens, a few steps).
 """
 
 from __future__ import annotations
@@ -16,15 +17,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import checkpoints, embed, metric_writers, train
 from bertjax.convert.hf_configs import model_config_to_hf_config
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from bertjax.models import pruning
 from bertjax.models.config import ModelConfig
 from bertjax.models.electra import ElectraPretrainingModel, generator_config
 from bertjax.models.modernbert import ModernBertEncoder
 from bertjax.models.presets import preset
 from bertjax.prune import __main__ as prune_cli
+from bertjax.runtime import checkpoints, metric_writers
+from bertjax.tools import embed
+from bertjax.trainer import train
 from conftest import DATA_DIR
 from helpers import load_config
 

@@ -6,9 +6,9 @@ layer 1 local with a window of 8 tokens, 4 each side, on rows of up to 64 tokens
 layer takes bertjax's band-by-band path) is converted to our parameters by bertjax.convert's
 ModernBERT names; both are trained for STEPS (24) steps on the same real MLM batches from the
 WikiText-2 sample (sentencepiece, dynamic masking, padded rows): ours with the trainer's jitted
-step and `bertjax.optim` (optax AdamW, no decay on biases and LayerNorm, global-norm clipping,
-warmup then linear decay), theirs with torch.optim.AdamW on the same parameter groups,
-clip_grad_norm_ and get_linear_schedule_with_warmup (bertjax.hf_reference). Dropout is off and
+step and `bertjax.runtime.optim` (optax AdamW, no decay on biases and LayerNorm, global-norm
+clipping, warmup then linear decay), theirs with torch.optim.AdamW on the same parameter groups,
+clip_grad_norm_ and get_linear_schedule_with_warmup (bertjax.tools.hf_reference). Dropout is off and
 everything is float32. The loss is transformers' own (the model's `loss`: cross-entropy averaged
 over the labels other than -100, here the masked positions): eager attention with
 `sparse_prediction=False` (the head at every row, transformers' default), and PyTorch's SDPA with
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import transformers as T
 
-from bertjax import hf_reference
+from bertjax.tools import hf_reference
 from test_finetune_parity import (  # noqa: F401 (corpus, report: fixtures)
     RTOL, STEPS, STRONG, compare, corpus, mlm_labels, pretraining_batches, report, starting_params)
 

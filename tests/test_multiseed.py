@@ -11,10 +11,10 @@ import numpy as np
 
 import pytest
 
-from bertjax import multiseed
+from bertjax.core.errors import UserError
 from bertjax.data import tokenizers
-from bertjax.errors import UserError
 from bertjax.metrics import glue as glue_eval
+from bertjax.tools import multiseed
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 

@@ -68,7 +68,7 @@ def test_a_new_objective_is_one_file_and_one_registry_line(tmp_path):
        "--config.tensorboard=False", "--config.async_checkpointing=False"],
       cwd=root, env=env, capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
-  from bertjax import metric_writers  # pylint: disable=import-outside-toplevel
+  from bertjax.runtime import metric_writers  # pylint: disable=import-outside-toplevel
   rows = metric_writers.read_metrics(workdir)
   train = [row for row in rows if row.get("split") == "train"]
   assert train and all("smoothed_mlm_loss" in row for row in train)

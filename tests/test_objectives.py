@@ -20,16 +20,18 @@ import numpy as np
 
 import pytest
 
-from bertjax import config_lib, inputs, train
+from bertjax import inputs
+from bertjax.config import config_lib
+from bertjax.core.errors import UserError
 from bertjax.data import prepare
-from bertjax.errors import UserError
 from bertjax.models.config import ModelConfig
 from bertjax.models.electra import generator_config
 from bertjax.models.encoder import Encoder
 from bertjax.models.heads import SpanBoundaryHead
-from bertjax.registry import get_objective
 from bertjax.objectives.rtd import rtd_terms
-from bertjax.run_record import summarize
+from bertjax.registry import get_objective
+from bertjax.runtime.run_record import summarize
+from bertjax.trainer import train
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PRETRAINING = ("mlm_nsp", "mlm", "mlm_sop", "span_sbo", "rtd")

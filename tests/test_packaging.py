@@ -42,7 +42,7 @@ def test_pip_install_then_import_from_another_folder(tmp_path):
   assert build.returncode == 0, build.stderr[-3000:]
   elsewhere = tmp_path / "elsewhere"
   elsewhere.mkdir()
-  code = ("import bertjax, bertjax.train, bertjax.data.sources as s, pathlib; "
+  code = ("import bertjax, bertjax.trainer.train, bertjax.data.sources as s, pathlib; "
           "print(bertjax.__file__); "
           "print(pathlib.Path(s.__file__).parent.joinpath('samples', 'wikitext2_test.raw').is_file())")
   run = subprocess.run([str(python), "-c", code], cwd=elsewhere, env=env, capture_output=True,

@@ -9,13 +9,13 @@ import numpy as np
 
 import pytest
 
+from bertjax.core.errors import UserError
 from bertjax.data import instances as inst, packing, pipeline
-from bertjax.errors import UserError
+from bertjax.data.masking import SpecialIds
 from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import Encoder
-from bertjax.data.masking import SpecialIds
-from bertjax import train
 from bertjax.registry import get_objective
+from bertjax.trainer import train
 from tests.test_objectives import quickstart
 from tests.test_pipeline import SPECIAL, assert_same_batches, corpus, make, take
 

@@ -16,14 +16,16 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax import checkpoints, digests, embed, paths, train
 from bertjax.convert import convert_from_hf, sources
 from bertjax.convert.__main__ import main as convert_main
-from bertjax.errors import UserError
+from bertjax.core import digests, paths
+from bertjax.core.errors import UserError
 from bertjax.models.classifiers import SequenceClassifier
 from bertjax.models.config import ModelConfig
-from bertjax.prune import __main__ as prune_cli
-from bertjax.prune import folders
+from bertjax.prune import __main__ as prune_cli, folders
+from bertjax.runtime import checkpoints
+from bertjax.tools import embed
+from bertjax.trainer import train
 
 from conftest import DATA_DIR
 from helpers import TINY, load_config, run_module

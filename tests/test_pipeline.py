@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from bertjax.data import instances as inst, pipeline
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from bertjax.data.masking import SpecialIds
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4

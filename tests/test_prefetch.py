@@ -1,9 +1,9 @@
-"""bertjax.prefetch.DevicePrefetch: batches sent ahead in order, and a checkpoint state that
+"""bertjax.runtime.prefetch.DevicePrefetch: batches sent ahead in order, and a checkpoint state that
 names the last batch a step received, never the ones still queued."""
 
 import pytest
 
-from bertjax.prefetch import DevicePrefetch
+from bertjax.runtime.prefetch import DevicePrefetch
 
 
 class Counter:

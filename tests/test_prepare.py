@@ -15,11 +15,8 @@ import numpy as np
 
 import pytest
 
-from bertjax import errors
-from bertjax.data import prepare
-from bertjax.data import records
-from bertjax.data import sources
-from bertjax.data import tokenizers
+from bertjax.core import errors
+from bertjax.data import prepare, records, sources, tokenizers
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 ZWSP = "\u200b"  # survives str.strip() but tokenizes to nothing

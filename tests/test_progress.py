@@ -6,8 +6,9 @@ import re
 
 import pytest
 
-from bertjax import metric_writers, progress, train
-from bertjax.progress import Progress
+from bertjax.runtime import metric_writers, progress
+from bertjax.runtime.progress import Progress
+from bertjax.trainer import train
 
 from test_task_glue import glue_config, glue_copy, spm_tokenizer
 from test_train import tiny_config

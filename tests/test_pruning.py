@@ -21,18 +21,20 @@ import torch
 import transformers as T
 
 import bertjax
-from bertjax import checkpoints, config_checks, convert, optim, train
+from bertjax import convert
+from bertjax.config import config_checks
 from bertjax.convert import sources
+from bertjax.runtime import checkpoints, optim
+from bertjax.trainer import train
 from conftest import DATA_DIR
 from helpers import TINY, load_config, run_module
+from bertjax.core.errors import UserError
 from bertjax.data import tokenizers
-from bertjax.errors import UserError
 from bertjax.models import pruning
 from bertjax.models.classifiers import SequenceClassifier
 from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import Encoder, init_params
-from bertjax.prune import __main__ as prune_cli
-from bertjax.prune import folders, importance, magnitude, select
+from bertjax.prune import __main__ as prune_cli, folders, importance, magnitude, select
 
 CFG = ModelConfig(vocab_size=50, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
                   intermediate_size=40, max_position_embeddings=32, hidden_dropout_prob=0.0,

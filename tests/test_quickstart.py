@@ -28,7 +28,7 @@ def test_quickstart_200_steps_learns(tmp_path):
                       "--config.log_every=1", "--config.eval_every=100"],
                      cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
   assert r.returncode == 0, r.stderr[-3000:]
-  from bertjax import metric_writers  # pylint: disable=import-outside-toplevel
+  from bertjax.runtime import metric_writers  # pylint: disable=import-outside-toplevel
   rows = metric_writers.read_metrics(tmp_path)
   train = [x for x in rows if x["split"] == "train"]
   evals = [x for x in rows if x["split"] == "eval"]

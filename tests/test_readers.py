@@ -1,8 +1,8 @@
 """Every reader parses or fails with one line naming the file (issue #19), property-based.
 
 Hypothesis feeds each reader (GLUE tsv, SQuAD json, CoNLL, corpus text, and the predictions files
-of `python -m bertjax.evaluate`) arbitrary bytes, well-formed text with junk bytes spliced in, and
-structurally broken files (wrong column counts, missing keys, wrong json types, truncated json).
+of `python -m bertjax.tools.evaluate`) arbitrary bytes, well-formed text with junk bytes spliced in,
+and structurally broken files (wrong column counts, missing keys, wrong json types, truncated json).
 Each must return parsed data or raise `UserError` whose message is one line naming the file.
 Examples are bounded and derandomized, so CI runs the same few hundred cases in seconds.
 """
@@ -18,15 +18,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bertjax import evaluate
+from bertjax.core.errors import UserError
 from bertjax.data import sources
-from bertjax.errors import UserError
 from bertjax.metrics import glue, ner, squad
 from bertjax.registry import get_objective
-from bertjax.tasks import base
-from bertjax.tasks import glue as glue_task
-from bertjax.tasks import ner as ner_task
-from bertjax.tasks import squad as squad_task
+from bertjax.tasks import base, glue as glue_task, ner as ner_task, squad as squad_task
+from bertjax.tools import evaluate
 
 from helpers import TINY, load_config, run_module
 
@@ -357,8 +354,8 @@ def _one_line_error(build) -> str:
 
 
 def _cli(*args) -> str:
-  """`python -m bertjax.evaluate ARGS`: exit 2 with one line on stderr and no traceback."""
-  proc = run_module("-m", "bertjax.evaluate", *map(str, args), timeout=60)
+  """`python -m bertjax.tools.evaluate ARGS`: exit 2 with one line on stderr and no traceback."""
+  proc = run_module("-m", "bertjax.tools.evaluate", *map(str, args), timeout=60)
   assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
   lines = proc.stderr.splitlines()
   assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-2000:]

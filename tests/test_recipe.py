@@ -11,10 +11,11 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax import checkpoints, metric_writers, optim, train
+from bertjax.core.errors import UserError
 from bertjax.data import batch_warmup, masking, pipeline
-from bertjax.errors import UserError
 from bertjax.registry import get_objective
+from bertjax.runtime import checkpoints, metric_writers, optim
+from bertjax.trainer import train
 from configs.common import base_config
 from test_train import tiny_config
 

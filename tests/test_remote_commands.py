@@ -1,4 +1,4 @@
-"""Every command reads and writes gs:// paths where it takes local ones (bertjax/paths.py).
+"""Every command reads and writes gs:// paths where it takes local ones (bertjax/core/paths.py).
 
 Each test runs a command on a local folder and on the same folder copied onto the fake bucket of
 tests/fake_gcs.py (`gs://bucket/...` is the folder `fake_gcs / "bucket/..."`; it refuses
@@ -18,13 +18,16 @@ import numpy as np
 import pytest
 
 import bertjax
+from bertjax import sweep
+from bertjax.config import config_lib
 from bertjax.convert import __main__ as convert_cli
+from bertjax.core.errors import UserError
 from bertjax.data import tokenizers
-from bertjax.errors import UserError
-from bertjax import (checkpoints, config_lib, embed, evaluate, metric_writers, multiseed, report,
-                     sweep, train)
 from bertjax.metrics import ner, squad
 from bertjax.prune import __main__ as prune_cli
+from bertjax.runtime import checkpoints, metric_writers
+from bertjax.tools import embed, evaluate, multiseed, report
+from bertjax.trainer import train
 from conftest import DATA_DIR
 from helpers import TINY, load_config
 

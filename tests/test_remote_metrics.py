@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from bertjax import metric_writers, paths, report
+from bertjax.core import paths
+from bertjax.runtime import metric_writers
+from bertjax.tools import report
 
 RUN = "gs://bucket/runs/metrics"
 

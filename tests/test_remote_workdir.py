@@ -24,10 +24,12 @@ import numpy as np
 
 import pytest
 
-from bertjax import (checkpoints, config_checks, config_lib, metric_writers, paths, train,
-                     workdir as workdir_lib)
+from bertjax.config import config_checks, config_lib
+from bertjax.core import paths
+from bertjax.core.errors import UserError
 from bertjax.data import sources, tokenizers
-from bertjax.errors import UserError
+from bertjax.runtime import checkpoints, metric_writers, workdir as workdir_lib
+from bertjax.trainer import train
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 RUN = "gs://bucket/runs/remote"

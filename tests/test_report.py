@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from matplotlib import image as mpimg
 
-from bertjax import report, sweep
-from bertjax.errors import UserError
+from bertjax import sweep
+from bertjax.core.errors import UserError
+from bertjax.tools import report
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -284,8 +285,8 @@ def test_crashing_point_is_reported_and_the_others_run(tmp_path):
   assert json.loads((good / "config.json").read_text())["data"]["synthetic"] is False
   assert "training a sentencepiece tokenizer" in (good / "log.txt").read_text()  # real data
 
-  r = subprocess.run([sys.executable, "-m", "bertjax.report", str(workdir)], cwd=REPO, env=env,
-                     capture_output=True, text=True, timeout=300)
+  r = subprocess.run([sys.executable, "-m", "bertjax.tools.report", str(workdir)], cwd=REPO,
+                     env=env, capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stderr[-2000:]
   table = (workdir / "report.md").read_text()
   row = next(l for l in table.splitlines() if l.startswith("| objective=nope |"))

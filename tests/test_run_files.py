@@ -1,4 +1,4 @@
-"""The readers of a run's own files (bertjax/run_files.py) skip a torn or malformed row, or a
+"""The readers of a run's own files (bertjax/core/run_files.py) skip a torn or malformed row, or a
 damaged JSON file, with one warning naming the file and line, and never raise: `report`, resume
 (MetricWriter.resume_at) and the best-checkpoint keeper read through them."""
 
@@ -11,7 +11,10 @@ import tempfile
 from hypothesis import HealthCheck, given, settings, strategies as st
 import pytest
 
-from bertjax import checkpoints, metric_writers, report, run_files, sweep
+from bertjax import sweep
+from bertjax.core import run_files
+from bertjax.runtime import checkpoints, metric_writers
+from bertjax.tools import report
 
 ROWS = [{"step": 1, "split": "train", "loss": 3.0, "tokens_per_s": 100.0},
         {"step": 2, "split": "train", "loss": 2.5, "tokens_per_s": 110.0},

@@ -1,16 +1,18 @@
-"""The trainer's straight path: a run is planned once (bertjax/run_plan.py), the settings checks
-are reached from one place, and the config passed in is the one every step reads (no copy)."""
+"""The trainer's straight path: a run is planned once (bertjax/trainer/run_plan.py), the settings
+checks are reached from one place, and the config passed in is the one every step reads (no
+copy)."""
 
 import ast
 import pytest
 
-from bertjax import config_checks, run_plan, train
-from bertjax.errors import UserError
+from bertjax.config import config_checks
+from bertjax.core.errors import UserError
 from bertjax.registry import get_objective
+from bertjax.trainer import run_plan, train
 from tests.test_config_checks import fake_mesh
 from tests.test_train import REPO, tiny_config
 
-TRAIN_PY = REPO / "bertjax" / "train.py"
+TRAIN_PY = REPO / "bertjax" / "trainer" / "train.py"
 
 
 def _names(tree) -> list[ast.AST]:

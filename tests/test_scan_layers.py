@@ -6,10 +6,10 @@ import numpy as np
 
 import pytest
 
-from bertjax import train
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from bertjax.models.encoder import Encoder, init_params
 from bertjax.models.presets import preset
+from bertjax.trainer import train
 
 from test_train import tiny_config
 

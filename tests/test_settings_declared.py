@@ -1,17 +1,17 @@
-"""A setting is declared once (bertjax/settings.py): one row gives its default in every config, its
-check (a bad value refused in one line that quotes its help) and its help text. The configs resolve
-as they did before the table (tests/golden/resolved_configs.json), and the sharding rules are
-config data whose old spelling () still means the defaults."""
+"""A setting is declared once (bertjax/config/settings.py): one row gives its default in every
+config, its check (a bad value refused in one line that quotes its help) and its help text. The
+configs resolve as they did before the table (tests/golden/resolved_configs.json), and the sharding
+rules are config data whose old spelling () still means the defaults."""
 
 import dataclasses
 import json
 
 import pytest
 
-from bertjax import config_checks, config_lib, config_rules, settings, sharding
-from bertjax import workdir as workdir_lib
-from bertjax.errors import UserError
+from bertjax.config import config_checks, config_lib, config_rules, settings
+from bertjax.core.errors import UserError
 from bertjax.models.config import ModelConfig
+from bertjax.runtime import sharding, workdir as workdir_lib
 from configs import common
 from tests import resolved_configs
 from tests.helpers import REPO

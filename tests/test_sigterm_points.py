@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 
 import launch
-from bertjax import checkpoints, digests, errors, metric_writers, train
+from bertjax.core import digests, errors
 from bertjax.data import prepare, tokenizers
+from bertjax.runtime import checkpoints, metric_writers
 from bertjax.tasks import base as task_base
+from bertjax.trainer import train
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))

@@ -9,7 +9,7 @@ import pathlib
 
 import pytest
 
-from bertjax import errors
+from bertjax.core import errors
 from bertjax.data import sources
 
 

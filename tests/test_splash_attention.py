@@ -16,13 +16,13 @@ import numpy as np
 
 import pytest
 
-from bertjax import sharding
 from bertjax.models import splash
 from bertjax.models.attention import (attention_implementation, attention_mask_for,
                                       explicit_attention, make_attention_mask)
 from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import Encoder
 from bertjax.registry import get_objective
+from bertjax.runtime import sharding
 from tests.helpers import REPO, load_config
 
 B, H, D = 2, 2, 16
@@ -135,7 +135,7 @@ def test_splash_under_a_mesh_gives_the_explicit_outputs():
 
 SHARDED = textwrap.dedent("""
     import flax.linen as nn, jax, jax.numpy as jnp, numpy as np
-    from bertjax import sharding
+    from bertjax.runtime import sharding
     from tests.test_splash_attention import explicit_fn, qkv, rows_case, splash_fn, value_and_grads
     assert len(jax.devices()) == 4
     mask, seg = rows_case("packed")

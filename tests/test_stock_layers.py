@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax import config_lib, optim
+from bertjax.config import config_lib
 from bertjax.models import dropout, embeddings, kernels, layers
 from bertjax.models.classifiers import SequenceClassifier, TokenClassifier
 from bertjax.models.config import ModelConfig
@@ -19,6 +19,7 @@ from bertjax.models.electra import ElectraDiscriminator
 from bertjax.models.encoder import Encoder
 from bertjax.models.heads import SpanBoundaryHead
 from bertjax.models.pretraining import PretrainingModel
+from bertjax.runtime import optim
 
 SIZES = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
              intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.1,

@@ -13,8 +13,10 @@ import time
 
 import pytest
 
-from bertjax import distributed, metric_writers, report, sweep
-from bertjax.errors import UserError
+from bertjax import sweep
+from bertjax.core.errors import UserError
+from bertjax.runtime import distributed, metric_writers
+from bertjax.tools import report
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -79,7 +81,7 @@ def test_product_and_points_cross():
 
 
 def test_override_text_round_trips_through_the_config():
-  from bertjax import config_lib
+  from bertjax.config import config_lib
   config = config_lib.load_config_file(str(REPO / "configs/quickstart.py") + ":runlocal")
   values = {"mesh_shape": (2, 1, -1), "learning_rate": 3e-5, "init_from": "1e-3",
             "data.corpus": "/a/b c.txt", "tensorboard": False, "total_steps": 7}

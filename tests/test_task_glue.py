@@ -11,16 +11,17 @@ import numpy as np
 
 import pytest
 
-from bertjax import checkpoints, config_lib, optim, train
+from bertjax.config import config_lib
+from bertjax.core.errors import UserError
 from bertjax.data import tokenizers
-from bertjax.errors import UserError
-from bertjax.metric_writers import read_metrics
 from bertjax.metrics import glue as glue_eval
 from bertjax.models import classifiers
 from bertjax.objective import Schedule
 from bertjax.registry import get_objective
-from bertjax.tasks import base
-from bertjax.tasks import glue as glue_task
+from bertjax.runtime import checkpoints, optim
+from bertjax.runtime.metric_writers import read_metrics
+from bertjax.tasks import base, glue as glue_task
+from bertjax.trainer import train
 
 from helpers import REPO, TINY, load_config, run_module
 
@@ -57,7 +58,7 @@ def spm_tokenizer(tmp_path, texts, vocab=1000) -> pathlib.Path:
 def test_sst2_end_to_end(tmp_path, data_dir):
   """Random-init tiny model on 512 SST-2 sentences: loss falls, every dev sentence (872, not a
   multiple of the batch of 16) gets one prediction, test predictions are written in the
-  leaderboard format, and `python -m bertjax.evaluate` scores the dev file as the run did."""
+  leaderboard format, and `python -m bertjax.tools.evaluate` scores the dev file as the run did."""
   root = glue_copy(tmp_path, data_dir, "SST-2", test_rows=37)
   train_rows = glue_eval.read_glue_tsv(root / "SST-2/train.tsv", "sst2", "train")
   tok = spm_tokenizer(tmp_path, [r["sentence1"] for r in train_rows[:4000]])
@@ -86,7 +87,7 @@ def test_sst2_end_to_end(tmp_path, data_dir):
   assert idx.tolist() == list(range(872))
   gold = [r["label"] for r in glue_eval.read_glue_tsv(root / "SST-2/dev.tsv", "sst2", "dev")]
   assert np.mean(preds == np.asarray(gold)) == pytest.approx(last["accuracy"], abs=1e-12)
-  proc = run_module("-m", "bertjax.evaluate", "glue", "--data", str(root / "SST-2/dev.tsv"),
+  proc = run_module("-m", "bertjax.tools.evaluate", "glue", "--data", str(root / "SST-2/dev.tsv"),
                     "--predictions", str(final / "dev" / "SST-2.tsv"))
   assert proc.returncode == 0, proc.stderr
   scored = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -436,7 +437,7 @@ def test_stsb_regression_end_to_end(tmp_path, data_dir):
   final = workdir / "predictions" / "step_40" / "dev" / "STS-B.tsv"
   idx, preds = glue_eval.read_predictions_tsv(final, "stsb")
   assert idx.tolist() == list(range(1500)) and preds.dtype == np.float64
-  proc = run_module("-m", "bertjax.evaluate", "glue", "--data", str(root / "STS-B/dev.tsv"),
+  proc = run_module("-m", "bertjax.tools.evaluate", "glue", "--data", str(root / "STS-B/dev.tsv"),
                     "--predictions", str(final))
   assert proc.returncode == 0, proc.stderr
   scored = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -9,14 +9,14 @@ import numpy as np
 
 import pytest
 
-from bertjax import train
+from bertjax.core.errors import UserError
 from bertjax.data import tokenizers
-from bertjax.errors import UserError
-from bertjax.metric_writers import read_metrics
 from bertjax.metrics import ner as ner_eval
 from bertjax.registry import get_objective
+from bertjax.runtime.metric_writers import read_metrics
+from bertjax.runtime.run_record import summarize
 from bertjax.tasks import ner
-from bertjax.run_record import summarize
+from bertjax.trainer import train
 
 from helpers import REPO, TINY, load_config, run_module
 
@@ -79,7 +79,7 @@ def test_first_subtoken_labels_and_long_sentences(spm_dir, data_dir):
 @pytest.mark.slow
 def test_ner_end_to_end(tmp_path, data_dir, spm_dir):
   """Train on CoNLL test.txt sentences, evaluate on 301 valid.txt sentences: loss falls, every
-  word gets a tag, and `python -m bertjax.evaluate ner` scores the file as the run did."""
+  word gets a tag, and `python -m bertjax.tools.evaluate ner` scores the file as the run did."""
   conll = data_dir / "conll2003"
   dev = conll_part(conll / "valid.txt", tmp_path / "dev.txt", 0, 301)
   test = conll_part(conll / "valid.txt", tmp_path / "test.txt", 301, 120)
@@ -102,7 +102,7 @@ def test_ner_end_to_end(tmp_path, data_dir, spm_dir):
   gold = ner_eval.read_conll(dev)
   predicted = ner_eval.read_ner_predictions(final / "dev_predictions.txt")
   assert [p.tokens for p in predicted] == [g.tokens for g in gold]  # every word, in order
-  proc = run_module("-m", "bertjax.evaluate", "ner", "--data", str(dev), "--predictions",
+  proc = run_module("-m", "bertjax.tools.evaluate", "ner", "--data", str(dev), "--predictions",
                     str(final / "dev_predictions.txt"))
   assert proc.returncode == 0, proc.stderr
   scored = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -204,7 +204,7 @@ def test_gradient_accumulation_matches_big_batch(spm_dir, data_dir):
   accumulated micro-batches exactly equal to one big batch."""
   import jax
   import jax.numpy as jnp
-  from bertjax import optim, sharding
+  from bertjax.runtime import optim, sharding
   config = ner_config("runlocal", batch_size=8, max_seq_length=32,
                       **{"optimizer.warmup_steps": 0, "model.vocab_size": 2000})
   tok = tokenizers.load_tokenizer(spm_dir)

@@ -9,14 +9,15 @@ import numpy as np
 import pytest
 import tokenizers as hf_tokenizers
 
-from bertjax import checkpoints, config_lib, eval_context, sharding, train
+from bertjax.config import config_lib
+from bertjax.core.errors import UserError
 from bertjax.data import tokenizers
-from bertjax.errors import UserError
-from bertjax.metric_writers import read_metrics
-from bertjax.metrics import span_decoding
-from bertjax.metrics import squad as squad_eval
+from bertjax.metrics import span_decoding, squad as squad_eval
 from bertjax.registry import get_objective
+from bertjax.runtime import checkpoints, sharding
+from bertjax.runtime.metric_writers import read_metrics
 from bertjax.tasks import squad
+from bertjax.trainer import eval_context, train
 
 from helpers import REPO, TINY, load_config, run_module
 
@@ -237,8 +238,8 @@ def test_squad_v11_end_to_end(tmp_path, data_dir, spm_dir, capsys):
       assert ex["context"][e["start"]:e["end"]] == e["text"]
   last = [r for r in rows if r["split"] == "eval"][-1]
   assert last["total"] == len(gold)
-  proc = run_module("-m", "bertjax.evaluate", "squad", "--data", str(dev_file), "--predictions",
-                    str(final / "predictions.json"), "--version", "1.1")
+  proc = run_module("-m", "bertjax.tools.evaluate", "squad", "--data", str(dev_file),
+                    "--predictions", str(final / "predictions.json"), "--version", "1.1")
   assert proc.returncode == 0, proc.stderr
   scored = json.loads(proc.stdout.strip().splitlines()[-1])
   assert scored["exact_match"] == pytest.approx(last["exact_match"], abs=1e-9)
@@ -250,7 +251,7 @@ def test_squad_v11_end_to_end(tmp_path, data_dir, spm_dir, capsys):
   first = gold[0]["id"]
   del missing[first]
   (tmp_path / "partial.json").write_text(json.dumps(missing))
-  proc = run_module("-m", "bertjax.evaluate", "squad", "--data", str(dev_file),
+  proc = run_module("-m", "bertjax.tools.evaluate", "squad", "--data", str(dev_file),
                     "--predictions", str(tmp_path / "partial.json"))
   assert proc.returncode == 2 and "Traceback" not in proc.stderr
   assert proc.stderr.count("\n") == 1 and first in proc.stderr and "lack 1 of" in proc.stderr
@@ -279,7 +280,7 @@ def test_squad_v20_end_to_end(tmp_path, data_dir, spm_dir):
   assert "best_f1_thresh" in last and "best_f1" in last  # the threshold tuned on dev
 
   def scored_by_cli(directory):
-    proc = run_module("-m", "bertjax.evaluate", "squad", "--data", str(dev_file),
+    proc = run_module("-m", "bertjax.tools.evaluate", "squad", "--data", str(dev_file),
                       "--predictions", str(directory / "predictions.json"), "--null_odds",
                       str(directory / "null_odds.json"))
     assert proc.returncode == 0, proc.stderr

@@ -19,7 +19,7 @@ import unicodedata
 import numpy as np
 import pytest
 
-from bertjax import errors
+from bertjax.core import errors
 from bertjax.data import tokenizers as T
 
 REPO = pathlib.Path(__file__).resolve().parent.parent

@@ -12,9 +12,12 @@ import numpy as np
 
 import pytest
 
-from bertjax import config_lib, inputs, metric_writers, optim, sharding, train
+from bertjax import inputs
+from bertjax.config import config_lib
 from bertjax.registry import get_objective
-from bertjax.run_record import summarize
+from bertjax.runtime import metric_writers, optim, sharding
+from bertjax.runtime.run_record import summarize
+from bertjax.trainer import train
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -83,7 +86,7 @@ def test_missing_config_file(tmp_path):
 
 
 def _params(workdir):
-  from bertjax import checkpoints
+  from bertjax.runtime import checkpoints
   return checkpoints.restore_params(workdir)
 
 

@@ -19,8 +19,10 @@ import numpy as np
 
 import pytest
 
-from bertjax import convert, hf_reference, xla_defaults
+from bertjax import convert
 from bertjax.registry import get_objective
+from bertjax.runtime import xla_defaults
+from bertjax.tools import hf_reference
 from tests.helpers import REPO, load_config
 
 STEPS, WARMUP = 30, 5

@@ -1,4 +1,4 @@
-"""One workdir, one run: the lock, and what a resumed run may change (bertjax/workdir.py).
+"""One workdir, one run: the lock, and what a resumed run may change (bertjax/runtime/workdir.py).
 
 A refused or failed run must leave the workdir exactly as it was: every file's bytes and mtime
 are compared before and after.
@@ -15,9 +15,9 @@ import sys
 
 import pytest
 
-from bertjax import train
-from bertjax import workdir as workdir_lib
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
+from bertjax.runtime import workdir as workdir_lib
+from bertjax.trainer import train
 
 from helpers import TINY, load_config
 from test_train import run_launch, tiny_config

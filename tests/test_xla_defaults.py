@@ -1,6 +1,7 @@
-"""bertjax.xla_defaults: which XLA:CPU flags bertjax adds, and when it leaves XLA_FLAGS alone."""
+"""bertjax.runtime.xla_defaults: which XLA:CPU flags bertjax adds, and when it leaves XLA_FLAGS
+alone."""
 
-from bertjax import xla_defaults
+from bertjax.runtime import xla_defaults
 
 
 def test_adds_flags_after_the_users_own(monkeypatch):
@@ -15,7 +16,7 @@ def test_adds_flags_after_the_users_own(monkeypatch):
 
 def test_leaves_flags_alone_unless_asked_or_when_unsure(monkeypatch):
   monkeypatch.setattr(xla_defaults, "CHECKED_JAXLIB", (xla_defaults.version_of_jaxlib(),))
-  # Off unless asked for: the oneDNN path crashed on an AVX2 CPU (bertjax/xla_defaults.py).
+  # Off unless asked for: the oneDNN path crashed on an AVX2 CPU (bertjax/runtime/xla_defaults.py).
   for off in ({}, {"BERTJAX_XLA_DEFAULTS": "0"}, {"BERTJAX_XLA_DEFAULTS": "yes"}):
     assert xla_defaults.apply(off) == [] and "XLA_FLAGS" not in off
   mine = {"XLA_FLAGS": "--xla_cpu_use_onednn=false", "BERTJAX_XLA_DEFAULTS": "1"}

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from bertjax.convert.hf_configs import ELECTRA_PARTS
 from bertjax.convert.export import convert_to_hf
+from bertjax.convert.hf_configs import ELECTRA_PARTS
 from bertjax.convert.workdirs import convert_from_hf
-from bertjax import xla_defaults
-from bertjax.errors import doc_summary, fail, run_cli
+from bertjax.core.errors import doc_summary, fail, run_cli
+from bertjax.runtime import xla_defaults
 import bertjax.convert
 
 

@@ -18,7 +18,6 @@ from typing import Any, Callable, Iterable
 
 from safetensors.numpy import save_file
 
-from bertjax import paths
 from bertjax.convert.hf_configs import (HEAD_ORDER, HF_CLASSES, POOLER_CLASSES, TASK_CLASSES,
                                         model_config_to_hf_config)
 from bertjax.convert.hf_tokenizer import write_hf_tokenizer
@@ -26,7 +25,8 @@ from bertjax.convert.names import (encoder_entries, head_entries, params_to_hf,
                                    roberta_classifier_dense, task_head_entries)
 from bertjax.convert.sources import Source, read_source
 from bertjax.convert.workdirs import Converted, check_target, staging_dir
-from bertjax.errors import fail
+from bertjax.core import paths
+from bertjax.core.errors import fail
 
 PathLike = str | os.PathLike
 NEVER_TRAINED = "never trained (initialized fresh by from-hf)"
@@ -101,7 +101,7 @@ def _task_plan(source: Source) -> Plan:
   if task.features != "standard":
     fail(f"no transformers class holds a feature-based head (head.features={task.features!r}: "
          "it reads several layers); run it with bertjax.load(W).logits, or export the features "
-         "with python -m bertjax.embed")
+         "with python -m bertjax.tools.embed")
   if task.kind == "sequence" and (cls is None or not cfg.use_pooler) and (
       cfg.architecture != "modernbert"):
     ours = "pooler (dense + tanh) + linear" if cfg.use_pooler else "a linear layer on [CLS]"

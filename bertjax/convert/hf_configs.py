@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from bertjax.errors import fail
+from bertjax.core.errors import fail
 from bertjax.models.config import ACTIVATIONS, ModelConfig
 
 

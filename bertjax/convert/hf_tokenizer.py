@@ -22,10 +22,10 @@ from typing import Any
 
 from tokenizers import processors
 
-from bertjax import paths
 from bertjax.convert.hf_configs import TOKENIZER_FILES
+from bertjax.core import paths
+from bertjax.core.errors import fail
 from bertjax.data import tokenizers
-from bertjax.errors import fail
 
 
 def is_bertjax_tokenizer(src: pathlib.Path) -> bool:

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from bertjax.convert.models import build_model
 from bertjax.convert.sources import Source, TaskHead, read_source
-from bertjax.errors import fail
+from bertjax.core.errors import fail
 from bertjax.models.classifiers import SequenceClassifier, TokenClassifier
 from bertjax.models.config import ModelConfig
 from bertjax.models.modernbert import encoder_for

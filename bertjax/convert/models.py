@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.errors import fail
+from bertjax.core.errors import fail
 from bertjax.models import heads as heads_lib
 from bertjax.models import layers as layers_lib
 from bertjax.models.config import ModelConfig

@@ -7,7 +7,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from bertjax.errors import fail
+from bertjax.core.errors import fail
 from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import has_embedding_projection
 

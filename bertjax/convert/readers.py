@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import load_file
 
-from bertjax.errors import fail
+from bertjax.core.errors import fail
 
 PathLike = str | os.PathLike
 

@@ -24,14 +24,15 @@ from typing import Any
 import jax
 import numpy as np
 
-from bertjax import checkpoints, paths, run_files
 from bertjax.convert.models import check_tree
 from bertjax.convert.readers import one_line
-from bertjax.convert.workdirs import Converted, to_numpy, load_workdir
-from bertjax.errors import UserError, fail
+from bertjax.convert.workdirs import Converted, load_workdir, to_numpy
+from bertjax.core import paths, run_files
+from bertjax.core.errors import UserError, fail
 from bertjax.metrics import glue
 from bertjax.models.config import ModelConfig
 from bertjax.models.electra import generator_config
+from bertjax.runtime import checkpoints
 from bertjax.tasks.ner import LABELS as TAGGING_LABELS
 
 PathLike = str | os.PathLike

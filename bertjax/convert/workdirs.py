@@ -14,15 +14,16 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 import orbax.checkpoint as ocp
 
-from bertjax import checkpoints, digests, paths
-from bertjax.convert.hf_configs import ELECTRA_PARTS, TASK_CLASSES, hf_config_to_model_config
 from bertjax.convert import hf_tokenizer
+from bertjax.convert.hf_configs import ELECTRA_PARTS, TASK_CLASSES, hf_config_to_model_config
 from bertjax.convert.models import check_tree, fresh_part
 from bertjax.convert.names import (TASK_HEADS, architecture_heads, encoder_entries, hf_to_params,
                                    task_head_entries)
 from bertjax.convert.readers import one_line, read_hf_config, read_hf_weights
-from bertjax.errors import UserError, fail
+from bertjax.core import digests, paths
+from bertjax.core.errors import UserError, fail
 from bertjax.models.config import ModelConfig
+from bertjax.runtime import checkpoints
 
 PathLike = str | os.PathLike
 Params = dict[str, Any]

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from bertjax.errors import UserError, fail
+from bertjax.core.errors import UserError, fail
 
 
 def check(config, accum: int, task: bool) -> None:

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from bertjax.data.masking import SpecialIds
 
 KINDS = ("nsp", "sop", "full", "single")

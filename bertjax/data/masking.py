@@ -29,7 +29,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 
 STRATEGIES = ("token", "whole_word", "ngram", "span")
 

@@ -29,7 +29,7 @@ import grain
 import numpy as np
 
 from bertjax.data.instances import Instance
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 
 # Kinds whose instances can share a row: they carry no per-instance label read from [CLS].
 PACKABLE_KINDS = ("single",)

@@ -30,7 +30,7 @@ import numpy as np
 
 from bertjax.data import packing
 from bertjax.data import instances
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 from bertjax.data import masking
 from bertjax.data.masking import SpecialIds
 

@@ -36,10 +36,8 @@ import tqdm
 from array_record.python import array_record_data_source
 from array_record.python import array_record_module
 
-from bertjax import errors, paths
-from bertjax.data import records
-from bertjax.data import sources
-from bertjax.data import tokenizers
+from bertjax.core import errors, paths
+from bertjax.data import records, sources, tokenizers
 
 _log = logging.getLogger("bertjax.data.prepare")  # not __name__: that is __main__ under -m
 

@@ -31,7 +31,7 @@ import re
 import zlib
 from typing import BinaryIO, Iterable, Iterator, Sequence
 
-from bertjax import errors
+from bertjax.core import errors
 
 _log = logging.getLogger("bertjax.data.sources")  # not __name__: that is __main__ under -m
 

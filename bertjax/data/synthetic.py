@@ -29,7 +29,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from bertjax.data.masking import SpecialIds
-from bertjax.errors import UserError
+from bertjax.core.errors import UserError
 
 NUM_SPECIAL = 5
 TRAIN_DOCUMENTS = 100_000  # generated on demand; more than a short run reads once

@@ -22,8 +22,8 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from bertjax import paths
-from bertjax.errors import fail, read_text
+from bertjax.core import paths
+from bertjax.core.errors import fail, read_text
 
 SPLITS = ("train", "dev", "test")
 # tfds calls the dev split "validation"; accept both spellings.

@@ -19,8 +19,8 @@ import io
 import os
 from typing import Iterable, Sequence
 
-from bertjax import paths
-from bertjax.errors import fail, read_text
+from bertjax.core import paths
+from bertjax.core.errors import fail, read_text
 
 DOCSTART = "-DOCSTART-"
 _PREFIXES = ("B", "I", "E", "S")

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.errors import fail
+from bertjax.core.errors import fail
 
 NEG_INF = -jnp.inf
 

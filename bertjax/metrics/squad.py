@@ -21,8 +21,8 @@ import re
 import string
 from typing import Any, Mapping, Sequence
 
-from bertjax import paths
-from bertjax.errors import fail, read_text
+from bertjax.core import paths
+from bertjax.core.errors import fail, read_text
 
 VERSIONS = ("1.1", "2.0")
 _PUNCTUATION = frozenset(string.punctuation)

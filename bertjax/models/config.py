@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
-from bertjax.errors import fail
+from bertjax.core.errors import fail
 from bertjax.models.dropout import DROPOUT_SETTINGS
 from bertjax.models.kernels import ATTENTION_DROPOUT_SETTINGS, KERNEL_SETTINGS, parse_overrides
 
@@ -25,7 +25,8 @@ REMAT_POLICIES = ("full", "dots")
 # apply to it too.
 _MODERNBERT_REFUSES = {"num_hidden_groups": None, "scan_layers": False}
 # ModernBERT's numeric settings: (name, lowest value, whether that value itself is allowed).
-# Checked here, with the architecture (bertjax.config_checks ranges the settings every model reads).
+# Checked here, with the architecture (bertjax.config.config_checks ranges the settings every model
+# reads).
 _MODERNBERT_RANGES = (
     ("norm_eps", 0, False), ("global_rope_theta", 0, False), ("local_rope_theta", 0, False),
     ("global_attn_every_n_layers", 1, True), ("local_attention", 2, True),

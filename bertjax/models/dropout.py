@@ -44,7 +44,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.errors import fail
+from bertjax.core.errors import fail
 
 HALF = 2 ** 16
 FORMS = ("packed32", "mask32", "bits16", "recompute16")

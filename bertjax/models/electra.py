@@ -27,7 +27,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.errors import fail
+from bertjax.core.errors import fail
 from bertjax.models.config import ModelConfig
 from bertjax.models.heads import DiscriminatorHead
 from bertjax.models.modernbert import encoder_for, mlm_head_for

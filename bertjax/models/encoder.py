@@ -3,7 +3,7 @@
 One module covers BERT, RoBERTa (position offset after padding), ALBERT (factorized embeddings,
 cross-layer sharing) and ELECTRA (embedding projection), post-LN as published or pre-LN.
 Weights carry logical axis names only (`vocab`, `embed`, `heads`, `kv`, `mlp`); the mapping of
-those names to a device mesh lives in the experiment config (see `bertjax.sharding`).
+those names to a device mesh lives in the experiment config (see `bertjax.runtime.sharding`).
 Activations are constrained with `act_batch`, `act_len`, `act_embed`, ... names.
 """
 
@@ -16,7 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.errors import fail
+from bertjax.core.errors import fail
 from bertjax.models import kernels
 from bertjax.models.attention import (AttentionMask, attention_implementation, attention_mask_for,
                                       explicit_attention, flash_dropout_attention, flash_segments,

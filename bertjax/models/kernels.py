@@ -11,7 +11,7 @@ accelerator issue directs.
 
 `model.kernels` picks the set: "auto" (the default) takes the backend JAX runs on; "cpu",
 "gpu" or "tpu" force one, so that, say, the CPU choices can be measured on a GPU with
-`python -m bertjax.benchmark ... --override model.kernels=cpu`; "tpu-xla" is the TPU set with
+`python -m bertjax.tools.benchmark ... --override model.kernels=cpu`; "tpu-xla" is the TPU set with
 XLA's attention instead of the splash kernel (to compare the two on a TPU); "stock" turns every
 field off: stock Flax and optax throughout (`STOCK`). Parameters and
 checkpoints are the same under every set, and so are outputs and gradients to float rounding when
@@ -74,7 +74,7 @@ class Kernels:
     (`heads.add_vocab_bias`), so its gradient is a matrix-vector product instead of a column
     sum; off: a broadcast add.
   scalar_clipping: global-norm clipping as one multiply by min(1, max_norm / norm)
-    (`bertjax.optim.clip_by_global_norm`), instead of `optax.clip_by_global_norm`.
+    (`bertjax.runtime.optim.clip_by_global_norm`), instead of `optax.clip_by_global_norm`.
   attention_dropout: the path of training steps with attention dropout ("explicit": scores,
     softmax and dropout as separate XLA operations, `explicit_attention`; "pallas": the fused
     flash kernel with counter-based dropout, `bertjax.models.flash_attention`).

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.errors import fail
+from bertjax.core.errors import fail
 from bertjax.models import kernels, splash
 from bertjax.models.attention import (AttentionMask, attention_implementation, attention_mask_for,
                                       explicit_attention, fused_attention)

@@ -7,7 +7,7 @@ preset agree.
 
 from __future__ import annotations
 
-from bertjax.errors import fail
+from bertjax.core.errors import fail
 from bertjax.models.config import ModelConfig
 
 

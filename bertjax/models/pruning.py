@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from bertjax.errors import fail
+from bertjax.core.errors import fail
 from bertjax.models.config import ModelConfig
 
 Params = dict[str, Any]

@@ -48,8 +48,7 @@ from typing import Any
 import flax
 import flax.linen as nn
 
-from bertjax import sharding
-from bertjax.errors import fail
+from bertjax.core.errors import fail
 from bertjax.models.config import ModelConfig
 from bertjax.models.distill import DistillModel
 from bertjax.objective import Objective
@@ -57,8 +56,8 @@ from bertjax.objectives.distill_losses import distill_denominators, distillation
 from bertjax.objectives.distill_settings import (SHAPE_FIELDS, Settings, init_layer_sources,
                                                  parse_layer_map)
 from bertjax.objectives.teacher import Teacher, check_tokenizers, flat_paths
-from bertjax.tasks import base as task_base
-from bertjax.tasks import glue as glue_task
+from bertjax.runtime import sharding
+from bertjax.tasks import base as task_base, glue as glue_task
 
 _log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from bertjax.errors import fail
+from bertjax.core.errors import fail
 
 STUDENT_INITS = ("teacher_layers", "scratch")
 # Objectives whose workdirs keep the architecture of their init_from rather than config.model.

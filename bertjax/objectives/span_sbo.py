@@ -15,7 +15,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from bertjax.errors import fail
+from bertjax.core.errors import fail
 from bertjax.models.heads import SpanBoundaryHead
 from bertjax.models.pretraining import PretrainingModel
 from bertjax.objective import Objective, masked_lm_terms

@@ -12,11 +12,11 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from bertjax import checkpoints, sharding
+from bertjax.core.errors import fail
 from bertjax.data import tokenizers
-from bertjax.errors import fail
 from bertjax.models.config import ModelConfig
 from bertjax.models.distill import DistillModel
+from bertjax.runtime import checkpoints, sharding
 from bertjax.tasks import base as task_base
 
 # Objectives whose workdirs record the experiment, the encoder being their init_from's.

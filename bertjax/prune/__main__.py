@@ -21,10 +21,11 @@ import shlex
 import sys
 from typing import Sequence
 
-from bertjax import checkpoints, paths, xla_defaults
-from bertjax.errors import ArgumentParser, doc_summary, fail, run_cli
+from bertjax.core import paths
+from bertjax.core.errors import ArgumentParser, doc_summary, fail, run_cli
 from bertjax.prune import flow, magnitude, table
 from bertjax.prune.session import Session
+from bertjax.runtime import checkpoints, xla_defaults
 
 
 def _parser() -> ArgumentParser:

@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from bertjax.errors import fail
+from bertjax.core.errors import fail
 from bertjax.models import pruning
 from bertjax.models.config import ModelConfig
 from bertjax.prune import folders, importance, magnitude, select

@@ -19,8 +19,9 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from bertjax import checkpoints, digests, paths
+from bertjax.core import digests, paths
 from bertjax.models.config import ModelConfig
+from bertjax.runtime import checkpoints
 
 
 def json_safe(value: Any) -> Any:

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.errors import fail
+from bertjax.core.errors import fail
 from bertjax.models.config import ModelConfig
 from bertjax.models.pruning import with_head_masks
 

@@ -1,10 +1,10 @@
 """Unstructured magnitude pruning: the smallest weights of the encoder layers' kernels set to zero.
 
-Which tensors: `bertjax.optim.prunable` (every Dense kernel inside the encoder's layers; not
+Which tensors: `bertjax.runtime.optim.prunable` (every Dense kernel inside the encoder's layers; not
 embeddings, the embedding projection, the pooler, task heads, LayerNorm or biases). `scope`
 "global" ranks all those weights together (one threshold), "layer" prunes each tensor to the
 target on its own. Fine-tuning afterwards with `--config.optimizer.keep_pruned=True` keeps the
-zeros exactly (bertjax.optim.keep_pruned_zeros).
+zeros exactly (bertjax.runtime.optim.keep_pruned_zeros).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from bertjax.errors import fail
-from bertjax.optim import prunable
+from bertjax.core.errors import fail
+from bertjax.runtime.optim import prunable
 
 SCOPES = ("global", "layer")
 

@@ -16,12 +16,15 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bertjax import checkpoints, config_lib, eval_context, paths, sharding, train
+from bertjax.config import config_lib
 from bertjax.convert import sources
-from bertjax.errors import fail, read_text
+from bertjax.core import paths
+from bertjax.core.errors import fail, read_text
 from bertjax.models.config import ModelConfig
 from bertjax.registry import get_objective
+from bertjax.runtime import checkpoints, sharding
 from bertjax.tasks.base import padded_batches
+from bertjax.trainer import eval_context, train
 
 
 def _tuples(value: Any) -> Any:

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 from matplotlib.figure import Figure
 
-from bertjax import paths
+from bertjax.core import paths
 from bertjax.prune.folders import json_safe
 
 COLUMNS = ("step", "heads", "heads_kept", "layers", "sparsity", "encoder_params", "dev_pruned",

@@ -3,7 +3,7 @@
   python launch.py --sweep experiments/quickstart_sweep.py --workdir runs/qs_sweep [--dry_run]
   python launch.py --sweep experiments/glue_bert_grid.py:task=rte --workdir runs/rte_grid \
       --config.init_from=runs/bert-base-uncased
-  python -m bertjax.report runs/qs_sweep
+  python -m bertjax.tools.report runs/qs_sweep
 
 A sweep file defines `get_sweep(arg=None) -> dict` (`arg` is what follows `:` in the --sweep
 spec, as for configs) with these keys:
@@ -18,8 +18,8 @@ each explicit point crossed with the product (e.g. objectives x seeds). Keys are
 dots (`optimizer.b2`), values Python values. `--config.key=value` given with --sweep are added to
 `fixed` (a swept key there is refused: the point names would lie), and a key both in `fixed` and
 swept is refused too (one of the two would silently win). Every point's resolved config passes the
-trainer's settings checks (bertjax/config_checks.py) before anything runs, --dry_run included:
-an unknown key, a bad value or one out of its range fails naming the point.
+trainer's settings checks (bertjax/config/config_checks.py) before anything runs, --dry_run
+included: an unknown key, a bad value or one out of its range fails naming the point.
 
 Each point runs in DIR/<name>, its name made of its swept keys and values, sorted by key
 (`learning_rate=0.001,seed=1`; characters outside `[A-Za-z0-9._+-]` become `_`; a tuple's

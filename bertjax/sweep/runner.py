@@ -17,11 +17,11 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from bertjax import paths, run_files
-from bertjax.errors import fail
+from bertjax.core import paths, run_files
+from bertjax.core.errors import fail
 from bertjax.sweep.launchers import (host_address, hosts_install_commands, hosts_point_commands,
                                      local_command, tpu_install_commands, tpu_point_command)
-from bertjax.sweep.spec import REPO, Point, Sweep, load_sweep, plain_value
+from bertjax.sweep.spec import Point, REPO, Sweep, load_sweep, plain_value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,7 +292,7 @@ def run_sweep(path: str, workdir: str | os.PathLike, dry_run: bool = False, tpu:
                 skipped=skipped)
   save()
   print(f"sweep done: {record['finished']} finished ({skipped} before), {record['failed']} "
-        f"failed; report: python -m bertjax.report {local_dir}", flush=True)
+        f"failed; report: python -m bertjax.tools.report {local_dir}", flush=True)
   return record
 
 

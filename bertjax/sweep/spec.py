@@ -13,8 +13,8 @@ import re
 import sys
 from typing import Any, Sequence
 
-from bertjax import config_checks, config_lib
-from bertjax.errors import UserError, fail
+from bertjax.config import config_checks, config_lib
+from bertjax.core.errors import UserError, fail
 
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

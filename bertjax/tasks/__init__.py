@@ -2,5 +2,5 @@
 
 Each task is an `bertjax.objective.Objective` registered in `bertjax.registry` ("glue", "squad",
 "ner"); `python launch.py --config configs/{glue,squad,ner}.py ...` runs it through
-`bertjax.train.train_and_evaluate` like any pretraining objective.
+`bertjax.trainer.train.train_and_evaluate` like any pretraining objective.
 """

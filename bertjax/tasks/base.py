@@ -31,11 +31,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import checkpoints, config_checks, inputs, paths
+from bertjax import inputs
+from bertjax.config import config_checks
+from bertjax.core import paths
+from bertjax.core.errors import fail
 from bertjax.data import tokenizers
-from bertjax.errors import fail
 from bertjax.models.config import ModelConfig
 from bertjax.objective import Objective, Schedule
+from bertjax.runtime import checkpoints
 
 _log = logging.getLogger(__name__)
 

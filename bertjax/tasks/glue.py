@@ -12,7 +12,8 @@ task's folder) in the official tsv formats (read by `bertjax.metrics.glue`); emp
 
 Each evaluation writes WORKDIR/predictions/step_<N>/dev/<leaderboard name>.tsv (RTE.tsv,
 MNLI-m.tsv, ...) and metrics.json; the final one also writes test/<leaderboard name>.tsv when a
-test split exists: the files the GLUE server takes, and `python -m bertjax.evaluate glue` scores.
+test split exists: the files the GLUE server takes, and `python -m bertjax.tools.evaluate glue`
+scores.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bertjax import paths
-from bertjax.errors import UserError, fail
+from bertjax.core import paths
+from bertjax.core.errors import UserError, fail
 from bertjax.metrics import glue
 from bertjax.models import classifiers
 from bertjax.tasks import base

@@ -8,8 +8,8 @@ single word with more sub-tokens than fit keeps its first ones.
 NER is scored at the entity level (precision, recall, F1; `bertjax.metrics.ner`, conlleval
 semantics), POS by token accuracy. Each evaluation writes WORKDIR/predictions/step_<N>/
 dev_predictions.txt (`token tag` lines, a blank line after each sentence: what
-`python -m bertjax.evaluate ner` scores) and metrics.json; the final one also predicts and scores
-the test file when there is one.
+`python -m bertjax.tools.evaluate ner` scores) and metrics.json; the final one also predicts and
+scores the test file when there is one.
 
 Data: `config.data_dir` with CoNLL-2003 files (`token POS chunk NER` columns; names from
 train_file, dev_file, test_file), or the tfds `conll2003` dataset when data_dir is empty.
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bertjax.errors import UserError, fail
+from bertjax.core.errors import UserError, fail
 from bertjax.metrics import ner as ner_eval
 from bertjax.models import classifiers
 from bertjax.tasks import base

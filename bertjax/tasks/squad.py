@@ -21,7 +21,7 @@ would have been best on dev (the official script's best_f1_thresh) is reported w
 
 Each evaluation writes WORKDIR/predictions/step_<N>/predictions.json (official format),
 nbest_predictions.json, null_odds.json (v2.0) and metrics.json, scored with
-`bertjax.metrics.squad` exactly as `python -m bertjax.evaluate squad` scores the files.
+`bertjax.metrics.squad` exactly as `python -m bertjax.tools.evaluate squad` scores the files.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bertjax.errors import fail
+from bertjax.core.errors import fail
 from bertjax.metrics import span_decoding
 from bertjax.metrics import squad as squad_eval
 from bertjax.models import classifiers
@@ -441,7 +441,8 @@ class SquadTask(base.TaskObjective):
       nbest_json[ex["id"]] = _with_probabilities(entries)
     if len(predictions) != len(examples):  # repeated ids would collapse; read_squad refuses them
       raise RuntimeError(f"{len(predictions)} predictions for {len(examples)} questions")
-    # na_prob_thresh=1.0 is the official script's (and `python -m bertjax.evaluate`'s) default.
+    # na_prob_thresh=1.0 is the official script's (and `python -m bertjax.tools.evaluate`'s)
+    # default.
     metrics = squad_eval.squad_metrics(examples, predictions,
                                        null_odds=null_odds if version == "2.0" else None,
                                        version=version, na_prob_thresh=1.0)

@@ -1,6 +1,6 @@
 """bert-large at sequence 512, batch 32, 80 predictions (BERT's phase 2): dropout and remat.
 
-  python -m bertjax.benchmark --ablate bert-large-512 --output bert-large-512.md
+  python -m bertjax.tools.benchmark --ablate bert-large-512 --output bert-large-512.md
 
 The starting figures (H100, bf16; the issue's table): default 107.5k tokens/s, all dropout 0
 169.9k, transformers + torch.compile 157.9k at 22.7 GiB. Compiling bert-large takes about 90 s

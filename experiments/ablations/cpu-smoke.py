@@ -1,6 +1,6 @@
 """A few seconds per row on a CPU: the ablation command end to end at bert-tiny shapes.
 
-  python -m bertjax.benchmark --ablate cpu-smoke --output /tmp/cpu-smoke.md
+  python -m bertjax.tools.benchmark --ablate cpu-smoke --output /tmp/cpu-smoke.md
 """
 
 BASE = {

@@ -1,7 +1,7 @@
 """bert-base at sequence 128, batch 256, 20 predictions (BERT's phase 1) on one GPU: every choice
 the train step's speed was found to depend on, each in its own process, in one device window.
 
-  python -m bertjax.benchmark --ablate h100-bert-base --output h100-bert-base.md
+  python -m bertjax.tools.benchmark --ablate h100-bert-base --output h100-bert-base.md
 
 The issue's starting table (H100, bf16, MLM+NSP, AdamW; tokens/s, at commit 297e3fb): default
 414.6k; JAX_DEFAULT_PRNG_IMPL=rbg 429.6k; GPU set + flat_dense 427.5k; GPU set + layer_norm_vjp

@@ -6,10 +6,10 @@ import argparse
 import logging
 from typing import Sequence
 
-from bertjax import errors, paths
+from bertjax.core import errors, paths
+from bertjax.core.errors import ArgumentParser
 from bertjax.data import sources
 from bertjax.data.tokenizers.spm_tokenizer import train_sentencepiece
-from bertjax.errors import ArgumentParser
 
 _log = logging.getLogger("bertjax.data.tokenizers")  # not __name__: that is __main__ under -m
 

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from bertjax import paths
+from bertjax.core import paths
 
 
 _log = logging.getLogger("bertjax.data.tokenizers")  # not __name__: that is __main__ under -m

@@ -9,12 +9,12 @@ import pathlib
 
 import sentencepiece as spm
 
-from bertjax import errors
+from bertjax.core import errors
 from bertjax.data.tokenizers.base import (BERT_SPECIALS, BPE_MERGES, BPE_VOCAB, CONFIG_FILE, KINDS,
                                           SPM_FILE, TOKENIZER_JSON, Tokenizer, WORDPIECE_VOCAB)
 from bertjax.data.tokenizers.spm_tokenizer import SentencePieceTokenizer
 from bertjax.data.tokenizers.vocab_tokenizers import (ByteLevelBPETokenizer, JsonTokenizer,
-                                                     WordPieceTokenizer)
+                                                      WordPieceTokenizer)
 
 _log = logging.getLogger("bertjax.data.tokenizers")  # not __name__: that is __main__ under -m
 

@@ -9,7 +9,7 @@ from typing import Iterable, Iterator, Sequence
 
 import sentencepiece as spm
 
-from bertjax import errors, paths
+from bertjax.core import errors, paths
 from bertjax.data.tokenizers.base import (SPM_FILE, SPM_SPECIALS, Tokenizer, byte_to_char_index,
                                           trim_span)
 

@@ -12,10 +12,10 @@ from typing import Sequence
 import tokenizers as hf_tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
-from bertjax import errors, paths
-from bertjax.data.tokenizers.base import (BERT_SPECIALS, BPE_MERGES, BPE_VOCAB, ROBERTA_SPECIALS,
-                                          TOKENIZER_JSON, Tokenizer, WORDPIECE_VOCAB,
-                                          BYTE_LEVEL_WORD_STARTS, trim_span)
+from bertjax.core import errors, paths
+from bertjax.data.tokenizers.base import (BERT_SPECIALS, BPE_MERGES, BPE_VOCAB,
+                                          BYTE_LEVEL_WORD_STARTS, ROBERTA_SPECIALS, TOKENIZER_JSON,
+                                          Tokenizer, WORDPIECE_VOCAB, trim_span)
 
 
 class _HFTokenizer(Tokenizer):

@@ -1,0 +1,122 @@
+"""Loading experiment configs: `configs/<exp>.py[:arg]` plus `--config.key=value` overrides.
+
+A config file defines `get_config(arg: str | None) -> ml_collections.ConfigDict`. The result is
+locked, so a misspelled override key fails with the list of close valid keys instead of
+silently adding a field; values are parsed to the type the field already has.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import importlib.util
+import json
+import pathlib
+from typing import Any, Iterable
+
+import ml_collections
+
+from bertjax.core.errors import fail
+
+
+def load_module(file: pathlib.Path, kind: str = "config"):
+  """The Python file `file` (a `kind` file: a config, a sweep, or a helper such as
+  configs/common.py) as a module. A syntax error in it (or in a file it imports) is one line
+  naming the file and line."""
+  module_spec = importlib.util.spec_from_file_location(
+      f"bertjax_{kind.replace(' ', '_')}_{file.stem}", file)
+  module = importlib.util.module_from_spec(module_spec)
+  try:
+    module_spec.loader.exec_module(module)
+  except SyntaxError as e:  # IndentationError and TabError too
+    where = f"{e.filename or file}:{e.lineno}" if e.lineno else str(e.filename or file)
+    fail(f"{where}: {e.msg} (a syntax error in the {kind} file); fix that line")
+  return module
+
+
+def load_config_file(spec: str) -> ml_collections.ConfigDict:
+  """`path/to/config.py[:arg]` -> the locked ConfigDict its `get_config(arg)` returns."""
+  path, _, arg = spec.partition(":")
+  file = pathlib.Path(path)
+  if not file.is_file():
+    fail(f"config file {path} not found; pass an existing file such as configs/quickstart.py")
+  module = load_module(file)
+  if not hasattr(module, "get_config"):
+    fail(f"config file {path} defines no get_config(arg); add one returning a ConfigDict")
+  config = module.get_config(arg or None)
+  config.lock()
+  return config
+
+
+def _all_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
+  keys = []
+  for k, v in config.items():
+    keys.append(prefix + k)
+    if isinstance(v, ml_collections.ConfigDict):
+      keys += _all_keys(v, prefix + k + ".")
+  return keys
+
+
+def _parse_value(key: str, text: str, current: Any) -> Any:
+  if isinstance(current, str) or (current is None and not _looks_literal(text)):
+    # A quoted string (as written from Python or a sweep file) means its contents.
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+      return text[1:-1]
+    return text
+  try:
+    value = ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    if current is None:
+      return text
+    fail(f"--config.{key}={text!r} is not a valid {type(current).__name__}; "
+         f"give a value like {current!r}")
+  if current is None:
+    return value
+  if isinstance(current, bool) and not isinstance(value, bool):
+    fail(f"--config.{key}={text!r} must be True or False")
+  if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+    value = float(value)
+  if isinstance(current, tuple) and isinstance(value, list):
+    value = tuple(value)
+  if isinstance(current, (list, tuple)) and isinstance(value, (list, tuple)):
+    return type(current)(value)
+  if type(value) is not type(current):
+    fail(f"--config.{key}={text!r} has type {type(value).__name__}, but the setting is a "
+         f"{type(current).__name__} (default {current!r})")
+  return value
+
+
+def _looks_literal(text: str) -> bool:
+  try:
+    ast.literal_eval(text)
+    return True
+  except (ValueError, SyntaxError):
+    return False
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: Iterable[str]) -> None:
+  """Applies `key.sub=value` strings (with or without a leading `--config.`) in place."""
+  valid = _all_keys(config)
+  for item in overrides:
+    item = item.removeprefix("--").removeprefix("config.")
+    key, sep, text = item.partition("=")
+    if not sep:
+      fail(f"override {item!r} has no value; write --config.{key}=VALUE")
+    if key not in valid:
+      close = difflib.get_close_matches(key, valid, n=3)
+      hint = f"; did you mean {', '.join(close)}?" if close else "; see the config file for valid keys"
+      fail(f"unknown config key {key!r}{hint}")
+    parent, _, leaf = key.rpartition(".")
+    node = config
+    for part in filter(None, parent.split(".")):
+      node = node[part]
+    value = _parse_value(key, text, node[leaf])
+    try:
+      with node.ignore_type():
+        node[leaf] = value
+    except (TypeError, KeyError, ValueError) as e:
+      fail(f"cannot set config key {key!r} to {text!r}: {e}")
+
+
+def to_json(config: ml_collections.ConfigDict) -> str:
+  return json.dumps(config.to_dict(), indent=2, sort_keys=True, default=str)

@@ -1,0 +1,487 @@
+"""Checkpointing with orbax: exact resume, falling back past a damaged latest checkpoint.
+
+A checkpoint holds the whole train state (params, optimizer state, step, RNG) and the input
+pipeline's iterator state, so a resumed run sees the same batches, masks and dropout as an
+uninterrupted one. orbax writes each step into a temporary folder and renames it when complete,
+so a crash mid-save never looks like a checkpoint, and old steps are only deleted after a newer
+one is finalized.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import logging
+import os
+import pathlib
+import shutil
+import time
+from typing import Any, Callable, NoReturn
+
+import flax
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from bertjax.core import digests, paths, run_files
+from bertjax.core.errors import UserError, fail, read_text
+
+
+class Checkpointer:
+  """Saves and restores {state, data} items under `workdir/checkpoints` (local or remote).
+
+  Each finished save gets a digest of its files (bertjax/core/digests.py), written once orbax has
+  finalized it: right away for a synchronous save; for an asynchronous one at the first `poll`
+  (every step) after orbax is done, at the next save, or at `close`. A restore checks it first.
+  """
+
+  def __init__(self, directory: str | pathlib.Path, *, keep: int = 3, async_save: bool = True):
+    self.directory = paths.absolute(directory)
+    self.async_save = async_save
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                           enable_async_checkpointing=async_save)
+    self.manager = ocp.CheckpointManager(
+        self.directory, options=options,
+        item_handlers={"state": ocp.StandardCheckpointHandler(),
+                       "data": ocp.JsonCheckpointHandler()})
+    self._saved: int | None = None     # the step this process saved last
+    self._pending: int | None = None   # saved, its digest not yet written
+    self._needed = 0                   # bytes of the state being saved
+    _quiet_no_space_logs()
+
+  def all_steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
+
+  def latest_step(self) -> int | None:
+    steps = self.all_steps()
+    return steps[-1] if steps else None
+
+  def save(self, step: int, state: Any, data_state: dict | None, *, force: bool = False) -> bool:
+    """Saves `step`; False when it was not saved. A step this process saved already is not saved
+    again (a SIGTERM during a checkpoint step's evaluation asks for the step just saved). A full
+    disk fails with one line; the older checkpoints stay."""
+    if step == self._saved:
+      return False
+    self._seal()
+    self._needed = sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize
+                       for x in jax.tree.leaves(state) if hasattr(x, "dtype"))
+    with self._no_space(step):
+      saved = self.manager.save(
+          step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                        data=ocp.args.JsonSave(data_state or {})),
+          force=force)
+    if saved:
+      self._saved = self._pending = step
+      if not self.async_save:
+        self._seal()
+    return saved
+
+  def wait(self) -> None:
+    self._seal()
+    self.manager.wait_until_finished()
+
+  def poll(self) -> None:
+    """Writes the digest of an asynchronous save that has finished meanwhile (one flag read when
+    none has); the training loop calls it after every step."""
+    if self._pending is not None and not self.manager.is_saving_in_progress():
+      self._seal()
+
+  def _seal(self) -> None:
+    """Waits for the save in flight, then writes its digest. Not in a thread of its own: orbax
+    deletes old steps (keep_checkpoints) while finalizing the next save, under a digest being
+    written."""
+    if self._pending is None:
+      return
+    step, self._pending = self._pending, None
+    with self._no_space(step):
+      self.manager.wait_until_finished()
+      if jax.process_index() == 0:
+        digests.write(self.directory / str(step))
+
+  @contextlib.contextmanager
+  def _no_space(self, step: int):
+    """A full disk while saving `step`: its partial folder removed, one line, older kept."""
+    try:
+      yield
+    except Exception as e:  # TensorStore, orbax and the OS report it as different types
+      if not _is_no_space(e):
+        raise
+      self._pending = None
+      for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+        paths.rmtree(partial)
+      where = self.directory / str(step)
+      older = [s for s in self.all_steps() if s != step]
+      fail(f"no space left on the device for the checkpoint of step {step} at {where}: it needs "
+           f"about {_size(self._needed)}, {_free(self.directory)} free there; older checkpoints "
+           f"{older or 'none'} are kept: free some space and run the same command to resume")
+
+  def restore_latest(self, abstract_state: Any, set_data_state: Callable[[dict], None] | None = None
+                     ) -> tuple[int, Any, dict] | None:
+    """Restores the newest readable checkpoint; a damaged one is moved aside with one line.
+
+    Returns (step, state, data_state) or None when there is no checkpoint. A checkpoint whose
+    tree does not match `abstract_state` (a different model) is a user error, not damage.
+    Damage: files that differ from the checkpoint's digest, unreadable files, an empty input
+    pipeline state. `set_data_state` receives the pipeline state (its errors name the checkpoint).
+    """
+    steps = self.all_steps()
+    damaged = []
+    for step in reversed(steps):
+      try:
+        self._check_same_model(step, abstract_state)
+        digests.verify(self.directory / str(step))
+        with draining_event_loops():
+          restored = self.manager.restore(
+              step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
+                                            data=ocp.args.JsonRestore()))
+        data_state = restored["data"]
+        if not data_state or not isinstance(data_state, dict):
+          raise digests.Damaged(f"its input pipeline state (data/) is {data_state!r}")
+        if set_data_state is not None:
+          try:
+            set_data_state(dict(data_state))
+          except UserError as e:
+            fail(f"the checkpoint at {self.directory / str(step)}: {e}")
+        self._set_aside(damaged, step)
+        return step, restored["state"], dict(data_state)
+      except UserError:
+        raise
+      except (ValueError, KeyError) as e:
+        if _is_structure_mismatch(e):
+          fail(f"the checkpoint at {self.directory / str(step)} holds a different model or "
+               f"optimizer than this config ({_short(e)}); use a new --workdir or the config it was "
+               f"trained with")
+        damaged.append((step, _short(e)))
+      except Exception as e:  # damaged files surface as many error types (tensorstore, json, OS)
+        damaged.append((step, _short(e)))
+    if steps:
+      fail(f"no readable checkpoint in {self.directory} ("
+           + "; ".join(f"step {s}: {why}" for s, why in damaged)
+           + "); move the folder away to start fresh")
+    return None
+
+  def _check_same_model(self, step: int, abstract_state: Any) -> None:
+    """Compares parameter names and shapes with the checkpoint's metadata before reading arrays,
+    so a workdir of another model is refused with one line (and nothing is touched)."""
+    meta = self.manager.item_metadata(step)["state"]
+    saved = {_path(p): tuple(m.shape) for p, m in jax.tree_util.tree_flatten_with_path(meta["params"])[0]}
+    wanted = {_path(p): tuple(a.shape)
+              for p, a in jax.tree_util.tree_flatten_with_path(abstract_state.params)[0]}
+    if saved == wanted:
+      return
+    where = self.directory / str(step)
+    for name in sorted(set(saved) | set(wanted)):
+      if saved.get(name) != wanted.get(name):
+        fail(f"the checkpoint at {where} holds a different model than this config ({name}: "
+             f"{saved.get(name, 'absent')} there, {wanted.get(name, 'absent')} here); use a new "
+             f"--workdir or the config it was trained with")
+
+  def _set_aside(self, damaged: list[tuple[int, str]], used: int) -> None:
+    """Renames damaged checkpoints out of the way (kept for inspection, never deleted), one line
+    each."""
+    for step, why in damaged:
+      src = self.directory / str(step)
+      dst = self.directory / f"damaged-{step}-{int(time.time())}"
+      src.rename(dst)
+      logging.warning("checkpoint at step %d is unreadable (%s); moved it to %s and used step %d",
+                      step, why, dst, used)
+    if damaged:
+      self.manager.reload()
+
+  def close(self) -> None:
+    try:
+      self._seal()
+      self.manager.wait_until_finished()
+    finally:
+      self.manager.close()
+
+
+def _is_no_space(e: BaseException | None) -> bool:
+  """Whether `e` or an exception it came from is a full disk (ENOSPC, as the OS, TensorStore or
+  a remote store's client words it)."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+      return True
+    text = str(e)
+    if "No space left on device" in text or "ENOSPC" in text or "Disk quota exceeded" in text:
+      return True
+    e = e.__cause__ or e.__context__
+  return False
+
+
+class _NoSpaceFilter(logging.Filter):
+  """Drops orbax's background-thread tracebacks of a full disk: `Checkpointer` reports it in one
+  line (otherwise several hundred lines of orbax and TensorStore frames come first)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
+    return not (_is_no_space(error) or "No space left on device" in str(record.msg))
+
+
+def _quiet_no_space_logs() -> None:
+  logger = logging.getLogger("absl")  # orbax logs through absl
+  if not any(isinstance(f, _NoSpaceFilter) for f in logger.filters):
+    logger.addFilter(_NoSpaceFilter())
+
+
+def _size(nbytes: int) -> str:
+  return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def _free(directory: paths.Path) -> str:
+  if paths.is_remote(directory):
+    return "unknown space"
+  try:
+    return _size(shutil.disk_usage(os.fspath(directory)).free)
+  except OSError:
+    return "unknown space"
+
+
+class _DrainingLoop(asyncio.SelectorEventLoop):
+  """An event loop that, when closed, first cancels and awaits the tasks still running on it (as
+  `asyncio.run` does). Tasks are tracked by a task factory rather than `asyncio.all_tasks`
+  (orbax avoids the latter across threads)."""
+
+  def __init__(self):
+    super().__init__()
+    self._tasks = []
+
+    def factory(loop, coro, **kwargs):
+      task = asyncio.Task(coro, loop=loop, **kwargs)
+      self._tasks.append(task)
+      return task
+
+    self.set_task_factory(factory)
+
+  def close(self) -> None:
+    pending = [t for t in self._tasks if not t.done()]
+    if pending and not self.is_running() and not self.is_closed():
+      for task in pending:
+        task.cancel()
+      self.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    super().close()
+
+
+class _DrainingPolicy(asyncio.DefaultEventLoopPolicy):
+  def new_event_loop(self) -> asyncio.AbstractEventLoop:
+    return _DrainingLoop()
+
+
+@contextlib.contextmanager
+def draining_event_loops():
+  """Within it, event loops created by `asyncio.new_event_loop` finish their tasks on close.
+
+  Restoring a damaged checkpoint, the first unreadable array ends orbax's `asyncio.gather` while
+  the reads of the others are in flight; orbax's `run_sync` then closes its loop under them, and
+  each late read prints a traceback ("Event loop is closed", "Exception ignored in: <coroutine
+  ...>"): hundreds of lines after the one-line error. orbax 0.12 offers no setting for its loop,
+  so the restores that may meet a damaged checkpoint run inside this block, which swaps asyncio's
+  event loop policy (its public way to choose the loops `new_event_loop` makes) and puts the
+  previous one back after.
+  """
+  previous = asyncio.get_event_loop_policy()
+  asyncio.set_event_loop_policy(_DrainingPolicy())
+  try:
+    yield
+  finally:
+    asyncio.set_event_loop_policy(previous)
+
+
+def _path(path) -> str:
+  return "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+
+
+def _short(e: Exception) -> str:
+  text = " ".join(str(e).split())
+  return text[:200] + ("..." if len(text) > 200 else "")
+
+
+def _is_structure_mismatch(e: Exception) -> bool:
+  text = str(e).lower()
+  return any(s in text for s in ("tree structure", "does not match", "mismatch", "shape", "dict key"))
+
+
+def restore_params(path: str | pathlib.Path) -> dict:
+  """Parameters (a plain nested dict of numpy arrays) from a converted folder or a training workdir."""
+  path = paths.as_path(path)
+  if (path / "params").is_dir():
+    return restore_params_folder(path / "params")
+  if (path / "checkpoints").is_dir():
+    return restore_checkpoint_params(path)[1]
+  fail(f"init_from={path} holds neither params/ (a converted checkpoint) nor checkpoints/ "
+       f"(a training workdir); run `python -m bertjax.convert from-hf` or point at a workdir")
+
+
+def restore_params_folder(folder: paths.Path) -> dict:
+  """The arrays of one params/ folder (a best/ folder's, a `from-hf` or pruned folder's), checked
+  against its digest first. Such a folder has nothing to fall back to: damage is refused in one
+  line naming the file; a folder written before digests loads unchecked (one warning)."""
+  folder = paths.as_path(folder)
+  try:
+    digests.verify(folder)
+  except digests.Damaged as e:
+    run, meta = folder.parent, folder.parent / "model.json"
+    if (run / "best.json").is_file():
+      fix = f"point at the run {run.parent} (its newest checkpoint) or fine-tune again"
+    elif meta.is_file() and b'"pruning"' in meta.read_bytes():
+      fix = "prune again (python -m bertjax.prune)"
+    else:
+      fix = "write it again (python -m bertjax.convert from-hf)"
+    fail(f"{folder} is damaged: {e}; there is no other copy to fall back to: {fix}")
+  with draining_event_loops():
+    return ocp.StandardCheckpointer().restore(paths.absolute(folder))
+
+
+def restore_checkpoint_params(workdir: str | pathlib.Path, step: int | None = None
+                              ) -> tuple[int, dict]:
+  """(step, params) of a training workdir's checkpoint: `step`'s, or the newest readable one
+  (orbax lists only complete checkpoints; a damaged one, unreadable or differing from its
+  digest, is skipped with a warning and left where it is: a reader does not change a workdir)."""
+  ckpt_dir = paths.as_path(workdir) / "checkpoints"
+  manager = ocp.CheckpointManager(paths.absolute(ckpt_dir), item_names=("state", "data"))
+  try:
+    steps = sorted(manager.all_steps())
+    if step is not None:
+      if step not in steps:
+        fail(f"--step {step}: {ckpt_dir} has no complete checkpoint at that step; its steps: "
+             f"{', '.join(map(str, steps)) or 'none'}")
+      steps = [step]
+    for s in reversed(steps):
+      try:
+        digests.verify(ckpt_dir / str(s))
+        with draining_event_loops():
+          restored = manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+        return s, jax.tree.map(lambda x: x, dict(restored["state"]["params"]))
+      except Exception as e:  # same fallback as training resume
+        if step is not None:  # the step asked for: no other is tried in its place
+          _damaged_step(ckpt_dir, step, e, sorted(manager.all_steps()))
+        logging.warning("checkpoint at step %d is unreadable (%s); trying an earlier one", s,
+                        _short(e))
+    fail(f"no readable checkpoint in {ckpt_dir}; point at a run that saved one")
+  finally:
+    manager.close()
+
+
+def _damaged_step(ckpt_dir: paths.Path, step: int, error: Exception, steps: list[int]
+                  ) -> NoReturn:
+  """Refuses `--step step` whose checkpoint is damaged, naming the other steps whose files match
+  their digests (or that have none: saved before digests were written)."""
+  readable = []
+  for s in (s for s in steps if s != step):
+    try:
+      digests.verify(ckpt_dir / str(s))
+    except digests.Damaged:
+      continue
+    readable.append(s)
+  others = (f"readable steps: {', '.join(map(str, readable))}: pass one with --step, or drop "
+            f"--step for the newest readable one" if readable else
+            "no other step is readable; point at a run that saved one")
+  fail(f"--step {step}: the checkpoint at {ckpt_dir / str(step)} is damaged ({_short(error)}); "
+       f"{others}")
+
+
+def load_model_config(path: str | pathlib.Path) -> dict:
+  """The `ModelConfig` fields of a converted folder (model.json) or a training workdir
+  (config.json), local or remote."""
+  path = paths.as_path(path)
+  for name in ("model.json", "config.json"):
+    file = path / name
+    if file.is_file():
+      try:
+        model = json.loads(read_text(file, name))["model"]
+      except (ValueError, KeyError, TypeError) as e:
+        fail(f"{file} is not a bertjax {name} ({type(e).__name__}: {_short(e)}); it may be "
+             f"truncated: copy it again from where the run was made, or use another init_from")
+      if not isinstance(model, dict):
+        fail(f"{file} has no model settings (\"model\" is not an object); copy the file again")
+      return dict(model)
+  fail(f"{path} has no model.json or config.json; point init_from at a converted checkpoint "
+       f"(python -m bertjax.convert from-hf) or a training workdir")
+
+
+def tokenizer_dir(path: str | pathlib.Path) -> pathlib.Path:
+  """The tokenizer saved with a converted checkpoint or a training workdir, as a local folder (a
+  remote one's local copy: the tokenizer libraries read local files only)."""
+  folder = paths.as_path(path) / "tokenizer"
+  if not folder.is_dir():
+    fail(f"{path} has no tokenizer/ folder; converted checkpoints and training workdirs carry one")
+  return paths.reading(folder)
+
+
+def load_init_from(state, path: str, shardings) -> tuple[Any, str]:
+  """Copies every matching sub-tree of a checkpoint's params into `state`; reports the rest."""
+  source = restore_params(path)
+  target = flax.traverse_util.flatten_dict(jax.device_get(state.params), sep="/")
+  flat_src = flax.traverse_util.flatten_dict(source, sep="/")
+  restored, fresh = [], []
+  new = {}
+  for key, value in target.items():
+    src = flat_src.get(key)
+    if src is not None and tuple(np.shape(src)) == tuple(value.shape):
+      new[key] = np.asarray(src, value.dtype)
+      restored.append(key)
+    else:
+      if src is not None:
+        logging.warning("init_from: %s has shape %s in the checkpoint, %s here; initialized fresh",
+                        key, np.shape(src), value.shape)
+      new[key] = value
+      fresh.append(key)
+  if not restored:
+    fail(f"init_from={path} shares no parameter with this model; check the architecture and sizes")
+  params = flax.traverse_util.unflatten_dict(new, sep="/")
+  params = jax.device_put(params, shardings.params)
+  top = lambda keys: sorted({k.split("/")[0] for k in keys})
+  report = (f"init_from {path}: restored {len(restored)} tensors ({', '.join(top(restored))}); "
+            f"initialized fresh {len(fresh)} ({', '.join(top(fresh)) or 'none'})")
+  return state.replace(params=params), report
+
+
+class BestKeeper:
+  """Keeps the parameters of the best evaluation so far in WORKDIR/best (when a metric is named)."""
+
+  def __init__(self, workdir: paths.Path, metric: str, mode: str):
+    self.dir = paths.as_path(workdir) / "best"
+    self.metric, self.mode = metric, mode
+    if mode not in ("max", "min"):
+      fail(f"best_mode={mode!r} must be max or min")
+    # A damaged best.json (a warning names it) holds no value: the next evaluation replaces it.
+    self.value = run_files.read_number(self.dir / "best.json", "value")
+
+  def update(self, step: int, metrics: dict, params) -> None:
+    if not self.metric or jax.process_index() != 0:
+      return
+    if self.metric not in metrics:
+      fail(f"best_metric={self.metric!r} is not an eval metric; choose one of "
+           f"{', '.join(sorted(metrics))}")
+    value = metrics[self.metric]
+    better = self.value is None or (value > self.value if self.mode == "max" else value < self.value)
+    if not better:
+      return
+    # Write beside, then swap: the previous best survives until the new one is complete.
+    tmp = self.dir.with_name("best.tmp")
+    paths.rmtree(tmp)
+    try:
+      tmp.mkdir(parents=True)
+      checkpointer = ocp.StandardCheckpointer()
+      checkpointer.save(paths.absolute(tmp / "params"), jax.device_get(params))
+      checkpointer.wait_until_finished()
+      digests.write(tmp / "params")  # checked by every reader (restore_params_folder)
+      paths.replace_text(tmp / "best.json", json.dumps({"step": step, "metric": self.metric,
+                                                        "value": value, "metrics": metrics}))
+    except Exception as e:  # pylint: disable=broad-except
+      if not _is_no_space(e):
+        raise
+      paths.rmtree(tmp)
+      fail(f"no space left on the device for the best parameters (step {step}) at {tmp}; the "
+           f"previous best/ and the checkpoints are kept: free some space and run the same "
+           f"command to resume")
+    old = self.dir.with_name("best.old")
+    if self.dir.exists():
+      self.dir.rename(old)
+    tmp.rename(self.dir)
+    paths.rmtree(old)
+    self.value = value

@@ -1,0 +1,327 @@
+"""One workdir, one run: the lock a running process holds, and the settings a resumed run may change.
+
+- WORKDIR/lock (JSON: pid, hostname, started) is created atomically by the run that trains in the
+  workdir and removed when it ends. A second run is refused while the holder lives; a lock whose
+  process is gone (killed, on this host) is taken over with a warning. On another host nothing can
+  be checked: the run is refused, and the message says to delete the file if that run is gone.
+  The workdir may be remote (gs://...; bertjax/core/paths.py): the same rules hold, since the pid is
+  checked only on the host the lock names. An object store offers no exclusive create through
+  fsspec, so there the lock is written, then read back (ours: taken); two runs starting within
+  that round trip could both proceed: start one run per workdir.
+- WORKDIR/config.json is the record of the run, written once the run has trained its first step
+  (a run failing before it leaves the old record as it was); one beside no checkpoint records
+  nothing a run resumes and binds nothing. A resumed run compares its resolved config with
+  it key by key: cadence and placement settings (`CADENCE`, `PLACEMENT`) and a longer
+  `total_steps` may change; any other change is refused with the list of changed keys, unless
+  `allow_changed_settings=True`. Every change a resumed run makes is appended to
+  WORKDIR/changes.jsonl ({step, time, changed: {key: [old, new]}, forced: [keys]}).
+
+Nothing here writes before every check has passed: a refused run leaves the workdir as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+import os
+import pathlib
+import socket
+import time
+from typing import Any, Iterator
+
+from flax import traverse_util
+import jax
+
+from bertjax.core import paths
+from bertjax.core.errors import fail, read_text
+
+LOCK = "lock"
+CHANGES = "changes.jsonl"
+OVERRIDE = "allow_changed_settings"  # an instruction to one invocation: never compared or recorded
+# How often a run logs, evaluates and checkpoints: never what it trains.
+CADENCE = ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "async_checkpointing",
+           "tensorboard", "progress_every_s")
+# How a run is placed and computed (devices, micro-batches, padding, recomputation, kernels):
+# the same training up to floating-point rounding. A resumed run may need new ones (other devices).
+PLACEMENT = ("distributed", "mesh_shape", "logical_rules", "grad_accum_steps", "prefetch_batches",
+             "eval_batch_size", "pad_to_multiple_of", "model.remat", "model.remat_policy",
+             "model.kernels", "model.kernel_overrides", "model.gather_last_layer")
+# Decided with the data (fine-tuning tasks derive them): compared once the schedule is known.
+SCHEDULE = ("total_steps", "eval_every")
+_ABSENT = "(absent)"
+# Settings added after runs were recorded without them, at the value that trains as before: a
+# run recorded before they existed resumes with them at that value. (model.dropout_impl="auto" draws
+# the masks as before on CPUs and TPUs; a GPU run resumes with the GPU set's rbg draws, the same
+# rate from another generator, as a run moved between platforms does.)
+INERT_DEFAULTS = {"freeze.encoder": False, "freeze.train_top_layers": 0,
+                  "freeze.train_embeddings": False, "head.features": "standard",
+                  "head.layers": [-4, -3, -2, -1], "head.pooling": "cls",
+                  "optimizer.keep_pruned": False, "data.generated": "",
+                  "optimizer.fully_decoupled_weight_decay": False,
+                  "batch_warmup_tokens": 0, "batch_warmup_start": 1,
+                  "masking.rate_schedule": [], "data.kind": "",
+                  "optimizer.wsd_decay_fraction": 0.1, "optimizer.wsd_decay_shape": "1-sqrt",
+                  "data.generated_families": 1, "data.generated_tokens": 8,
+                  "model.attention_dropout_kernel": "auto",
+                  "model.dropout_impl": "auto", "model.kernel_overrides": ""}
+_SHOWN = 6  # changed keys shown with their values in a refusal
+
+_held: set[str] = set()  # the locks this process holds (a pid of ours in a lock may be a past run's)
+
+
+# ---------------------------------------------------------------------------------------------
+# The lock.
+
+
+@contextlib.contextmanager
+def locked(workdir: paths.Path) -> Iterator[None]:
+  """Holds WORKDIR/lock for the duration (process 0 of a multi-host run only)."""
+  if jax.process_index() != 0:
+    yield
+    return
+  path = paths.as_path(workdir) / LOCK
+  mine = _acquire(path)
+  try:
+    yield
+  finally:
+    _release(path, mine)
+
+
+def _acquire(path: paths.Path) -> str:
+  mine = json.dumps({"pid": os.getpid(), "hostname": socket.gethostname(),
+                     "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")})
+  if paths.is_remote(path):
+    return _acquire_remote(path, mine)
+  for _ in range(10):
+    try:
+      fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+      text = _read_lock(path)
+      if text is not None and _refuse_unless_stale(path, text):
+        _take_over(path, text)
+      continue
+    with os.fdopen(fd, "w") as f:
+      f.write(mine)
+    _held.add(str(paths.absolute(path)))
+    return mine
+  fail(f"could not take {path}: other runs keep taking it; start one run per --workdir")
+
+
+def _acquire_remote(path: paths.Path, mine: str) -> str:
+  """`_acquire` on an object store: write, then read back (no exclusive create there)."""
+  for _ in range(10):
+    text = _read_lock(path) if path.exists() else None
+    if text is not None:
+      _refuse_unless_stale(path, text)
+      if _read_lock(path) == text:  # unchanged since read: still the dead run's
+        path.unlink(missing_ok=True)
+        _warn_taken_over(path, text)
+      continue
+    path.write_text(mine)
+    if _read_lock(path) == mine:
+      _held.add(str(paths.absolute(path)))
+      return mine
+  fail(f"could not take {path}: other runs keep taking it; start one run per --workdir")
+
+
+def _release(path: paths.Path, mine: str) -> None:
+  _held.discard(str(paths.absolute(path)))
+  with contextlib.suppress(FileNotFoundError):
+    if path.read_text() == mine:  # never another run's lock
+      path.unlink()
+
+
+def _read_lock(path: paths.Path) -> str | None:
+  """The lock's text (None: it is gone). A lock just created may not be written yet: wait."""
+  for _ in range(20):
+    try:
+      text = path.read_text()
+    except FileNotFoundError:
+      return None
+    with contextlib.suppress(ValueError):
+      holder = json.loads(text)
+      if isinstance(holder, dict) and isinstance(holder.get("pid"), int):
+        return text
+    time.sleep(0.05)
+  fail(f"{path} is not a lock this program wrote; delete it if no run uses {path.parent}")
+
+
+def _refuse_unless_stale(path: paths.Path, text: str) -> bool:
+  """True when the lock's process is gone (this host); else a one-line refusal."""
+  holder = json.loads(text)
+  pid, host, since = holder.get("pid"), holder.get("hostname"), holder.get("started")
+  in_use = f"{path.parent} is in use by pid {pid} on {host} since {since} ({path})"
+  if host != socket.gethostname():
+    fail(f"{in_use}; it cannot be checked from {socket.gethostname()}: wait for it, use another "
+         f"--workdir, or delete {path} if that run is gone")
+  if _alive(int(pid), since, str(paths.absolute(path))):
+    fail(f"{in_use}; wait for it or use another --workdir")
+  return True
+
+
+def _alive(pid: int, since: str, path: str) -> bool:
+  if pid == os.getpid():  # a run of this process, or a past process that had our pid (containers)
+    return path in _held
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # another user's process: alive
+    pass
+  return not _gone_or_reused(pid, since)
+
+
+def _gone_or_reused(pid: int, since: str) -> bool:
+  """Linux: the process is a zombie (dead, not yet reaped), or started after the lock was taken
+  (its pid was reused). False where /proc cannot tell."""
+  try:
+    stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()
+    boot = next(float(l.split()[1]) for l in pathlib.Path("/proc/stat").read_text().splitlines()
+                if l.startswith("btime "))
+    started = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    locked_at = datetime.datetime.fromisoformat(since).timestamp()
+  except (OSError, ValueError, IndexError, StopIteration, TypeError):
+    return False
+  # The lock is taken after its process starts; 3 s covers btime's whole seconds and rounding.
+  return fields[0] == "Z" or started > locked_at + 3
+
+
+def _take_over(path: paths.Path, text: str) -> None:
+  """Moves a stale lock aside (one atomic rename, so of two runs taking over, one wins)."""
+  aside = path.with_name(f"{LOCK}.stale.{os.getpid()}")
+  try:
+    os.rename(path, aside)
+  except FileNotFoundError:
+    return  # another run moved it first
+  if aside.read_text() != text:  # a live lock, taken since we read the stale one: put it back
+    with contextlib.suppress(FileExistsError):
+      os.link(aside, path)
+    aside.unlink()
+    return
+  aside.unlink()
+  _warn_taken_over(path, text)
+
+
+def _warn_taken_over(path: paths.Path, text: str) -> None:
+  holder = json.loads(text)
+  logging.warning("took over the stale lock %s: pid %s on %s (since %s) is gone", path,
+                  holder.get("pid"), holder.get("hostname"), holder.get("started"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings of a resumed run.
+
+
+def flatten(tree: dict) -> dict[str, Any]:
+  """{"a": {"b": 1}} -> {"a.b": 1}."""
+  return traverse_util.flatten_dict(tree, sep=".")
+
+
+def as_recorded(resolved: dict) -> dict:
+  """`resolved` as config.json holds it (JSON types; without the override)."""
+  record = json.loads(json.dumps(resolved, sort_keys=True, default=str))
+  record.pop(OVERRIDE, None)
+  return record
+
+
+def allowed(key: str, old: Any, new: Any) -> str | None:
+  """None when a resumed run may change `key` from `old` to `new`, else why not."""
+  if old == _ABSENT and key in INERT_DEFAULTS and new == INERT_DEFAULTS[key]:
+    return None
+  if key == "eval_every" and bool(old) != bool(new):
+    return "evaluation cannot be switched on or off: it decides the held-out documents"
+  if key in CADENCE or key in PLACEMENT:
+    return None
+  if key == "num_epochs":
+    return "it sets total_steps and the learning-rate schedule; to train longer, raise total_steps"
+  if key == "total_steps":
+    if isinstance(old, int) and isinstance(new, int) and new > old:
+      return None
+    return "total_steps may only grow"
+  return ""
+
+
+class Settings:
+  """The comparison of a run's resolved config with the record of the workdir it resumes."""
+
+  def __init__(self, workdir: paths.Path, allow_changes: bool, trained: bool = True):
+    """`trained`: whether the workdir holds a checkpoint (`has_checkpoints`); without one its
+    config.json is not compared."""
+    self.workdir, self.allow_changes = paths.as_path(workdir), bool(allow_changes)
+    path = self.workdir / "config.json"
+    self.recorded = None
+    if path.exists() and not trained:
+      # The record of a run that saved no step: nothing it trained is resumed, so it binds nothing.
+      logging.warning("%s records a run that saved no checkpoint: a new run starts here, with "
+                      "its own settings", path)
+    elif path.exists():
+      try:
+        self.recorded = flatten(as_recorded(json.loads(read_text(path, "run record"))))
+      except ValueError as e:
+        fail(f"{path} is not valid JSON ({e}); restore it, or use another --workdir")
+    self.changed: dict[str, tuple[Any, Any]] = {}
+    self.forced: list[str] = []
+
+  def check(self, resolved: dict, pending: tuple[str, ...] = ()) -> None:
+    """Refuses (one line, nothing written) when `resolved` changes what may not change. Keys in
+    `pending`, or under a `pending` prefix ending in ".", are left to a later call."""
+    if self.recorded is None:
+      return
+    new = flatten(as_recorded(resolved))
+    skip = lambda k: k in pending or any(p.endswith(".") and k.startswith(p) for p in pending)
+    changed = {k: (self.recorded.get(k, _ABSENT), new.get(k, _ABSENT))
+               for k in sorted(set(self.recorded) | set(new)) if not skip(k)}
+    changed = {k: v for k, v in changed.items() if v[0] != v[1]}
+    refused = {k: allowed(k, *v) for k, v in changed.items()}
+    refused = {k: why for k, why in refused.items() if why is not None}
+    if refused and not self.allow_changes:
+      fail(self._refusal(changed, refused))
+    self.changed, self.forced = changed, sorted(refused)
+
+  def _refusal(self, changed: dict, refused: dict) -> str:
+    keys = sorted(refused)
+    shown = [f"{k} {_short(changed[k][0])} -> {_short(changed[k][1])}"
+             + (f" ({refused[k]})" if refused[k] else "") for k in keys[:_SHOWN]]
+    if len(keys) > _SHOWN:
+      rest = keys[_SHOWN:]
+      shown.append(f"and {len(rest)} more: {', '.join(rest[:10])}{', ...' if len(rest) > 10 else ''}")
+    return (f"{self.workdir} holds a run trained with other settings: {'; '.join(shown)}; resume "
+            f"with the settings in {self.workdir / 'config.json'}, use another --workdir, or add "
+            f"--config.{OVERRIDE}=True to change them anyway (recorded in "
+            f"{self.workdir / CHANGES})")
+
+  def record(self, step: int, resolved: dict | None = None) -> None:
+    """Writes the run's record once it has trained a step (a run failing before its first step
+    leaves the old record in place): `resolved` as WORKDIR/config.json, whole or not at all; its
+    changes appended to WORKDIR/changes.jsonl, with what they mean (once per resume, so a
+    remote changes.jsonl rewritten whole each time costs little)."""
+    if resolved is not None:
+      paths.replace_text(self.workdir / "config.json",
+                         json.dumps(resolved, indent=2, sort_keys=True, default=str))
+    if not self.changed or jax.process_index() != 0:
+      return
+    logging.warning("resuming at step %d with changed settings: %s%s", step,
+                    ", ".join(f"{k} {_short(a)} -> {_short(b)}" for k, (a, b) in self.changed.items()),
+                    f" (allowed by {OVERRIDE}: {', '.join(self.forced)})" if self.forced else "")
+    if "total_steps" in self.changed:
+      old, new = self.changed["total_steps"]
+      logging.warning("total_steps %s -> %s: the learning-rate schedule now runs to step %s (the "
+                      "steps trained so far followed the one to step %s)", old, new, new, old)
+    entry = {"step": int(step), "time": datetime.datetime.now().astimezone().isoformat(
+                 timespec="seconds"),
+             "changed": {k: [a, b] for k, (a, b) in self.changed.items()}, "forced": self.forced}
+    paths.append_text(self.workdir / CHANGES, json.dumps(entry) + "\n")
+
+
+def has_checkpoints(workdir: paths.Path) -> bool:
+  """Whether WORKDIR/checkpoints holds a saved step (orbax names each by its number)."""
+  directory = paths.as_path(workdir) / "checkpoints"
+  return directory.is_dir() and any(p.name.isdigit() for p in directory.iterdir())
+
+
+def _short(value: Any, limit: int = 40) -> str:
+  text = json.dumps(value) if value != _ABSENT else _ABSENT
+  return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -1,0 +1,183 @@
+"""Scores a predictions file against gold data: `python -m bertjax.tools.evaluate {glue,squad,ner}`.
+
+  glue:  --data the official dev tsv, --predictions a leaderboard tsv (`index<TAB>prediction`);
+         --task names the task, else it is taken from the leaderboard file name (RTE.tsv,
+         MNLI-mm.tsv, ...) or the gold file's GLUE folder (RTE/dev.tsv, MNLI/dev_matched.tsv).
+  squad: --data the official json, --predictions a json {question id: answer text},
+         --null_odds (v2.0) a json {question id: null odds}; --task squad_v1/squad_v2 (or
+         --version 1.1/2.0) checks the gold file is of that version.
+  ner:   --data CoNLL-2003 gold (token POS chunk NER), --predictions `token tag` lines with a
+         blank line after each sentence.
+
+Predictions must cover exactly the gold data: a missing index, question id or sentence, or one the
+gold file lacks, is refused, as is a file that does not parse (bytes that are not UTF-8 included).
+Every file may be local or remote (gs://...).
+
+Prints human-readable lines, then one JSON object with every metric as its last line (NaN, e.g.
+a correlation of constant predictions, is written as null). Bad input: one line on stderr, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import Any, Sequence
+
+from bertjax.core import paths
+from bertjax.core.errors import fail, run_cli
+from bertjax.metrics import glue, ner, squad
+from bertjax.runtime import xla_defaults
+
+_SQUAD_TASKS = {"squad": None, "squad_v1": "1.1", "squad1.1": "1.1", "squad_v1.1": "1.1",
+                "squad_v2": "2.0", "squad2.0": "2.0", "squad_v2.0": "2.0"}
+
+
+class _Parser(argparse.ArgumentParser):
+  """argparse, but a usage mistake is one line and exit 2 like every other bad input."""
+
+  def error(self, message: str):
+    fail(f"{message}; see python -m bertjax.tools.evaluate --help")
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = _Parser(
+      prog="python -m bertjax.tools.evaluate",
+      description="Score a predictions file against gold data (GLUE, SQuAD or CoNLL-2003 NER).")
+  p.add_argument("benchmark", choices=("glue", "squad", "ner"))
+  p.add_argument("--data", required=True, help="gold file (GLUE dev tsv, SQuAD json, CoNLL)")
+  p.add_argument("--predictions", required=True, help="predictions file")
+  p.add_argument("--task", default=None,
+                 help="GLUE task (tfds name, e.g. rte, mnli_mismatched); squad: squad_v1/v2")
+  p.add_argument("--null_odds", default=None, help="SQuAD v2.0: json {id: null odds}")
+  p.add_argument("--version", default=None, help="SQuAD version the gold file must be")
+  p.add_argument("--na_prob_thresh", type=float, default=1.0,
+                 help="SQuAD v2.0: null odds above this count as 'no answer' (official: 1.0)")
+  return p
+
+
+def _glue_task(args: argparse.Namespace) -> glue.GlueTask:
+  if args.task:
+    return glue.get_task(args.task)
+  t = glue.task_from_leaderboard_file(args.predictions)
+  if t is not None:
+    return t
+  data = paths.absolute(args.data)  # local or remote (gs://...)
+  folder, base = data.parent.name, data.name
+  for task in glue.GLUE_TASKS.values():
+    if task.glue_dir == folder and task.files.get("dev") == base:
+      # MNLI's folder holds both dev files; the file name picks matched or mismatched.
+      if task.name == "mnli":
+        continue
+      return task
+  fail("cannot tell the GLUE task from the file names; pass --task (e.g. --task rte)")
+
+
+def _evaluate_glue(args: argparse.Namespace) -> dict[str, Any]:
+  t = _glue_task(args)
+  gold = glue.read_glue_tsv(args.data, t.name, "dev")
+  index, preds = glue.read_predictions_tsv(args.predictions, t.name)
+  gold_idx = [row["idx"] for row in gold]
+  pred_pos = {int(i): k for k, i in enumerate(index.tolist())}
+  missing = [i for i in gold_idx if i not in pred_pos]
+  if missing:
+    first = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5 else "")
+    fail(f"{args.predictions} lacks predictions for {len(missing)} of {len(gold)} gold "
+         f"indices (first: {first}); write one row per dev example")
+  extra = sorted(set(pred_pos) - set(gold_idx))
+  if extra:
+    first = ", ".join(map(str, extra[:5])) + (", ..." if len(extra) > 5 else "")
+    fail(f"{args.predictions} has {len(extra)} indices not in the gold file (first: {first}); "
+         "is it a prediction file for another split or task?")
+  ordered = preds[[pred_pos[i] for i in gold_idx]]
+  metrics = glue.glue_metrics(t.name, ordered, [row["label"] for row in gold])
+  print(f"GLUE {t.name}: {len(gold)} dev examples")
+  for name, value in metrics.items():
+    print(f"  {name:<10} {100 * value:8.2f}")
+  score = glue.glue_task_score(t.name, metrics)
+  print(f"  {'score':<10} {100 * score:8.2f}")
+  return {"benchmark": "glue", "task": t.name, "num_examples": len(gold), **metrics,
+          "score": score}
+
+
+def _evaluate_squad(args: argparse.Namespace) -> dict[str, Any]:
+  version = args.version
+  if args.task:
+    key = args.task.strip().lower()
+    if key not in _SQUAD_TASKS:
+      fail(f"unknown SQuAD task {args.task!r}; use squad_v1 or squad_v2 (or leave --task out)")
+    if _SQUAD_TASKS[key] and version and squad.normalize_version(version) != _SQUAD_TASKS[key]:
+      fail(f"--task {args.task} and --version {version} disagree; pass one of them")
+    version = version or _SQUAD_TASKS[key]
+  found, examples = squad.read_squad(args.data, version=version)
+  if not examples:
+    fail(f"{args.data} has no questions; pass the SQuAD dev json the predictions are for")
+  predictions = squad.read_squad_predictions(args.predictions, "predictions")
+  squad.check_prediction_file(args.predictions, predictions, examples, "predictions")
+  null_odds = None
+  if args.null_odds:
+    if found != "2.0":
+      fail(f"{args.data} is SQuAD v{found}; null odds apply to v2.0 only: drop --null_odds")
+    null_odds = squad.read_squad_predictions(args.null_odds, "null odds")
+    squad.check_prediction_file(args.null_odds, null_odds, examples, "null odds", numbers=True)
+  metrics = squad.squad_metrics(examples, predictions, null_odds=null_odds, version=found,
+                                na_prob_thresh=args.na_prob_thresh)
+  print(f"SQuAD v{found}: {len(examples)} questions")
+  for name, value in metrics.items():
+    print(f"  {name:<18} {value:10.4f}" if isinstance(value, float) else f"  {name:<18} {value}")
+  return {"benchmark": "squad", "version": found, **metrics}
+
+
+def _evaluate_ner(args: argparse.Namespace) -> dict[str, Any]:
+  gold = ner.read_conll(args.data)
+  if not gold:
+    fail(f"{args.data} has no sentences; pass the CoNLL-2003 gold file the predictions are for")
+  predicted = ner.read_ner_predictions(args.predictions)
+  pred_tags = ner.align_predictions(gold, predicted, args.predictions)
+  metrics = ner.ner_metrics([s.tags for s in gold], pred_tags)
+  print(f"NER: {len(gold)} sentences, {metrics['num_gold']} gold entities, "
+        f"{metrics['num_predicted']} predicted, {metrics['num_correct']} correct")
+  print(f"  {'type':<8} {'precision':>9} {'recall':>9} {'f1':>9} {'support':>8}")
+  for t, m in metrics["per_type"].items():
+    print(f"  {t:<8} {100 * m['precision']:9.2f} {100 * m['recall']:9.2f} "
+          f"{100 * m['f1']:9.2f} {m['support']:8d}")
+  print(f"  {'overall':<8} {100 * metrics['precision']:9.2f} {100 * metrics['recall']:9.2f} "
+        f"{100 * metrics['f1']:9.2f} {metrics['num_gold']:8d}")
+  return {"benchmark": "ner", "num_sentences": len(gold), **metrics}
+
+
+def _json_safe(obj: Any) -> Any:
+  """NaN/inf are not JSON: write them as null."""
+  if isinstance(obj, float) and not math.isfinite(obj):
+    return None
+  if isinstance(obj, dict):
+    return {k: _json_safe(v) for k, v in obj.items()}
+  if isinstance(obj, (list, tuple)):
+    return [_json_safe(v) for v in obj]
+  return obj
+
+
+def _check_files(args: argparse.Namespace) -> None:
+  """A folder where a file is wanted is called one (the readers said "file not found")."""
+  for flag in ("data", "predictions", "null_odds"):
+    value = getattr(args, flag)
+    if value and paths.as_path(value).is_dir():
+      fail(f"--{flag} {value} is a folder, not a file; pass the {flag.replace('_', ' ')} file "
+           "in it")
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+  args = _parser().parse_args(argv)
+  _check_files(args)
+  evaluate = {"glue": _evaluate_glue, "squad": _evaluate_squad, "ner": _evaluate_ner}
+  result = evaluate[args.benchmark](args)
+  print(json.dumps(_json_safe(result), sort_keys=False))
+  sys.stdout.flush()
+  return result
+
+
+if __name__ == "__main__":
+  xla_defaults.apply()  # before JAX starts a backend
+  run_cli(main)

@@ -1,0 +1,150 @@
+"""The plots of a sweep report (bertjax/tools/report.py): training loss over steps, the main dev
+metric against the learning rate.
+
+Every plot aggregates the seeds of a setting (points equal in every swept key but `seed`): a line
+through the median over seeds, a band from the lowest to the highest seed, each seed a dot or a
+thin line; legends and titles say so. Each plot's data, and the labels actually drawn, go to a
+.json file next to the .png.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any, Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator
+
+from bertjax.core import paths
+
+LR_KEY = "learning_rate"
+AGGREGATE = "median over seeds; band: min–max over seeds"
+
+
+def setting_text(setting: tuple[tuple[str, str], ...]) -> str:
+  # Values are reprs (so 1 and '1' group apart); strings read better without their quotes.
+  return ", ".join(f"{k}={v.strip(chr(39))}" for k, v in setting) or "(base)"
+
+
+def lr_label(lr: float) -> str:
+  """1e-4, 3e-4, 2.5e-5: a learning rate as people write it."""
+  mantissa, exponent = f"{lr:e}".split("e")
+  return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def _figure() -> tuple[Figure, Any]:
+  """A figure drawn straight to files (no pyplot, no display backend, nothing global)."""
+  fig = Figure(figsize=(9, 5.5), dpi=100)
+  return fig, fig.subplots()
+
+
+def _seeds(n: int) -> str:
+  return f"{n} seed" + ("s" if n != 1 else "")
+
+
+def _save(fig, ax, path: paths.Path, data: dict[str, Any]) -> dict[str, Any]:
+  """Writes the png and, with the plotted data, the labels as drawn to path.json (local or
+  remote: matplotlib writes the png into memory, the path layer writes the bytes)."""
+  legend = ax.get_legend()
+  data.update(title=ax.get_title(), xlabel=ax.get_xlabel(), ylabel=ax.get_ylabel(),
+              legend=[t.get_text() for t in legend.get_texts()] if legend else [],
+              xticklabels=[t.get_text() for t in ax.get_xticklabels()])
+  fig.tight_layout()
+  png = io.BytesIO()
+  fig.savefig(png, format="png")
+  path = paths.as_path(path)
+  paths.replace_bytes(path, png.getvalue())
+  paths.replace_text(path.with_suffix(".json"), json.dumps(data, indent=1))
+  return data
+
+
+def _spread(values: Sequence[float]) -> dict[str, float]:
+  v = np.asarray(values, np.float64)
+  return {"n": len(v), "median": float(np.median(v)), "min": float(np.min(v)),
+          "max": float(np.max(v))}
+
+
+def plot_train_loss(points: Sequence[Any], path: paths.Path) -> dict[str, Any]:
+  """Per setting, the median training loss over its seeds at each logged step (the steps every
+  seed logged) with a min–max band; each seed a thin line. path.json: every point's curve and
+  each setting's aggregate."""
+  fig, ax = _figure()
+  curves, series, groups = [], [], {}
+  for p in points:
+    if p.train_steps:
+      curves.append({"point": p.name, "steps": p.train_steps, "loss": p.train_loss})
+      groups.setdefault(p.setting, []).append(p)
+  for setting, members in groups.items():
+    steps = sorted(set.intersection(*(set(m.train_steps) for m in members)))
+    by_step = [dict(zip(m.train_steps, m.train_loss)) for m in members]
+    stats = [_spread([losses[s] for losses in by_step]) for s in steps]
+    label = f"{setting_text(setting)}: median of {_seeds(len(members))}"
+    line, = ax.plot(steps, [s["median"] for s in stats], label=label, linewidth=2)
+    if len(members) > 1:
+      ax.fill_between(steps, [s["min"] for s in stats], [s["max"] for s in stats],
+                      color=line.get_color(), alpha=0.2, linewidth=0)
+      for m in members:
+        ax.plot(m.train_steps, m.train_loss, color=line.get_color(), linewidth=0.6, alpha=0.5)
+    series.append({"label": label, "points": [m.name for m in members], "steps": steps,
+                   **{k: [s[k] for s in stats] for k in ("median", "min", "max", "n")}})
+  ax.set_xlabel("step")
+  ax.set_ylabel("training loss (mean of the logged window)")
+  ax.set_title(f"training loss: {AGGREGATE}; thin lines: single seeds")
+  if series:
+    ax.legend(fontsize=8, loc="best", framealpha=0.8)
+  else:
+    ax.text(0.5, 0.5, "no training metrics yet", ha="center", transform=ax.transAxes)
+  return _save(fig, ax, path, {"curves": curves, "series": series})
+
+
+def plot_dev_vs_lr(points: Sequence[Any], metric: str | None, path: paths.Path,
+                   scope: str = "", lower_is_better: bool = False) -> dict[str, Any]:
+  """The last evaluation's `metric` against the learning rate, per setting of the other swept
+  keys: the median over seeds (line), min–max band, each seed a dot. `scope` says what the
+  metric is computed over (the whole dev set, N eval batches)."""
+  fig, ax = _figure()
+  by_setting: dict[tuple, dict[float, list[tuple[float, str]]]] = {}
+  for p in points:
+    lr = p.config.get(LR_KEY)
+    if metric and metric in p.final and isinstance(lr, (int, float)):
+      setting = tuple(kv for kv in p.setting if kv[0] != LR_KEY)
+      by_setting.setdefault(setting, {}).setdefault(float(lr), []).append((p.final[metric], p.name))
+  data: dict[str, Any] = {"metric": metric, "scope": scope, "series": []}
+  all_lrs: set[float] = set()
+  for setting, by_lr in by_setting.items():
+    lrs = sorted(by_lr)
+    all_lrs.update(lrs)
+    stats = [_spread([v for v, _ in by_lr[lr]]) for lr in lrs]
+    seeds = sorted({s["n"] for s in stats})
+    n_text = _seeds(seeds[0]) if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]} seeds"
+    label = f"{setting_text(setting) if setting else 'all points'}: median of {n_text}"
+    line, = ax.plot(lrs, [s["median"] for s in stats], marker="o", label=label, linewidth=2)
+    if max(seeds) > 1:
+      ax.fill_between(lrs, [s["min"] for s in stats], [s["max"] for s in stats],
+                      color=line.get_color(), alpha=0.2, linewidth=0)
+    ax.scatter([lr for lr in lrs for _ in by_lr[lr]], [v for lr in lrs for v, _ in by_lr[lr]],
+               s=14, alpha=0.6, color=line.get_color())
+    data["series"].append({"label": label, "learning_rate": lrs,
+                           **{k: [s[k] for s in stats] for k in ("median", "min", "max", "n")},
+                           "points": [{"learning_rate": lr, "value": v, "point": n}
+                                      for lr in lrs for v, n in by_lr[lr]]})
+  ax.set_xscale("log")
+  if all_lrs:
+    ax.set_xticks(sorted(all_lrs), [lr_label(lr) for lr in sorted(all_lrs)])
+    ax.xaxis.set_minor_locator(NullLocator())
+  ax.set_xlabel("learning rate")
+  better = "lower" if lower_is_better else "higher"
+  ax.set_ylabel(f"dev {metric} ({better} is better)" if metric else "dev metric")
+  if metric:
+    ax.set_title(f"dev {metric} at the last evaluation{f', {scope}' if scope else ''}\n"
+                 f"{AGGREGATE}; dots: single seeds", fontsize=10)
+  else:
+    ax.set_title("no dev metrics yet")
+  if data["series"]:
+    ax.legend(fontsize=8, loc="best", framealpha=0.8)
+  else:
+    ax.text(0.5, 0.5, "no dev metric with a learning rate yet", ha="center",
+            transform=ax.transAxes)
+  return _save(fig, ax, path, data)
