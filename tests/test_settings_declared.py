@@ -9,7 +9,9 @@ import json
 import pytest
 
 from bertjax.config import config_checks, config_lib, config_rules, settings
+from bertjax.core import ranges
 from bertjax.core.errors import UserError
+from bertjax.models import config as model_config
 from bertjax.models.config import ModelConfig
 from bertjax.runtime import sharding, workdir as workdir_lib
 from configs import common
@@ -51,6 +53,26 @@ def test_one_row_declares_a_setting_with_its_default_check_and_help(monkeypatch)
       "masking.keep_rate (default 0.1; in [0, 1]): share of the selected tokens kept as they are")
   assert "one of 'shuffled', 'sequential'" in settings.help_text("data.order")
   assert settings.help_text("masking.keep_rate") in settings.describe().splitlines()
+
+
+def test_one_field_declares_a_model_setting_with_its_default_check_and_help(monkeypatch):
+  @dataclasses.dataclass(frozen=True)
+  class Wider(ModelConfig):
+    rope_scale: float = model_config.setting(1.0, ranges.POSITIVE, "rotary position scaling")
+
+  monkeypatch.setattr(model_config, "ModelConfig", Wider)
+  monkeypatch.setattr(common, "ModelConfig", Wider)
+  monkeypatch.setattr(settings, "ModelConfig", Wider)
+  config = config_lib.load_config_file(BERT)
+  assert config.model.rope_scale == 1.0                                        # the default
+  config_checks.check_ranges(config)
+  config.model.rope_scale = 0.0
+  with pytest.raises(UserError, match=r"^model.rope_scale=0.0 must be > 0 \(rotary position "
+                                      r"scaling\); fix: --config.model.rope_scale=1.0$"):
+    config_checks.check_ranges(config)
+  assert settings.help_text("model.rope_scale") == (
+      "model.rope_scale (default 1.0; > 0): rotary position scaling")
+  assert not hasattr(settings, "MODEL")  # no second table of the model's ranges
 
 
 def test_the_checks_are_the_declarations():

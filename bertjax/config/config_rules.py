@@ -9,8 +9,8 @@ from typing import Any
 
 from bertjax.config import settings
 # The ranges are declared with the settings; their names are also read from here.
-from bertjax.config.settings import (AT_LEAST_1, NON_NEGATIVE, OPEN_UNIT, POSITIVE, PROBABILITY,
-                              SHARE, UNIT, Range)
+from bertjax.core.ranges import (AT_LEAST_1, NON_NEGATIVE, OPEN_UNIT, POSITIVE, PROBABILITY, SHARE,
+                                 UNIT, Range)
 
 __all__ = ["AT_LEAST_1", "CHOICES", "NON_NEGATIVE", "OPEN_UNIT", "POSITIVE", "PROBABILITY",
            "RULES", "Range", "SHARE", "UNIT", "choices", "rules"]

@@ -1,17 +1,15 @@
 """Every trainer setting, declared once: key, default, allowed values and help in one row.
 
-configs/common.py builds its ConfigDicts from these rows (`defaults`),
-bertjax/config/config_rules.py derives the ranges and choices `bertjax.config.config_checks` checks,
-and `help_text` answers for a key. A setting's type is its default's: the ConfigDict refuses a value
-of another type. Adding a setting is one row in `TRAINER` (or `FINETUNE`); the model's settings
-(`model.*`) take their defaults from `ModelConfig`'s fields and only their ranges and help from
-`MODEL`.
+configs/common.py builds its ConfigDicts from these rows (`defaults`), bertjax/config/config_rules.py
+derives the ranges and choices `bertjax.config.config_checks` checks, and `help_text` answers for a
+key. A setting's type is its default's: the ConfigDict refuses a value of another type. Adding a
+setting is one row in `TRAINER` (or `FINETUNE`); a model setting (`model.*`) is one field of
+`ModelConfig`, declared with its default, check and help (`models.config.setting`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import ml_collections
@@ -19,40 +17,11 @@ import ml_collections
 from bertjax.data import masking, sources
 from bertjax.models import dropout, features, kernels
 from bertjax.models.config import ModelConfig
+from bertjax.core.ranges import (AT_LEAST_1, NON_NEGATIVE, OPEN_UNIT, POSITIVE, PROBABILITY, SHARE,
+                                 UNIT, Range)
 from bertjax.runtime import divergence, optim, sharding
 
 
-@dataclasses.dataclass(frozen=True)
-class Range:
-  """lo <= value <= hi (a bound is strict when marked open); `also`: sentinel values allowed."""
-  lo: float | None = None
-  hi: float | None = None
-  lo_open: bool = False
-  hi_open: bool = False
-  also: tuple = ()
-
-  def holds(self, value) -> bool:
-    if any(value is a or (value == a and type(value) is type(a)) for a in self.also):
-      return True
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-      return False
-    if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
-      return False
-    return self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
-
-  def __str__(self) -> str:
-    if self.hi is None:
-      text = f"{'>' if self.lo_open else '>='} {self.lo}"
-    else:
-      text = (f"in {'(' if self.lo_open else '['}{self.lo}, {self.hi}"
-              f"{')' if self.hi_open else ']'}")
-    return " or ".join([text, *map(repr, self.also)])
-
-
-AT_LEAST_1, NON_NEGATIVE, POSITIVE = Range(1), Range(0), Range(0, lo_open=True)
-UNIT, OPEN_UNIT = Range(0, 1), Range(0, 1, lo_open=True, hi_open=True)
-PROBABILITY = Range(0, 1, hi_open=True)   # dropout: 1 would drop everything
-SHARE = Range(0, 1, lo_open=True)         # a fraction that must keep something
 _SAME = object()
 
 
@@ -223,32 +192,16 @@ TASK: tuple[Setting, ...] = (
     S("n_best_size", 20, AT_LEAST_1, "answer candidates per question"),
 )
 
-# The model's settings: ModelConfig's fields hold the defaults; here, the checks and their help.
-MODEL: dict[str, tuple[Range | tuple, str] | tuple[Range, str, Any]] = {
-    "vocab_size": (AT_LEAST_1, "the model's vocabulary"),
-    "hidden_size": (AT_LEAST_1, "the hidden width"),
-    "num_hidden_layers": (AT_LEAST_1, "encoder layers"),
-    "num_attention_heads": (AT_LEAST_1, "attention heads"),
-    "intermediate_size": (AT_LEAST_1, "the feed-forward width"),
-    "hidden_dropout_prob": (PROBABILITY, "dropout probability"),
-    "attention_probs_dropout_prob": (PROBABILITY, "dropout probability"),
-    "max_position_embeddings": (AT_LEAST_1, "rows of the position table"),
-    "type_vocab_size": (AT_LEAST_1, "token types"),
-    "layer_norm_eps": (POSITIVE, "LayerNorm's epsilon"),
-    "pad_token_id": (NON_NEGATIVE, "the padding id"),
-    "embedding_size": (Range(1, also=(None,)), "the embedding width; None: hidden_size", 128),
-    "num_hidden_groups": (Range(1, also=(None,)), "ALBERT's layer groups; None: one per layer",
-                          1),
-    "attention_dropout_kernel": (kernels.ATTENTION_DROPOUT_SETTINGS,
-                                 "the attention-dropout path: auto | explicit | pallas"),
-    "dropout_impl": (dropout.DROPOUT_SETTINGS, "how dropout draws and keeps its masks"),
-}
-
-
 def model_settings() -> tuple[Setting, ...]:
-  """`MODEL`'s checks as settings whose defaults are ModelConfig's."""
-  defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
-  return tuple(S(f"model.{name}", defaults[name], *row) for name, row in MODEL.items())
+  """The model's settings, declared on ModelConfig's fields (`models.config.setting`): each
+  field that names a check, with its default, check and help."""
+  out = []
+  for field in dataclasses.fields(ModelConfig):
+    if "check" in field.metadata:
+      m = field.metadata
+      out.append(S(f"model.{field.name}", field.default, m["check"], m["help"],
+                   m.get("example", _SAME)))
+  return tuple(out)
 
 
 def declared() -> tuple[Setting, ...]:

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 
 from bertjax.core.errors import fail
+from bertjax.core.ranges import AT_LEAST_1, NON_NEGATIVE, POSITIVE, PROBABILITY, Range
 from bertjax.models.dropout import DROPOUT_SETTINGS
 from bertjax.models.kernels import ATTENTION_DROPOUT_SETTINGS, KERNEL_SETTINGS, parse_overrides
 
@@ -24,17 +25,27 @@ REMAT_POLICIES = ("full", "dots")
 # `embedding_size` (a narrower table and a projection: ELECTRA's generator) and `pruned_heads`
 # apply to it too.
 _MODERNBERT_REFUSES = {"num_hidden_groups": None, "scan_layers": False}
-# ModernBERT's numeric settings: (name, lowest value, whether that value itself is allowed).
-# Checked here, with the architecture (bertjax.config.config_checks ranges the settings every model
-# reads).
-_MODERNBERT_RANGES = (
-    ("norm_eps", 0, False), ("global_rope_theta", 0, False), ("local_rope_theta", 0, False),
-    ("global_attn_every_n_layers", 1, True), ("local_attention", 2, True),
-    ("initializer_range", 0, True), ("initializer_cutoff_factor", 0, False))
-_MODERNBERT_DROPOUTS = ("attention_dropout", "embedding_dropout", "mlp_dropout",
-                        "classifier_dropout")
+# ModernBERT's numeric settings, checked against their declared ranges with the architecture
+# (bertjax.config.config_checks checks every declared range of a config before a run).
+MODERNBERT_FIELDS = ("norm_eps", "global_rope_theta", "local_rope_theta",
+                     "global_attn_every_n_layers", "local_attention", "initializer_range",
+                     "initializer_cutoff_factor", "attention_dropout", "embedding_dropout",
+                     "mlp_dropout", "classifier_dropout")
 CLASSIFIER_POOLINGS = ("cls", "mean")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+_NO_EXAMPLE = object()
+
+
+def setting(default: Any, check: Range | tuple, help_text: str, example: Any = _NO_EXAMPLE):
+  """A ModelConfig field declared as a setting: its default, its check (a Range, or a tuple of
+  the allowed values) and its help, in one place. bertjax/config/settings.py reads them
+  (`model_settings`): the configs' defaults, the checks before a run, `--help`."""
+  metadata = {"check": check, "help": help_text}
+  if example is not _NO_EXAMPLE:
+    metadata["example"] = example  # the value a range's error suggests (else the default)
+  return dataclasses.field(default=default, metadata=metadata)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,21 +57,23 @@ class ModelConfig:
   is ALBERT's cross-layer sharing: layer i uses the parameters of group
   i * num_hidden_groups // num_hidden_layers (None: every layer has its own).
   """
-  vocab_size: int = 30522
-  hidden_size: int = 768
-  num_hidden_layers: int = 12
-  num_attention_heads: int = 12
-  intermediate_size: int = 3072
+  vocab_size: int = setting(30522, AT_LEAST_1, "the model's vocabulary")
+  hidden_size: int = setting(768, AT_LEAST_1, "the hidden width")
+  num_hidden_layers: int = setting(12, AT_LEAST_1, "encoder layers")
+  num_attention_heads: int = setting(12, AT_LEAST_1, "attention heads")
+  intermediate_size: int = setting(3072, AT_LEAST_1, "the feed-forward width")
   hidden_act: str = "gelu"
-  hidden_dropout_prob: float = 0.1
-  attention_probs_dropout_prob: float = 0.1
-  max_position_embeddings: int = 512
-  type_vocab_size: int = 2
-  layer_norm_eps: float = 1e-12
-  pad_token_id: int = 0
+  hidden_dropout_prob: float = setting(0.1, PROBABILITY, "dropout probability")
+  attention_probs_dropout_prob: float = setting(0.1, PROBABILITY, "dropout probability")
+  max_position_embeddings: int = setting(512, AT_LEAST_1, "rows of the position table")
+  type_vocab_size: int = setting(2, AT_LEAST_1, "token types")
+  layer_norm_eps: float = setting(1e-12, POSITIVE, "LayerNorm's epsilon")
+  pad_token_id: int = setting(0, NON_NEGATIVE, "the padding id")
   architecture: str = "bert"
-  embedding_size: int | None = None
-  num_hidden_groups: int | None = None
+  embedding_size: int | None = setting(None, Range(1, also=(None,)),
+                                       "the embedding width; None: hidden_size", example=128)
+  num_hidden_groups: int | None = setting(None, Range(1, also=(None,)),
+                                          "ALBERT's layer groups; None: one per layer", example=1)
   pre_layer_norm: bool = False
   use_pooler: bool = True
   # Activation inside the MLM head's transform: BERT/ALBERT use hidden_act, RoBERTa and
@@ -92,12 +105,13 @@ class ModelConfig:
   # counter-based dropout (bertjax.models.flash_attention; its device speed is unmeasured; on the
   # CPU it runs in Pallas interpret mode, for tests). Its masks are another stream than the
   # explicit path's: a different run, not a different layout. Parameters are the same.
-  attention_dropout_kernel: str = "auto"
+  attention_dropout_kernel: str = setting(
+      "auto", ATTENTION_DROPOUT_SETTINGS, "the attention-dropout path: auto | explicit | pallas")
   # How dropout draws and keeps its masks (bertjax.models.dropout): "auto" the kernel set's choice
   # (bertjax.models.kernels); "flax": nn.Dropout; else a form, "packed32" | "mask32" | "bits16" |
   # "recompute16", optionally with a generator suffix "+rbg" | "+unsafe_rbg". Same rate and
   # parameters; other masks (and so other training noise) than another choice draws.
-  dropout_impl: str = "auto"
+  dropout_impl: str = setting("auto", DROPOUT_SETTINGS, "how dropout draws and keeps its masks")
   # Structured pruning (bertjax.prune): per layer, the attention heads removed, by their original
   # numbering (Hugging Face's `pruned_heads`); () or an empty tuple for a layer: none. A layer
   # keeps num_attention_heads - len(pruned_heads[i]) heads of head_dim each.
@@ -105,7 +119,7 @@ class ModelConfig:
   # ModernBERT (architecture "modernbert", bertjax.models.modernbert) only, named as transformers'
   # ModernBertConfig names them, defaults as it has them; the other architectures ignore them.
   hidden_activation: str = "gelu"  # in GeGLU's gate (hidden_act is BERT's)
-  norm_eps: float = 1e-5           # every LayerNorm's epsilon (layer_norm_eps is BERT's)
+  norm_eps: float = setting(1e-5, POSITIVE, "ModernBERT: every LayerNorm's epsilon")
   norm_bias: bool = False          # LayerNorms with a bias
   attention_bias: bool = False     # biases in the fused q/k/v projection and the attention output
   mlp_bias: bool = False           # biases in the GeGLU feed-forward
@@ -113,16 +127,26 @@ class ModelConfig:
   classifier_activation: str = "gelu"  # in the MLM and task heads' dense transform
   classifier_bias: bool = False    # a bias in the MLM and task heads' dense transform
   classifier_pooling: str = "cls"  # sequence tasks read [CLS] ("cls") or the masked mean ("mean")
-  classifier_dropout: float = 0.0  # task heads: after the dense transform, before the classifier
-  global_rope_theta: float = 160000.0  # rotary base of the global-attention layers
-  local_rope_theta: float = 10000.0    # rotary base of the local (sliding-window) layers
-  global_attn_every_n_layers: int = 3  # layer i attends globally when i % n == 0, else locally
-  local_attention: int = 128       # window of the local layers: local_attention // 2 each side
-  attention_dropout: float = 0.0   # on attention probabilities and the attention output
-  embedding_dropout: float = 0.0   # after the embedding LayerNorm
-  mlp_dropout: float = 0.0         # inside GeGLU, before its output projection
-  initializer_range: float = 0.02  # std of the truncated-normal init (output layers: scaled down)
-  initializer_cutoff_factor: float = 2.0  # init truncated at this many stds
+  classifier_dropout: float = setting(
+      0.0, PROBABILITY, "ModernBERT task heads: dropout after the dense transform")
+  global_rope_theta: float = setting(160000.0, POSITIVE,
+                                     "ModernBERT: rotary base of the global-attention layers")
+  local_rope_theta: float = setting(10000.0, POSITIVE,
+                                    "ModernBERT: rotary base of the local (sliding-window) layers")
+  global_attn_every_n_layers: int = setting(
+      3, AT_LEAST_1, "ModernBERT: layer i attends globally when i % n == 0, else locally")
+  local_attention: int = setting(
+      128, Range(2), "ModernBERT: window of the local layers, local_attention // 2 each side")
+  attention_dropout: float = setting(
+      0.0, PROBABILITY, "ModernBERT: dropout on attention probabilities and output")
+  embedding_dropout: float = setting(0.0, PROBABILITY,
+                                     "ModernBERT: dropout after the embedding LayerNorm")
+  mlp_dropout: float = setting(0.0, PROBABILITY,
+                               "ModernBERT: dropout inside GeGLU, before its output projection")
+  initializer_range: float = setting(
+      0.02, NON_NEGATIVE, "ModernBERT: std of the truncated-normal init (output layers: less)")
+  initializer_cutoff_factor: float = setting(2.0, POSITIVE,
+                                             "ModernBERT: init truncated at this many stds")
 
   def __post_init__(self):
     try:  # config.json holds lists; a frozen (hashable) config holds tuples
@@ -190,15 +214,11 @@ class ModelConfig:
       if getattr(self, name) != off:
         fail(f"model.{name} does not apply to architecture modernbert; set "
              f"--config.model.{name}={off!r}")
-    for name, low, closed in _MODERNBERT_RANGES:
-      value = getattr(self, name)
-      if value < low or (value == low and not closed):
-        fail(f"model.{name}={value} must be {'at least' if closed else 'above'} {low}; e.g. "
-             f"--config.model.{name}={getattr(ModelConfig, name)}")
-    for name in _MODERNBERT_DROPOUTS:
-      if not 0 <= getattr(self, name) < 1:
-        fail(f"model.{name}={getattr(self, name)} must be in [0, 1); e.g. "
-             f"--config.model.{name}=0.0")
+    for field in dataclasses.fields(self):  # its declared ranges (a config.json is not checked)
+      check, value = field.metadata.get("check"), getattr(self, field.name)
+      if field.name in MODERNBERT_FIELDS and not check.holds(value):
+        fail(f"model.{field.name}={value} must be {check}; e.g. "
+             f"--config.model.{field.name}={field.default}")
     if self.classifier_pooling not in CLASSIFIER_POOLINGS:
       fail(f"unknown model.classifier_pooling={self.classifier_pooling!r}; use one of "
            f"{', '.join(CLASSIFIER_POOLINGS)}")
