@@ -147,7 +147,7 @@ def test_sbo_head_reads_only_the_span_boundaries():
 def test_span_sbo_refuses_other_masking():
   config = tiny("span_sbo", **{"masking.strategy": "token"})
   with pytest.raises(UserError, match="span masking"):
-    get_objective(config).masking_kwargs(config)
+    get_objective(config).masking(config)
 
 
 # --------------------------------------------------------------------------- ELECTRA
