@@ -245,22 +245,23 @@ def _generated(config, objective, per_process: int, train_rows: int,
 def _pretraining_inputs(config, objective, per_process: int, train_rows: int, train_docs,
                         eval_docs, special, word_start_mask, vocab_size: int, tokenizer,
                         step_of_row: Callable[[int], int] | None = None) -> Inputs:
-  kw = dict(kind=data_kind(config, objective), max_seq_length=config.max_seq_length,
-            special=special,
-            word_start_mask=word_start_mask, short_seq_prob=config.data.short_seq_prob,
-            pack=config.data.pack, pack_bins=config.data.pack_bins,
-            **objective.masking_kwargs(config))
-  train = pipeline.make_pretraining_iterator(
-      train_docs, batch_size=train_rows, seed=config.seed, shard_index=jax.process_index(),
-      shard_count=jax.process_count(), step_of_row=step_of_row,
-      mask_rate_schedule=tuple(map(tuple, config.masking.get("rate_schedule", ()))), **kw)
+  rows = pipeline.Instances(kind=data_kind(config, objective),
+                            max_seq_length=config.max_seq_length,
+                            short_seq_prob=config.data.short_seq_prob, pack=config.data.pack,
+                            pack_bins=config.data.pack_bins)
+  masking = objective.masking(config)
+  common = dict(special=special, word_start_mask=word_start_mask,
+                shard_index=jax.process_index(), shard_count=jax.process_count())
+  train = pipeline.make_pretraining_iterator(train_docs, rows, masking, batch_size=train_rows,
+                                             seed=config.seed, step_of_row=step_of_row, **common)
 
   def eval_batches() -> Iterator[dict]:
     if not len(eval_docs):
       return
+    # Evaluation masks at masking.rate throughout: no rate schedule.
     it = pipeline.make_pretraining_iterator(
-        eval_docs, batch_size=per_process, seed=config.seed + 1, shard_index=jax.process_index(),
-        shard_count=jax.process_count(), **kw)
+        eval_docs, rows, dataclasses.replace(masking, rate_schedule=()), batch_size=per_process,
+        seed=config.seed + 1, **common)
     for _ in range(config.data.eval_batches):
       yield next(it)
 

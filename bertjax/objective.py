@@ -1,12 +1,14 @@
 """The contract every pretraining objective (and fine-tuning task) honours for the one trainer.
 
 An objective is stateless: a set of functions of the config, the batch and the parameters, on a
-class for its constants (`name`, `data_kind`, `masking`) and so that objectives share code by
-inheritance. It holds no config, model, tokenizer or data: each method is handed what it needs,
-and an instance refuses attribute assignment, so `objective_class(name)()` is the whole object.
+class for its constants (`name`, `data_kind`, `masking_strategy`) and so that objectives share
+code by inheritance. It holds no config, model, tokenizer or data: each method is handed what it
+needs, and an instance refuses attribute assignment, so `objective_class(name)()` is the whole
+object.
 
-- Data: which examples the input pipeline builds (`data_kind`, `masking`, `masking_kwargs`); a
-  task prepares its own in `build_inputs`, whose `Inputs` carry what evaluation reads later.
+- Data: which examples the input pipeline builds: `data_kind`, and `masking(config)`, a
+  `bertjax.data.masking.Masking` whose strategy defaults to `masking_strategy`; a task prepares
+  its own in `build_inputs`, whose `Inputs` carry what evaluation reads later.
 - Model: `make_model(config, model_config)` returns what `init_params` and `loss` are handed back
   (a flax module, or a frozen holder of several, such as a student and its teacher).
 - Loss: `loss` divides sums by denominators that depend only on the *whole* batch
@@ -28,6 +30,7 @@ import jax.numpy as jnp
 import optax
 
 from bertjax import inputs
+from bertjax.data.masking import Masking
 from bertjax.models.config import ModelConfig
 from bertjax.models.pretraining import PretrainingModel
 
@@ -45,7 +48,7 @@ class Schedule:
 class Objective:
   name: str = ""
   data_kind: str = "nsp"          # which instances the pipeline builds: nsp | sop | full | single
-  masking: str = "token"          # default masking strategy (config may override)
+  masking_strategy: str = "token"  # default masking strategy (config may override)
   pair_head: bool = False
   # Final-layer rows the heads read per masked prediction (the encoder's `output_positions`),
   # None: every row. Lets the benchmark count what `model.gather_last_layer` computes.
@@ -92,12 +95,13 @@ class Objective:
     trainer jits this once as `EvalContext.predict_step`); pretraining objectives have none."""
     raise NotImplementedError(f"objective {self.name!r} has no per-row predictions")
 
-  def masking_kwargs(self, config) -> dict[str, Any]:
+  def masking(self, config) -> Masking:
     """How the input pipeline masks this objective's examples (see bertjax.data.masking)."""
     m = config.masking
-    return {"strategy": m.strategy or self.masking, "mask_rate": m.rate,
-            "max_predictions": config.max_predictions_per_seq, "max_ngram": m.max_ngram,
-            "span_p": m.span_p, "span_max": m.span_max}
+    return Masking(strategy=m.strategy or self.masking_strategy, mask_rate=m.rate,
+                   max_predictions=config.max_predictions_per_seq, max_ngram=m.max_ngram,
+                   span_p=m.span_p, span_max=m.span_max,
+                   rate_schedule=tuple(map(tuple, m.get("rate_schedule", ()))))
 
   def make_model(self, config, model_config) -> nn.Module:
     """The masked-LM model with the pair head when `pair_head` (override for other models)."""

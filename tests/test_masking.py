@@ -363,6 +363,45 @@ def test_bad_config_is_a_user_error(kwargs, message):
     masking.mask_tokens(seq, special, np.random.default_rng(0), **kwargs)
 
 
+@pytest.mark.parametrize("fields, word_start_mask, message", [
+    (dict(strategy="words"), None, "unknown masking strategy"),
+    (dict(strategy="whole_word"), None, "needs word_start_mask"),
+    (dict(strategy="span"), np.ones(7, bool), "word_start_mask has shape"),
+    (dict(replace_probs=(0.8, 0.3, -0.1)), None, "replace_probs"),
+    (dict(mask_rate=1.5), None, "mask_rate"),
+    (dict(max_predictions=0), None, "max_predictions"),
+    (dict(strategy="ngram", max_ngram=0), np.ones(50, bool), "max_ngram"),
+    (dict(strategy="span", span_max=0), np.ones(50, bool), "span_max"),
+    (dict(rate_schedule=((2, 0.1), (1, 0.2))), None, "rate_schedule"),
+])
+def test_masking_settings_check_refuses_before_any_example(fields, word_start_mask, message):
+  special = SpecialIds(PAD, UNK, CLS, SEP, MASK, 50)
+  settings = masking.Masking(**fields)
+  with pytest.raises(UserError, match=message):
+    settings.check(special, word_start_mask)
+
+
+def test_masking_settings_mask_as_mask_tokens_at_the_rate_of_the_step():
+  special = SpecialIds(PAD, UNK, CLS, SEP, MASK, 50)
+  words = np.arange(50) % 3 == 0
+  seq = np.array([CLS, *range(5, 45), SEP, PAD, PAD], np.int32)
+  settings = masking.Masking(strategy="span", mask_rate=0.4, max_predictions=16, span_p=0.3,
+                             span_max=4, replace_probs=(0.6, 0.2, 0.2), rate_schedule=((3, 0.1),))
+  settings.check(special, words)
+  kwargs = dict(strategy="span", word_start_mask=words, max_predictions=16, span_p=0.3,
+                span_max=4, replace_probs=(0.6, 0.2, 0.2))
+  for step, rate in ((None, 0.4), (2, 0.4), (3, 0.1)):
+    got = settings.mask(seq, special, np.random.default_rng(7), word_start_mask=words, step=step)
+    want = masking.mask_tokens(seq, special, np.random.default_rng(7), mask_rate=rate, **kwargs)
+    assert got.keys() == want.keys()
+    for key in want:
+      np.testing.assert_array_equal(got[key], want[key], err_msg=f"{step}: {key}")
+  assert settings.mask(seq, special, np.random.default_rng(7), word_start_mask=words,
+                       step=3)["masked_weights"].sum() == 4  # round(42 * 0.1)
+  with pytest.raises(AttributeError):
+    settings.mask_rate = 0.2  # frozen: a value passed around, never changed on the way
+
+
 def test_bad_special_ids_are_a_user_error():
   with pytest.raises(UserError, match="outside the vocabulary"):
     SpecialIds(PAD, UNK, CLS, SEP, 60, 50)

@@ -147,7 +147,16 @@ def test_sbo_head_reads_only_the_span_boundaries():
 def test_span_sbo_refuses_other_masking():
   config = tiny("span_sbo", **{"masking.strategy": "token"})
   with pytest.raises(UserError, match="span masking"):
-    get_objective(config).masking_kwargs(config)
+    get_objective(config).masking(config)
+
+
+def test_an_objective_masking_is_its_config_settings_with_its_own_defaults():
+  overrides = {"masking.rate": 0.3, "masking.rate_schedule": [[2, 0.1]]}
+  span = get_objective(tiny("span_sbo", **overrides)).masking(tiny("span_sbo", **overrides))
+  assert (span.strategy, span.mask_rate, span.max_predictions, span.rate_schedule) == (
+      "span", 0.3, 4, ((2, 0.1),))
+  electra = get_objective(tiny("rtd")).masking(tiny("rtd"))
+  assert (electra.strategy, electra.replace_probs) == ("token", (0.85, 0.0, 0.15))
 
 
 # --------------------------------------------------------------------------- ELECTRA

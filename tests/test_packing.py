@@ -11,7 +11,7 @@ import pytest
 
 from bertjax.core.errors import UserError
 from bertjax.data import instances as inst, packing, pipeline
-from bertjax.data.masking import SpecialIds
+from bertjax.data.masking import Masking, SpecialIds
 from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import Encoder
 from bertjax.registry import get_objective
@@ -30,8 +30,8 @@ def instance_stream(documents, seed=0):
 
 def packed_rows(documents, num_bins, seed=0):
   instances = pipeline._InstanceDataset(  # pylint: disable=protected-access
-      documents, kind="single", max_seq_length=SEQ, seed=seed, special=SPECIAL, shard_index=0,
-      shard_count=1, num_epochs=1, short_seq_prob=0.3)
+      documents, pipeline.Instances(kind="single", max_seq_length=SEQ, short_seq_prob=0.3),
+      seed=seed, special=SPECIAL, shard_index=0, shard_count=1, num_epochs=1)
   return list(packing.PackedDataset(instances, max_seq_length=SEQ, num_bins=num_bins))
 
 
@@ -75,9 +75,10 @@ def test_more_bins_fill_rows_at_least_as_well_on_real_text(data_dir):
 
   def rows(pack, bins=1):
     it = pipeline.make_pretraining_iterator(
-        documents, kind="single", max_seq_length=128, batch_size=16, seed=0, special=special,
-        word_start_mask=np.ones(vocab_size, bool), strategy="span", max_predictions=20,
-        num_epochs=1, short_seq_prob=0.1, drop_remainder=False, pack=pack, pack_bins=bins)
+        documents, pipeline.Instances(kind="single", max_seq_length=128, short_seq_prob=0.1,
+                                      pack=pack, pack_bins=bins),
+        Masking(strategy="span", max_predictions=20), batch_size=16, seed=0, special=special,
+        word_start_mask=np.ones(vocab_size, bool), num_epochs=1, drop_remainder=False)
     batches = list(it)
     real = sum(b["attention_mask"].sum() for b in batches)
     instances = sum(b["segment_ids"].max(1).sum() if pack else len(b["input_ids"])

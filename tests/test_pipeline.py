@@ -1,5 +1,6 @@
 """Tests for bertjax.data.pipeline: batches, determinism, sharding and exact resume."""
 
+import dataclasses
 import json
 import re
 
@@ -8,7 +9,7 @@ import pytest
 
 from bertjax.data import instances as inst, pipeline
 from bertjax.core.errors import UserError
-from bertjax.data.masking import SpecialIds
+from bertjax.data.masking import Masking, SpecialIds
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 VOCAB = 2000
@@ -41,10 +42,15 @@ def source_docs(batch: dict[str, np.ndarray], first_segment_only: bool = False) 
 
 
 def make(documents, **kwargs):
+  """The pipeline's iterator with this file's defaults; a keyword sets a field of
+  `pipeline.Instances` or `masking.Masking`, or an argument of make_pretraining_iterator."""
   args = dict(kind="nsp", max_seq_length=48, batch_size=4, seed=0, special=SPECIAL,
               word_start_mask=WORD_START, max_predictions=8)
   args.update(kwargs)
-  return pipeline.make_pretraining_iterator(documents, **args)
+  settings = lambda cls: cls(**{f.name: args.pop(f.name) for f in dataclasses.fields(cls)
+                                if f.name in args})
+  rows, masking = settings(pipeline.Instances), settings(Masking)
+  return pipeline.make_pretraining_iterator(documents, rows, masking, **args)
 
 
 def take(iterator, n):
@@ -210,8 +216,9 @@ def test_real_text_batches(data_dir):
   documents, vocab_size = load_wikitext_documents(data_dir / "wikitext2" / "wiki.valid.tokens")
   special = SpecialIds(PAD, UNK, CLS, SEP, MASK, vocab_size)
   iterator = pipeline.make_pretraining_iterator(
-      documents, kind="nsp", max_seq_length=128, batch_size=32, seed=0, special=special,
-      word_start_mask=np.ones(vocab_size, bool), strategy="whole_word", max_predictions=20)
+      documents, pipeline.Instances(kind="nsp", max_seq_length=128),
+      Masking(strategy="whole_word", max_predictions=20), batch_size=32, seed=0,
+      special=special, word_start_mask=np.ones(vocab_size, bool))
   batches = take(iterator, 40)
   masked = sum(b["masked_weights"].sum() for b in batches)
   tokens = sum(b["attention_mask"].sum() for b in batches)

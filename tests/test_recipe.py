@@ -217,9 +217,9 @@ def test_masking_rate_schedule_is_piecewise_constant_in_the_step():
 def test_masking_rate_schedule_masks_each_step_at_its_rate_and_resumes_exactly():
   from test_pipeline import SPECIAL, WORD_START, corpus
   make = lambda: pipeline.make_pretraining_iterator(
-      corpus(), kind="full", max_seq_length=48, batch_size=4, seed=0, special=SPECIAL,
-      word_start_mask=WORD_START, max_predictions=40, mask_rate=0.4,
-      mask_rate_schedule=((2, 0.1),))
+      corpus(), pipeline.Instances(kind="full", max_seq_length=48),
+      masking.Masking(max_predictions=40, mask_rate=0.4, rate_schedule=((2, 0.1),)),
+      batch_size=4, seed=0, special=SPECIAL, word_start_mask=WORD_START)
   it = make()
   batches = [next(it) for _ in range(4)]
   real = lambda b: np.sum(b["input_ids"] != SPECIAL.pad, axis=1)

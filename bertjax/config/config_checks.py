@@ -280,7 +280,7 @@ def check_objective(config, objective) -> None:
   corpus prepared: its masking (span_sbo: span), its rows' length, packing."""
   if objective.data_kind == "task" or config.data.synthetic:
     return
-  objective.masking_kwargs(config)
+  objective.masking(config)
   # The instances built: data.kind when set (ModernBERT's recipe packs single ones for mlm; the
   # pipeline checks the pair against the objective, bertjax.inputs.data_kind), else the
   # objective's.

@@ -11,6 +11,9 @@ each masking scheme of the BERT family:
               1..span_max (mean 3.8 words for p=0.2, max 10), one 80/10/10 decision per span,
               plus the span-boundary fields the SBO head needs.
 
+`Masking` holds those settings (and a masking-rate schedule) as one value, the way the input
+pipeline and the objectives pass them.
+
 Everything is deterministic given the `np.random.Generator` passed in, so the input pipeline can
 redraw masks each epoch from a seed derived from (seed, epoch, example).
 
@@ -68,6 +71,45 @@ class SpecialIds:
     return cls(pad=int(tokenizer.pad_id), unk=int(tokenizer.unk_id), cls=int(tokenizer.cls_id),
                sep=int(tokenizer.sep_id), mask=int(tokenizer.mask_id),
                vocab_size=int(tokenizer.vocab_size))
+
+
+@dataclasses.dataclass(frozen=True)
+class Masking:
+  """How the pipeline masks its examples: `mask_tokens`'s settings (see there) and the rate
+  schedule ((from_step, rate), ...): rows of training step >= from_step are masked at that rate
+  (`rate_at`), mask_rate before the first. The tokenizer's word_start_mask is not a setting: it
+  is passed with the special ids."""
+
+  strategy: str = "token"
+  mask_rate: float = 0.15
+  max_predictions: int = 20
+  max_ngram: int = 3
+  span_p: float = 0.2
+  span_max: int = 10
+  replace_probs: tuple[float, float, float] = (0.8, 0.1, 0.1)
+  rate_schedule: tuple[tuple[int, float], ...] = ()
+
+  def check(self, special: SpecialIds, word_start_mask: np.ndarray | None = None) -> None:
+    """Raises `UserError` for bad settings, so a pipeline fails before its first batch."""
+    _check_config(special, self.mask_rate, self.max_predictions, self.strategy, word_start_mask)
+    _check_replace_probs(self.replace_probs)
+    if self.strategy == "ngram":
+      ngram_length_distribution(self.max_ngram)
+    if self.strategy == "span":
+      span_length_distribution(self.span_p, self.span_max)
+    check_rate_schedule(self.rate_schedule)
+
+  def mask(self, input_ids: np.ndarray, special: SpecialIds, rng: np.random.Generator, *,
+           word_start_mask: np.ndarray | None = None,
+           step: int | None = None) -> dict[str, np.ndarray]:
+    """`mask_tokens` with these settings, at the rate of training step `step` (None: mask_rate,
+    as for evaluation)."""
+    rate = self.mask_rate if step is None else rate_at(step, self.mask_rate, self.rate_schedule)
+    return mask_tokens(input_ids, special, rng, mask_rate=rate,
+                       max_predictions=self.max_predictions, strategy=self.strategy,
+                       word_start_mask=word_start_mask, max_ngram=self.max_ngram,
+                       span_p=self.span_p, span_max=self.span_max,
+                       replace_probs=self.replace_probs)
 
 
 class Span(NamedTuple):
@@ -363,20 +405,6 @@ def rate_at(step: int, rate: float, schedule: Sequence[Sequence[float]]) -> floa
       break
     rate = scheduled
   return float(rate)
-
-
-def check_masking_config(special: SpecialIds, *, mask_rate: float = 0.15,
-                         max_predictions: int = 20, strategy: str = "token",
-                         word_start_mask: np.ndarray | None = None, max_ngram: int = 3,
-                         span_p: float = 0.2, span_max: int = 10,
-                         replace_probs: Sequence[float] = (0.8, 0.1, 0.1)) -> None:
-  """Raises `UserError` for a bad masking config, so a pipeline fails before its first batch."""
-  _check_config(special, mask_rate, max_predictions, strategy, word_start_mask)
-  _check_replace_probs(replace_probs)
-  if strategy == "ngram":
-    ngram_length_distribution(max_ngram)
-  if strategy == "span":
-    span_length_distribution(span_p, span_max)
 
 
 def _check_config(special: SpecialIds, mask_rate: float, max_predictions: int, strategy: str,

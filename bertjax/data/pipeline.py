@@ -23,7 +23,8 @@ the row's index in the stream (kept in the iterator state, so a resumed run mask
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Sequence
+import dataclasses
+from typing import Any, Callable
 
 import grain
 import numpy as np
@@ -31,29 +32,51 @@ import numpy as np
 from bertjax.data import packing
 from bertjax.data import instances
 from bertjax.core.errors import UserError
-from bertjax.data import masking
-from bertjax.data.masking import SpecialIds
+from bertjax.data.masking import Masking, SpecialIds
 
 # Keeps the masking seeds apart from the instance seeds [seed, epoch, doc_index].
 _MASK_TAG = 0x4D41534B
 
 
+@dataclasses.dataclass(frozen=True)
+class Instances:
+  """Which rows the pipeline builds from the documents.
+
+  Attributes:
+    kind: 'nsp', 'sop', 'full' or 'single' (see `bertjax.data.instances`).
+    max_seq_length: L, the padded sequence length.
+    short_seq_prob: probability of a shorter target length (None: 0.1 for nsp/sop, else 0).
+    pack: put several instances into each row (kind 'single'; see `bertjax.data.packing`).
+    pack_bins: rows filled at once when packing (first-fit over that many rows).
+  """
+
+  kind: str
+  max_seq_length: int
+  short_seq_prob: float | None = None
+  pack: bool = False
+  pack_bins: int = 64
+
+  def check(self) -> None:
+    """Raises `UserError` for a kind, length or packing the pipeline cannot build."""
+    instances.check_kind(self.kind, self.max_seq_length)
+    if self.pack:
+      packing.check_packing(self.kind, self.pack_bins)
+
+
 class _InstanceDataset(grain.IterDataset):
   """Unpadded instances of `num_epochs` epochs (forever if None) of one shard."""
 
-  def __init__(self, documents: instances.Documents, *, kind: str, max_seq_length: int,
-               seed: int, special: SpecialIds, shard_index: int, shard_count: int,
-               num_epochs: int | None, short_seq_prob: float | None):
+  def __init__(self, documents: instances.Documents, settings: Instances, *, seed: int,
+               special: SpecialIds, shard_index: int, shard_count: int,
+               num_epochs: int | None):
     super().__init__()
     self.documents = documents
-    self.kind = kind
-    self.max_seq_length = max_seq_length
+    self.settings = settings
     self.seed = seed
     self.special = special
     self.shard_index = shard_index
     self.shard_count = shard_count
     self.num_epochs = num_epochs
-    self.short_seq_prob = short_seq_prob
 
   def __iter__(self) -> "_InstanceIterator":
     return _InstanceIterator(self)
@@ -74,9 +97,9 @@ class _InstanceIterator(grain.DatasetIterator):
     while ds.num_epochs is None or self._epoch < ds.num_epochs:
       if self._walk is None:
         self._walk = instances.walk_epoch(
-            ds.documents, ds.kind, ds.max_seq_length, ds.seed, self._epoch, ds.shard_index,
-            ds.shard_count, special=ds.special, short_seq_prob=ds.short_seq_prob,
-            start=self._cursor)
+            ds.documents, ds.settings.kind, ds.settings.max_seq_length, ds.seed, self._epoch,
+            ds.shard_index, ds.shard_count, special=ds.special,
+            short_seq_prob=ds.settings.short_seq_prob, start=self._cursor)
       try:
         instance, self._cursor = next(self._walk)
       except StopIteration:
@@ -134,15 +157,17 @@ class _NumberedIterator(grain.DatasetIterator):
 
 class _Featurize:
   """Pads an instance to max_seq_length and masks it; the result is all numpy arrays. With
-  `rate_of_row`, a numbered row is masked at the rate that gives."""
+  `step_of_row`, a numbered row is masked at the rate of the step it is trained in."""
 
-  def __init__(self, *, max_seq_length: int, seed: int, special: SpecialIds,
-               masking_kwargs: dict[str, Any], rate_of_row: Callable[[int], float] | None = None):
+  def __init__(self, *, max_seq_length: int, seed: int, special: SpecialIds, masking: Masking,
+               word_start_mask: np.ndarray | None,
+               step_of_row: Callable[[int], int] | None = None):
     self.max_seq_length = max_seq_length
     self.seed = seed
     self.special = special
-    self.masking_kwargs = masking_kwargs
-    self.rate_of_row = rate_of_row
+    self.masking = masking
+    self.word_start_mask = word_start_mask
+    self.step_of_row = step_of_row
 
   def __call__(self, instance: instances.Instance) -> dict[str, np.ndarray]:
     length = instance["length"]
@@ -154,10 +179,9 @@ class _Featurize:
     attention_mask[:length] = 1
     key = instance["example_key"]
     rng = np.random.default_rng([self.seed, instance["epoch"], key[0], key[1], _MASK_TAG])
-    kwargs = self.masking_kwargs
-    if self.rate_of_row is not None:
-      kwargs = {**kwargs, "mask_rate": self.rate_of_row(instance["row"])}
-    example = masking.mask_tokens(input_ids, self.special, rng, **kwargs)
+    step = None if self.step_of_row is None else self.step_of_row(instance["row"])
+    example = self.masking.mask(input_ids, self.special, rng,
+                                word_start_mask=self.word_start_mask, step=step)
     example["token_type_ids"] = token_type_ids
     example["attention_mask"] = attention_mask
     example["next_sentence_label"] = np.int32(instance["next_sentence_label"])
@@ -168,94 +192,69 @@ class _Featurize:
     return example
 
 
-def make_pretraining_dataset(
-    documents: instances.Documents, *, kind: str, max_seq_length: int, batch_size: int,
-    seed: int, special: SpecialIds, word_start_mask: np.ndarray | None = None,
-    mask_rate: float = 0.15, max_predictions: int = 20, strategy: str = "token",
-    max_ngram: int = 3, span_p: float = 0.2, span_max: int = 10,
-    replace_probs: Sequence[float] = (0.8, 0.1, 0.1), shard_index: int = 0,
-    shard_count: int = 1, num_epochs: int | None = None, short_seq_prob: float | None = None,
-    drop_remainder: bool = True, pack: bool = False, pack_bins: int = 64,
-    mask_rate_schedule: Sequence[Sequence[float]] = (),
-    step_of_row: Callable[[int], int] | None = None) -> grain.IterDataset:
-  """The pretraining `grain.IterDataset` of batches; see `make_pretraining_iterator`."""
-  instances.check_kind(kind, max_seq_length)
-  if pack:
-    packing.check_packing(kind, pack_bins)
+def _check_stream(num_documents: int, *, batch_size: int, seed: int, shard_index: int,
+                  shard_count: int, num_epochs: int | None) -> None:
+  """Refuses a bad batch size, epoch count, shard or seed before the first batch."""
   if batch_size < 1:
     raise UserError(f"batch_size={batch_size} must be >= 1 (it is the per-process batch size)")
   if num_epochs is not None and num_epochs < 1:
     raise UserError(f"num_epochs={num_epochs} must be >= 1, or None to repeat forever")
-  # Fail on a bad shard, seed or masking config now rather than at the first batch.
-  instances.shard_documents(len(documents), seed, 0, shard_index, shard_count)
-  masking_kwargs = dict(mask_rate=mask_rate, max_predictions=max_predictions, strategy=strategy,
-                        word_start_mask=word_start_mask, max_ngram=max_ngram, span_p=span_p,
-                        span_max=span_max, replace_probs=tuple(replace_probs))
-  masking.check_masking_config(special, **masking_kwargs)
-  masking.check_rate_schedule(mask_rate_schedule)
-  if word_start_mask is not None:
-    masking_kwargs["word_start_mask"] = np.asarray(word_start_mask, bool)
-  dataset = _InstanceDataset(documents, kind=kind, max_seq_length=max_seq_length, seed=seed,
-                               special=special, shard_index=shard_index,
-                               shard_count=shard_count, num_epochs=num_epochs,
-                               short_seq_prob=short_seq_prob)
-  if pack:
-    dataset = packing.PackedDataset(dataset, max_seq_length=max_seq_length,
-                                      num_bins=pack_bins)
-  rate_of_row = None
-  if mask_rate_schedule:
-    dataset = _NumberedDataset(dataset)
-    step_of_row = step_of_row or (lambda row: row // batch_size)
-    rate_of_row = lambda row: masking.rate_at(step_of_row(row), mask_rate, mask_rate_schedule)
-  featurize = _Featurize(max_seq_length=max_seq_length, seed=seed, special=special,
-                         masking_kwargs=masking_kwargs, rate_of_row=rate_of_row)
-  return dataset.map(featurize).batch(batch_size, drop_remainder=drop_remainder)
+  instances.shard_documents(num_documents, seed, 0, shard_index, shard_count)
 
 
-def make_pretraining_iterator(
-    documents: instances.Documents, *, kind: str, max_seq_length: int, batch_size: int,
+def make_pretraining_dataset(
+    documents: instances.Documents, rows: Instances, masking: Masking, *, batch_size: int,
     seed: int, special: SpecialIds, word_start_mask: np.ndarray | None = None,
-    mask_rate: float = 0.15, max_predictions: int = 20, strategy: str = "token",
-    max_ngram: int = 3, span_p: float = 0.2, span_max: int = 10,
-    replace_probs: Sequence[float] = (0.8, 0.1, 0.1), shard_index: int = 0,
-    shard_count: int = 1, num_epochs: int | None = None, short_seq_prob: float | None = None,
-    drop_remainder: bool = True, pack: bool = False, pack_bins: int = 64,
-    mask_rate_schedule: Sequence[Sequence[float]] = (),
-    step_of_row: Callable[[int], int] | None = None) -> grain.DatasetIterator:
-  """An iterator of pretraining batches with exact checkpoint/resume via get_state/set_state.
+    shard_index: int = 0, shard_count: int = 1, num_epochs: int | None = None,
+    drop_remainder: bool = True,
+    step_of_row: Callable[[int], int] | None = None) -> grain.IterDataset:
+  """The pretraining `grain.IterDataset` of batches.
 
   Args:
     documents: random-access sequence of documents (lists of `<int32>[len]` sentences).
-    kind: 'nsp', 'sop', 'full' or 'single' (see `bertjax.data.instances`).
-    max_seq_length: L, the padded sequence length.
+    rows: which rows are built (kind, max_seq_length L, packing; see `Instances`).
+    masking: how they are masked (`bertjax.data.masking.Masking`; max_predictions is P); with a
+      rate_schedule, each row is masked at the rate of the step it is trained in.
     batch_size: B, per process.
     seed: non-negative; with the step it determines every batch.
     special: special token ids and vocabulary size.
     word_start_mask: `<bool>[vocab]`, needed for word-level masking strategies.
-    mask_rate, max_predictions, strategy, max_ngram, span_p, span_max, replace_probs: passed to
-      `bertjax.data.masking.mask_tokens`; max_predictions is P.
     shard_index, shard_count: this process's disjoint share of the documents.
     num_epochs: stop after this many epochs; None repeats forever.
-    short_seq_prob: probability of a shorter target length (None: 0.1 for nsp/sop, else 0).
     drop_remainder: drop a last partial batch (only reachable with num_epochs).
-    pack: put several instances into each row (kind 'single'; see `bertjax.data.packing`).
-    pack_bins: rows filled at once when packing (first-fit over that many rows).
-    mask_rate_schedule: ((from_step, rate), ...): rows of step >= from_step are masked at that
-      rate (`masking.rate_at`); mask_rate before the first.
     step_of_row: the (0-based) step a row of the stream is trained in; None: row // batch_size.
 
   Returns:
-    A `grain.DatasetIterator` of dicts: input_ids, token_type_ids, attention_mask
-    `<int32>[B, L]`; masked_positions, masked_ids `<int32>[B, P]`; masked_weights
-    `<float32>[B, P]`; next_sentence_label `<int32>[B]` (0 for full/single); and for
-    strategy='span' span_left, span_right, span_offset `<int32>[B, P]`; when packing,
-    segment_ids `<int32>[B, L]` (1, 2, ... per instance in the row, 0 on padding).
+    A dataset of dicts: input_ids, token_type_ids, attention_mask `<int32>[B, L]`;
+    masked_positions, masked_ids `<int32>[B, P]`; masked_weights `<float32>[B, P]`;
+    next_sentence_label `<int32>[B]` (0 for full/single); and for strategy='span' span_left,
+    span_right, span_offset `<int32>[B, P]`; when packing, segment_ids `<int32>[B, L]` (1, 2, ...
+    per instance in the row, 0 on padding).
   """
-  return iter(make_pretraining_dataset(
-      documents, kind=kind, max_seq_length=max_seq_length, batch_size=batch_size, seed=seed,
-      special=special, word_start_mask=word_start_mask, mask_rate=mask_rate,
-      max_predictions=max_predictions, strategy=strategy, max_ngram=max_ngram, span_p=span_p,
-      span_max=span_max, replace_probs=replace_probs, shard_index=shard_index,
-      shard_count=shard_count, num_epochs=num_epochs, short_seq_prob=short_seq_prob,
-      drop_remainder=drop_remainder, pack=pack, pack_bins=pack_bins,
-      mask_rate_schedule=mask_rate_schedule, step_of_row=step_of_row))
+  rows.check()
+  _check_stream(len(documents), batch_size=batch_size, seed=seed, shard_index=shard_index,
+                shard_count=shard_count, num_epochs=num_epochs)
+  masking.check(special, word_start_mask)
+  if word_start_mask is not None:
+    word_start_mask = np.asarray(word_start_mask, bool)
+  dataset = _InstanceDataset(documents, rows, seed=seed, special=special,
+                             shard_index=shard_index, shard_count=shard_count,
+                             num_epochs=num_epochs)
+  if rows.pack:
+    dataset = packing.PackedDataset(dataset, max_seq_length=rows.max_seq_length,
+                                    num_bins=rows.pack_bins)
+  if masking.rate_schedule:
+    dataset = _NumberedDataset(dataset)
+    step_of_row = step_of_row or (lambda row: row // batch_size)
+  else:
+    step_of_row = None
+  featurize = _Featurize(max_seq_length=rows.max_seq_length, seed=seed, special=special,
+                         masking=masking, word_start_mask=word_start_mask,
+                         step_of_row=step_of_row)
+  return dataset.map(featurize).batch(batch_size, drop_remainder=drop_remainder)
+
+
+def make_pretraining_iterator(*args, **kwargs) -> grain.DatasetIterator:
+  """`iter(make_pretraining_dataset(...))`, with the same arguments: an iterator of pretraining
+  batches with exact checkpoint/resume through its get_state/set_state."""
+  return iter(make_pretraining_dataset(*args, **kwargs))

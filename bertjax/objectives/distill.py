@@ -202,7 +202,7 @@ class Distill(DistillationBase):
   """DistilBERT / TinyBERT general distillation: MLM on full segments, no NSP."""
   name = "distill"
   data_kind = "full"
-  masking = "token"
+  masking_strategy = "token"
   head = "mlm"
 
   @classmethod

@@ -10,7 +10,7 @@ from bertjax.objective import Objective, classification_terms, masked_lm_terms
 class MlmNsp(Objective):
   name = "mlm_nsp"
   data_kind = "nsp"
-  masking = "token"
+  masking_strategy = "token"
   pair_head = True
   pair_name = "nsp"
   output_rows_per_prediction = 1
@@ -41,5 +41,5 @@ class MlmSop(MlmNsp):
   """ALBERT: MLM with n-gram masking plus sentence order prediction."""
   name = "mlm_sop"
   data_kind = "sop"
-  masking = "ngram"
+  masking_strategy = "ngram"
   pair_name = "sop"

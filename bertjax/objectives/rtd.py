@@ -12,12 +12,13 @@ The input needs no extra fields: the original text is the input with `masked_ids
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from bertjax.data.masking import Masking
 from bertjax.models.electra import ElectraPretrainingModel, generator_config
 from bertjax.objective import Objective, masked_lm_terms
 
@@ -31,10 +32,10 @@ _NONE_PREDICTED = 1e-9
 class Rtd(Objective):
   name = "rtd"
   data_kind = "full"
-  masking = "token"
+  masking_strategy = "token"
 
-  def masking_kwargs(self, config) -> dict[str, Any]:
-    return {**super().masking_kwargs(config), "replace_probs": ELECTRA_REPLACE_PROBS}
+  def masking(self, config) -> Masking:
+    return dataclasses.replace(super().masking(config), replace_probs=ELECTRA_REPLACE_PROBS)
 
   def make_model(self, config, model_config):
     e = config.electra

@@ -11,11 +11,10 @@ p_{i-s+1}), not the encoder's, so it serves ModernBERT (rotary positions, no tab
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax.numpy as jnp
 
 from bertjax.core.errors import fail
+from bertjax.data.masking import Masking
 from bertjax.models.heads import SpanBoundaryHead
 from bertjax.models.pretraining import PretrainingModel
 from bertjax.objective import Objective, masked_lm_terms
@@ -57,16 +56,16 @@ class SpanBertModel(PretrainingModel):
 class SpanSbo(Objective):
   name = "span_sbo"
   data_kind = "single"
-  masking = "span"
+  masking_strategy = "span"
   output_rows_per_prediction = 3  # the masked token and its span's two boundaries
 
-  def masking_kwargs(self, config) -> dict[str, Any]:
-    kwargs = super().masking_kwargs(config)
-    if kwargs["strategy"] != "span":
+  def masking(self, config) -> Masking:
+    masking = super().masking(config)
+    if masking.strategy != "span":
       fail(f"objective span_sbo needs span masking (the SBO head reads each span's boundaries), "
-           f"not masking.strategy={kwargs['strategy']!r}; set --config.masking.strategy=span or "
+           f"not masking.strategy={masking.strategy!r}; set --config.masking.strategy=span or "
            f"leave it empty")
-    return kwargs
+    return masking
 
   def make_model(self, config, model_config):
     del config
