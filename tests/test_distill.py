@@ -2,6 +2,7 @@
 WikiText-2, SST-2 task distillation), the teacher frozen inside the jitted step, bad input."""
 
 import dataclasses
+import json
 import os
 import pathlib
 import subprocess
@@ -365,3 +366,26 @@ def test_bad_input_is_one_line(case, teacher, tmp_path):
   assert "Traceback" not in r.stderr
   errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
   assert len(errors) == 1 and needle in errors[0], r.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_the_teachers_tokenizer_leaves_the_config_as_given_and_the_run_resumes(teacher, tmp_path):
+  """Without data_dir the corpus is prepared with the teacher's tokenizer: on a copy of the
+  config, so the run records the config it was given, and its rerun resumes without a changed
+  setting (the run's config was once rewritten in place, so its config.json named the teacher's
+  tokenizer and no longer matched the command that made it)."""
+  def config(steps):
+    config = student_config("", teacher, steps, checkpoint_every=2, eval_every=0)
+    assert not config.data_dir and config.data.corpus  # runlocal's raw sample, prepared here
+    return config
+
+  first = config(2)
+  before = first.to_json()
+  workdir = tmp_path / "run"
+  train.train_and_evaluate(first, workdir)
+  assert first.to_json() == before
+  assert json.loads((workdir / "config.json").read_text())["data"]["tokenizer"] == ""
+  files = lambda folder: {p.name: p.read_bytes() for p in (folder / "tokenizer").iterdir()}
+  assert files(workdir) == files(teacher)  # the teacher's vocabulary, id for id
+  summary = train.train_and_evaluate(config(4), workdir)
+  assert summary["step"] == 4 and summary["status"] == "finished"

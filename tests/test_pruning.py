@@ -24,6 +24,8 @@ import bertjax
 from bertjax import convert
 from bertjax.config import config_checks
 from bertjax.convert import sources
+from bertjax.models.config import ModelConfig
+from bertjax.prune.session import Session
 from bertjax.runtime import checkpoints, optim
 from bertjax.trainer import train
 from conftest import DATA_DIR
@@ -471,3 +473,14 @@ def test_mesh_check_counts_a_pruned_layers_heads():
   config_checks.check_mesh(config, CFG, Mesh2())
   with pytest.raises(UserError, match=r"pruned_heads\[0\] \(leaving 3 heads\)=3 is not divisible by 2"):
     config_checks.check_mesh(config, pruned, Mesh2())
+
+
+def test_a_distillation_run_is_refused_in_one_line(tmp_path):
+  """distill_glue records a GLUE task too, but its model is a student with its teacher: pruning
+  refuses it in one line instead of failing on the first task method it lacks."""
+  config = load_config("configs/glue.py:task=rte,runlocal").to_dict()
+  config.update(objective="distill_glue", model=ModelConfig().to_dict())
+  (tmp_path / "config.json").write_text(json.dumps(config))
+  with pytest.raises(UserError, match=r"^\S+ is a distill_glue run; pruning scores and exports "
+                                      r"the heads of glue, squad and ner runs only"):
+    Session.open(tmp_path, tmp_path / "out", None)

@@ -23,7 +23,7 @@ from bertjax.core.errors import fail, read_text
 from bertjax.models.config import ModelConfig
 from bertjax.registry import get_objective
 from bertjax.runtime import checkpoints, sharding
-from bertjax.tasks.base import padded_batches
+from bertjax.tasks.base import TaskObjective, padded_batches
 from bertjax.trainer import eval_context, train
 
 
@@ -73,6 +73,9 @@ class Session:
     # The run's own architecture and tokenizer: init_from is what the task reads them from.
     config.init_from = str(workdir)
     objective = get_objective(config)
+    if not isinstance(objective, TaskObjective):  # distill_glue: a student with its teacher
+      fail(f"{workdir} is a {config.objective} run; pruning scores and exports the heads of "
+           "glue, squad and ner runs only: prune one of those")
     mesh = sharding.make_mesh(config.mesh_shape)
     data = objective.build_inputs(config, out)
     metric = metric or config.get("best_metric", "") or "score"
