@@ -24,7 +24,7 @@ from bertjax.objective import Objective
 
 class SmoothedMlm(Objective):
   name = "smoothed_mlm"
-  data_kind = "full"
+  data_kind = "full"          # the instances the pipeline builds: nsp | sop | full | single
 
   def loss(self, model, params, batch, rng, denominators, deterministic):
     logits = self.apply(model, params, batch, rng, deterministic)["mlm_logits"]
@@ -36,6 +36,13 @@ class SmoothedMlm(Objective):
 # The same objective took 30 lines at 1cb9496, before objectives became stateless: it had to
 # name its masking and prediction rows, build its model and write its denominators.
 LINES_BEFORE = 30
+
+
+def test_architecture_shows_this_objective():
+  shown = (REPO / "ARCHITECTURE.md").read_text()
+  block = "\n".join(line[2:] for line in shown[shown.index("  class SmoothedMlm("):].splitlines())
+  source = NEW_OBJECTIVE[NEW_OBJECTIVE.index("class SmoothedMlm("):].rstrip()
+  assert block.startswith(source + "\n")
 
 
 def test_the_new_objective_is_shorter_than_before():
