@@ -10,6 +10,7 @@ it is absent.
 """
 
 import gc
+import logging
 import os
 import pathlib
 import resource
@@ -52,6 +53,20 @@ def pytest_configure(config):
 
 
 DATA_DIR = pathlib.Path(os.environ.get("BERTJAX_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_as_found():
+  """A test that sets up logging (an in-process launch.main: absl's handler, level INFO) leaves
+  the root logger as it found it, so what a later test prints (bertjax.tasks.base.announce prints
+  only where nothing shows the log) does not depend on which tests ran before it."""
+  root = logging.getLogger()
+  handlers, level = list(root.handlers), root.level
+  yield
+  for handler in list(root.handlers):
+    if handler not in handlers and not type(handler).__module__.startswith("_pytest"):
+      root.removeHandler(handler)
+  root.setLevel(level)
 
 
 @pytest.fixture

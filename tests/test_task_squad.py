@@ -2,6 +2,7 @@
 force, v1.1 and v2.0 end to end on the real subsets, and bad input."""
 
 import json
+import logging
 import os
 import pathlib
 
@@ -203,7 +204,7 @@ def _long_answer_article(data_dir):
 
 
 @pytest.mark.slow
-def test_squad_v11_end_to_end(tmp_path, data_dir, spm_dir, capsys):
+def test_squad_v11_end_to_end(tmp_path, data_dir, spm_dir, capsys, caplog):
   subset(data_dir, "1.1", {"Super_Bowl_50"}, tmp_path, "train.json",
          extra=[_long_answer_article(data_dir)])
   dev_file = subset(data_dir, "1.1", {"Normans"}, tmp_path, "dev.json")
@@ -213,16 +214,17 @@ def test_squad_v11_end_to_end(tmp_path, data_dir, spm_dir, capsys):
                         max_query_length=24, num_epochs=3.0, max_train_examples=0,
                         batch_size=32, eval_batch_size=32, log_every=10,
                         **{"data.tokenizer": str(spm_dir), "model.vocab_size": 2000})
-  summary = train.train_and_evaluate(config, workdir)
-  out = capsys.readouterr().out
-  report = [l for l in out.splitlines() if l.startswith("squad v1.1 train")]
-  assert len(report) == 1 and "811 questions -> 810 used" in report[0], out
+  with caplog.at_level(logging.INFO):  # the lines are logged where logging is set up, else printed
+    summary = train.train_and_evaluate(config, workdir)
+  said = capsys.readouterr().out.splitlines() + [r.getMessage() for r in caplog.records]
+  report = [l for l in said if l.startswith("squad v1.1 train")]
+  assert len(report) == 1 and "811 questions -> 810 used" in report[0], said
   assert "skipped 1 whose answer lies outside every window" in report[0]
 
   rows = read_metrics(workdir)
   losses = [r["loss"] for r in rows if r["split"] == "train"]
   assert losses[-1] < 0.75 * losses[0], losses
-  dev_rows = [l for l in out.splitlines() if l.startswith("squad v1.1 dev")]
+  dev_rows = [l for l in said if l.startswith("squad v1.1 dev")]
   windows = int(dev_rows[0].split(" in ")[1].split()[0])
   assert windows % 32  # the last prediction batch is a partial one
   final = workdir / "predictions" / f"step_{summary['step']}"
