@@ -175,3 +175,27 @@ def test_clipping_follows_the_setting(monkeypatch):
   assert built[0] is not built[-1] and built[-1].__module__.startswith("optax")
   for a, b in zip(jax.tree.leaves(ups[0]), jax.tree.leaves(ups[1])):
     np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_modernbert_norms_follow_the_layer_norm_setting():
+  """ModernBERT's LayerNorms take BERT's written-out backward pass where the kernel set says so
+  (the CPU's: its autodiff'd form cost 2.4x the 22-layer step there, PERFORMANCE.md) and are
+  `nn.LayerNorm` in the stock set: the same parameters, values and gradients either way."""
+  ids, mask, types, pos = batch()
+  args = (ids, mask, types, pos)
+  seen, trees, grads = [], [], []
+  for name in ("cpu", "stock"):
+    model = PretrainingModel(ModelConfig(**{**SIZES, "architecture": "modernbert",
+                                            "kernels": name}), pair_head=False)
+    seen.append(modules_called(model, args, args)[0])
+    variables = model.init(jax.random.key(0), *args)
+    trees.append(nn.meta.unbox(variables))
+    loss = lambda v, m=model: jnp.sum(jnp.square(m.apply(v, *args)["mlm_logits"]))
+    grads.append(jax.grad(loss)(variables))
+  assert layers.LayerNorm in seen[0] and nn.LayerNorm not in seen[0]
+  assert nn.LayerNorm in seen[1] and layers.LayerNorm not in seen[1]
+  assert jax.tree.structure(trees[0]) == jax.tree.structure(trees[1])
+  for a, b in zip(jax.tree.leaves(trees[0]), jax.tree.leaves(trees[1])):
+    assert np.array_equal(a, b)
+  for a, b in zip(*(jax.tree.leaves(nn.meta.unbox(g)) for g in grads)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

@@ -147,18 +147,24 @@ layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
 
 
 class LayerNorm(nn.Module):
-  """`layer_norm` with `scale` and `bias` parameters (the layout of `nn.LayerNorm`)."""
+  """`layer_norm` with `scale` and `bias` parameters (the layout of `nn.LayerNorm`); without
+  `use_bias` (ModernBERT's norms) only `scale`, the bias a constant 0."""
   epsilon: float
   dtype: Any = jnp.float32
   axis_name: str = "embed"
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x):
     size = x.shape[-1]
     scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(),
                                                              (self.axis_name,)), (size,), jnp.float32)
-    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
-                                                           (self.axis_name,)), (size,), jnp.float32)
+    if self.use_bias:
+      bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                             (self.axis_name,)), (size,),
+                        jnp.float32)
+    else:
+      bias = jnp.zeros((size,), jnp.float32)
     return layer_norm(x.astype(self.dtype), scale, bias, self.epsilon)
 
 
