@@ -1,7 +1,9 @@
 """Helpers the fine-tuning tests share: tiny model settings, config loading, subprocess runs."""
 
+import difflib
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -26,3 +28,23 @@ def run_module(*args, timeout=300):
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
   return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True,
                         text=True, timeout=timeout)
+
+
+def package_with(root: pathlib.Path, module: str, source: str, after_key: str,
+                 line: str) -> pathlib.Path:
+  """A copy of bertjax/, configs/ and launch.py under `root` with `source` written as `module`
+  (a path under bertjax/) and `line` added to the registry after the entry of `after_key`; it
+  checks that the registry changed by exactly that one added line. Returns `root`."""
+  for part in ("bertjax", "configs"):
+    shutil.copytree(REPO / part, root / part, ignore=shutil.ignore_patterns("__pycache__"))
+  shutil.copy(REPO / "launch.py", root / "launch.py")
+  (root / "bertjax" / module).write_text(source)
+  registry = root / "bertjax" / "registry.py"
+  before = registry.read_text()
+  anchor = next(l for l in before.splitlines(keepends=True) if l.startswith(f'    "{after_key}":'))
+  after = before.replace(anchor, anchor + f"    {line}\n")
+  registry.write_text(after)
+  changed = [l for l in difflib.ndiff(before.splitlines(), after.splitlines())
+             if l[:2] in ("+ ", "- ")]
+  assert len(changed) == 1 and changed[0].startswith("+ ")
+  return root

@@ -1,15 +1,15 @@
 """Adding an objective touches one new file and one registry line: a label-smoothed MLM objective
 written into a copy of the package trains through launch.py like the shipped ones."""
 
-import difflib
 import json
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 
 import pytest
+
+from helpers import package_with
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -51,19 +51,8 @@ def test_the_new_objective_is_shorter_than_before():
 
 @pytest.mark.slow
 def test_a_new_objective_is_one_file_and_one_registry_line(tmp_path):
-  root = tmp_path / "repo"
-  for part in ("bertjax", "configs"):
-    shutil.copytree(REPO / part, root / part, ignore=shutil.ignore_patterns("__pycache__"))
-  shutil.copy(REPO / "launch.py", root / "launch.py")
-  (root / "bertjax" / "objectives" / "smoothed_mlm.py").write_text(NEW_OBJECTIVE)
-  registry = root / "bertjax" / "registry.py"
-  before = registry.read_text()
-  after = before.replace('    "mlm": "bertjax.objectives.mlm_nsp:Mlm",\n',
-                         '    "mlm": "bertjax.objectives.mlm_nsp:Mlm",\n'
-                         '    "smoothed_mlm": "bertjax.objectives.smoothed_mlm:SmoothedMlm",\n')
-  registry.write_text(after)
-  changed = [l for l in difflib.ndiff(before.splitlines(), after.splitlines()) if l[:2] in ("+ ", "- ")]
-  assert len(changed) == 1 and changed[0].startswith("+ ")
+  root = package_with(tmp_path / "repo", "objectives/smoothed_mlm.py", NEW_OBJECTIVE, "mlm",
+                      '"smoothed_mlm": "bertjax.objectives.smoothed_mlm:SmoothedMlm",')
 
   workdir = tmp_path / "run"
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(root))

@@ -2,17 +2,16 @@
 task on a two-column tsv, written into a copy of the package, trains and evaluates through
 launch.py like the shipped ones. ARCHITECTURE.md shows this very class as its example."""
 
-import difflib
 import os
 import pathlib
 import random
-import shutil
 import subprocess
 import sys
 
 import pytest
 
 from bertjax.runtime import metric_writers
+from helpers import package_with
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -94,20 +93,8 @@ def _write_split(path: pathlib.Path, n: int, seed: int) -> None:
 
 @pytest.mark.slow
 def test_a_new_task_is_one_file_and_one_registry_line(tmp_path):
-  root = tmp_path / "repo"
-  for part in ("bertjax", "configs"):
-    shutil.copytree(REPO / part, root / part, ignore=shutil.ignore_patterns("__pycache__"))
-  shutil.copy(REPO / "launch.py", root / "launch.py")
-  (root / "bertjax" / "tasks" / "sentiment.py").write_text(NEW_TASK)
-  registry = root / "bertjax" / "registry.py"
-  before = registry.read_text()
-  after = before.replace('    "glue": "bertjax.tasks.glue:GlueTask",\n',
-                         '    "glue": "bertjax.tasks.glue:GlueTask",\n'
-                         '    "sentiment": "bertjax.tasks.sentiment:Sentiment",\n')
-  registry.write_text(after)
-  changed = [line for line in difflib.ndiff(before.splitlines(), after.splitlines())
-             if line[:2] in ("+ ", "- ")]
-  assert len(changed) == 1 and changed[0].startswith("+ ")
+  root = package_with(tmp_path / "repo", "tasks/sentiment.py", NEW_TASK, "glue",
+                      '"sentiment": "bertjax.tasks.sentiment:Sentiment",')
 
   data = tmp_path / "data"
   data.mkdir()
