@@ -187,8 +187,8 @@ class GlueTask(base.TaskObjective):
   # -- data --------------------------------------------------------------------------------------
 
   def prepare(self, config, workdir):
-    task = task_of(config).name
-    regression = task_of(config).is_regression
+    chosen = task_of(config)
+    task, regression = chosen.name, chosen.is_regression
     all_rows = read_rows(config, Split("", task, f"glue/{task}", "train"), "train", True)
     train_rows = all_rows[:config.max_train_examples or None]
     # A tokenizer trained here sees all the training text, not only the rows kept for training.
