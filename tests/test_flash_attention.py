@@ -281,10 +281,14 @@ def test_trainer_step_runs_through_the_kernel(monkeypatch):
   assert calls == [16, 4]  # the last layer's queries: [CLS] and the 3 masked positions
 
 
-def test_the_setting_is_validated_and_explicit_by_default():
-  assert kernels.attention_dropout_for(ModelConfig()) == "explicit"
-  for platform in kernels.PLATFORMS:
+def test_the_setting_is_validated_and_pallas_only_in_the_gpu_set():
+  assert kernels.attention_dropout_for(ModelConfig()) == "explicit"  # on this CPU
+  assert kernels.attention_dropout_for(ModelConfig(kernels="gpu")) == "pallas"
+  for platform in ("cpu", "tpu", "tpu-xla", "stock"):
     assert kernels.for_platform(platform).attention_dropout == "explicit"
+  assert kernels.for_platform("gpu").attention_dropout == "pallas"
+  assert kernels.attention_dropout_for(ModelConfig(kernels="gpu",
+                                                   attention_dropout_kernel="explicit")) == "explicit"
   assert kernels.attention_dropout_for(ModelConfig(attention_dropout_kernel="pallas")) == "pallas"
   with pytest.raises(UserError, match="attention_dropout_kernel"):
     ModelConfig(attention_dropout_kernel="triton")

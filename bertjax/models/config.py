@@ -100,11 +100,12 @@ class ModelConfig:
   # Fields of that set changed, "field=value,..." (e.g. "flat_dense=False,layer_norm_vjp=False",
   # the GPU set before the H100 measurement): for ablations; "" keeps the set as it is.
   kernel_overrides: str = ""
-  # The path of training steps with attention dropout: "auto" the kernel set's ("explicit" in
-  # every set); "explicit" softmax then dropout in XLA; "pallas" the fused flash kernel with
-  # counter-based dropout (bertjax.models.flash_attention; its device speed is unmeasured; on the
-  # CPU it runs in Pallas interpret mode, for tests). Its masks are another stream than the
-  # explicit path's: a different run, not a different layout. Parameters are the same.
+  # The path of training steps with attention dropout: "auto" the kernel set's ("pallas" in the
+  # GPU set, measured faster on an H200; "explicit" in the others); "explicit" softmax then dropout
+  # in XLA; "pallas" the fused flash kernel with counter-based dropout
+  # (bertjax.models.flash_attention; on the CPU it runs in Pallas interpret mode, for tests). Its
+  # masks are another stream than the explicit path's: a different run, not a different layout.
+  # Parameters are the same.
   attention_dropout_kernel: str = setting(
       "auto", ATTENTION_DROPOUT_SETTINGS, "the attention-dropout path: auto | explicit | pallas")
   # How dropout draws and keeps its masks (bertjax.models.dropout): "auto" the kernel set's choice

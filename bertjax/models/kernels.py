@@ -21,12 +21,16 @@ only speed and memory differ. One condition: the GPU set's attention reads key l
 stand for the mask only when rows are right-padded; inference detects other masks and falls back,
 training relies on bertjax's input builders (all pad right).
 The attention-dropout kernel is the exception: the Pallas kernel draws its keep masks from a hash
-of the layer's dropout key, another stream than the explicit path's (same distribution), so it is
-"explicit" in every set and picked only by `model.attention_dropout_kernel`.
+of the layer's dropout key, another stream than the explicit path's (same distribution). The GPU
+set takes it (measured faster, below); the others keep the explicit path, and
+`model.attention_dropout_kernel` picks either anywhere. A run resumed under the same set draws the
+same masks as an uninterrupted one; resumed under another set it goes on with that set's stream.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 
 import jax
@@ -143,8 +147,10 @@ CPU = Kernels(platform="cpu", flat_dense=True, layer_norm_vjp=True, remat_activa
 #   an older version with byte-resolution masks ran 482k, so fewer random bits a mask may pay.
 # - remat_activation stays off: unmeasured on a GPU. (The whole CPU set, remat included, ran
 #   454.1k on the H100: the activation remat's share of that is unmeasured.)
-# - attention_dropout stays explicit: the Pallas flash kernel with dropout is written for Triton
-#   but its speed (and lowering) on a GPU is unmeasured.
+# - attention_dropout "pallas": the flash kernel with counter-based dropout (Triton), bf16
+#   bert-base seq 128 batch 256 MLM+NSP, dropout 0.1, one H200, jax 0.11.2, commit dd89774:
+#   492,281 -> 549,204 tokens/s (+11.6%), peak 13,562 -> 11,362 MiB (one `--ablate` row each,
+#   PERFORMANCE.md). Its CUDA lowering is checked on the CPU (tests/test_kernel_lowering.py).
 # - row_multiple 8: cuDNN refuses odd query or key lengths in training ("Unsupported sequence
 #   length Q 21, KV 128" on the H100 for the gathered layer's 20 predictions + [CLS]); 8 rather
 #   than 2 because tensor cores take rows in eights (unmeasured against 2).
@@ -155,7 +161,7 @@ CPU = Kernels(platform="cpu", flat_dense=True, layer_norm_vjp=True, remat_activa
 GPU = Kernels(platform="gpu", flat_dense=True, layer_norm_vjp=True, remat_activation=False,
               attention="cudnn", attention_lengths=True, one_hot_rows=16, dropout="packed32+rbg",
               erf_gelu=True, float32_lookup=True, float32_gather=True, bias_product=True,
-              scalar_clipping=True, attention_dropout="explicit", row_multiple=8)
+              scalar_clipping=True, attention_dropout="pallas", row_multiple=8)
 
 # TPU: unmeasured; the ordinary formulation. Reshapes that merge the tiled minor dimensions can
 # cost a relayout there, so Dense stays a dot_general over the kernel's axes. Small tables as
@@ -182,6 +188,31 @@ STOCK = Kernels(platform="stock", flat_dense=False, layer_norm_vjp=False, remat_
                 scalar_clipping=False, attention_dropout="explicit")
 
 _BY_PLATFORM = {"cpu": CPU, "gpu": GPU, "tpu": TPU, "tpu-xla": TPU_XLA, "stock": STOCK}
+
+
+_TARGET: contextvars.ContextVar[str | None] = contextvars.ContextVar("bertjax_lowering_target",
+                                                                   default=None)
+
+
+def backend() -> str:
+  """The platform the model is built for: JAX's backend, or the one `lowering_for` names."""
+  return _TARGET.get() or jax.default_backend()
+
+
+@contextlib.contextmanager
+def lowering_for(platform: str):
+  """Within the block, models are built for `platform` ("cuda", "rocm" or "tpu") rather than for
+  the backend JAX runs on: `model.kernels="auto"` takes that platform's set and the Pallas kernels
+  lower natively instead of in interpret mode, so that `jax.export.export(...,
+  platforms=[platform])` on a CPU-only machine lowers what the device would compile (the Pallas
+  kernels to Triton or Mosaic). cuDNN's attention stays off: its lowering looks for the library
+  (tests/cudnn_rules.py stands in for its rules). Trace the function inside the block: a trace
+  cached from outside it keeps its interpret-mode kernels."""
+  token = _TARGET.set(platform)
+  try:
+    yield
+  finally:
+    _TARGET.reset(token)
 
 
 def for_platform(platform: str) -> Kernels:
@@ -218,7 +249,7 @@ def for_model(cfg) -> Kernels:
   """The choices for a `ModelConfig`: its `kernels` setting, "auto" meaning JAX's backend, with
   its `kernel_overrides` ("field=value,..."; for ablations: one choice changed in a set)."""
   setting = getattr(cfg, "kernels", "auto")
-  chosen = for_platform(jax.default_backend() if setting == "auto" else setting)
+  chosen = for_platform(backend() if setting == "auto" else setting)
   overrides = getattr(cfg, "kernel_overrides", "")
   return dataclasses.replace(chosen, **parse_overrides(overrides)) if overrides else chosen
 

@@ -23,6 +23,8 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel_lib
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
 
+from bertjax.models import kernels
+
 Array = jax.Array
 
 # The kernel's sequence tiles: the key block must be a multiple of 128 lanes, so sequences are
@@ -33,8 +35,9 @@ BLOCKS = (512, 256, 128)
 
 
 def interpret_here() -> bool:
-  """Whether the kernel must run interpreted: anywhere but a TPU."""
-  return jax.default_backend() != "tpu"
+  """Whether the kernel must run interpreted: anywhere but a TPU (or a build for one,
+  `kernels.lowering_for("tpu")`)."""
+  return kernels.backend() != "tpu"
 
 
 def padded_length(seq_len: int) -> int:

@@ -1,0 +1,127 @@
+"""The Pallas kernels lower for CUDA on this CPU-only machine, as a GPU would compile them.
+
+`jax.export.export(jax.jit(f), platforms=["cuda"])` runs JAX's own lowering for NVIDIA GPUs without
+one: each `pallas_call` becomes Triton IR inside a `__gpu$xla.gpu.triton` custom call, and a kernel
+that Pallas's Triton lowering refuses (a block whose size is not a power of two, an unsupported
+operation) fails here rather than in a device window. What this does not prove: that Triton's own
+compiler (run by XLA on the device) accepts the IR, or anything of its speed. cuDNN's attention is
+not lowered here (its lowering looks for the library; tests/cudnn_rules.py stands in for its rules),
+so the GPU set's dropout-free attention takes XLA's path inside `kernels.lowering_for("cuda")`.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax import inputs
+from bertjax.models import flash_attention as fa
+from bertjax.models import kernels
+from bertjax.models.config import ModelConfig
+from tests.test_accelerator_paths import step_setup
+
+import flax.linen as nn
+
+TRITON = "__gpu$xla.gpu.triton"
+CHECKS = [jax.export.DisabledSafetyCheck.custom_call(TRITON)]
+B, S, H, D = 2, 128, 2, 64
+
+
+def export_cuda(fn, *args) -> str:
+  """The StableHLO module of `fn` lowered for CUDA (Triton's custom calls allowed)."""
+  return jax.export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=CHECKS)(
+      *args).mlir_module()
+
+
+def operands(seq=S, dtype=jnp.bfloat16):
+  x = jax.ShapeDtypeStruct((B, seq, H, D), dtype)
+  return x, x, x, jax.ShapeDtypeStruct((2,), jnp.uint32)
+
+
+def kernel_fns():
+  """The flash kernel's forward pass alone, and its forward and backward (three pallas_calls:
+  forward, dq, dk/dv), each a new function so that no cached trace is reused."""
+  def forward(q, k, v, seed):
+    return fa.flash_attention(q, k, v, dropout_rate=0.1, seed=seed, interpret=False)
+
+  def gradient(q, k, v, seed):
+    loss = lambda q, k, v: jnp.sum(forward(q, k, v, seed).astype(jnp.float32))
+    return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+  return forward, gradient
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("seq", [128, 72])  # 72: padded up to the kernel's blocks
+def test_flash_kernels_lower_to_triton(dtype, seq):
+  forward, gradient = kernel_fns()
+  assert export_cuda(forward, *operands(seq, dtype)).count(TRITON) == 1
+  text = export_cuda(gradient, *operands(seq, dtype))
+  assert text.count(TRITON) == 3
+  for name in ("flash_dropout_forward", "flash_dropout_dq", "flash_dropout_dkv"):
+    assert f'name = "{name}"' in text
+
+
+def test_twin_with_a_block_triton_refuses_fails_here(monkeypatch):
+  """A block of 24 rows (bertjax's own guard bypassed): Pallas's Triton lowering refuses it on
+  this CPU, as the device would."""
+  monkeypatch.setattr(fa, "_block", lambda requested, length: 24)
+  forward, _ = kernel_fns()
+  with pytest.raises(ValueError, match="power of 2"):
+    export_cuda(forward, *operands())
+
+
+def test_twin_without_triton_named_fails_here(monkeypatch):
+  """Without Triton named, jax 0.10 lowers a pallas_call for NVIDIA GPUs through Mosaic GPU,
+  which refuses this kernel: the reason flash_attention names Triton."""
+  if not jax.config.jax_pallas_use_mosaic_gpu:
+    pytest.skip("this jax lowers GPU pallas_calls through Triton by default")
+  monkeypatch.setattr(fa, "TRITON", None)
+  forward, _ = kernel_fns()
+  with pytest.raises(Exception):
+    export_cuda(forward, *operands())
+
+
+def test_lowering_for_picks_the_device_set_and_native_kernels():
+  cfg = ModelConfig()
+  assert kernels.for_model(cfg).platform == "cpu"
+  with kernels.lowering_for("cuda"):
+    assert kernels.backend() == "cuda" and kernels.for_model(cfg).platform == "gpu"
+    assert kernels.attention_dropout_for(cfg) == "pallas"
+  with kernels.lowering_for("tpu"):
+    assert kernels.for_model(cfg).platform == "tpu"
+  assert kernels.backend() == jax.default_backend()
+
+
+def lowered_gpu_step(spec: str, **settings) -> tuple[str, int]:
+  """The trainer's bf16 train step of `spec`, GPU set chosen by "auto", lowered for CUDA; and its
+  (main) encoder's number of layers."""
+  with kernels.lowering_for("cuda"):
+    config, cfg, state, run = step_setup(spec, **{"model.dtype": "bfloat16", **settings})
+    batch = next(inputs.SyntheticBatches(config, cfg.vocab_size, 0, config.batch_size))
+    args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), (state, batch))
+    with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
+      exported = jax.export.export(run.train_step, platforms=["cuda"],
+                                   disabled_checks=CHECKS)(*args)
+  return exported.mlir_module(), cfg.num_hidden_layers
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", ["configs/quickstart.py", "configs/electra.py:runlocal"])
+def test_gpu_set_train_step_with_attention_dropout_lowers_for_cuda(spec):
+  """Every layer's attention dropout runs in the flash kernel: three Triton calls per layer (the
+  forward and the two backward kernels), the gathered last layer included."""
+  text, layers = lowered_gpu_step(spec, **{"model.attention_probs_dropout_prob": 0.1})
+  forwards = text.count('name = "flash_dropout_forward"')
+  assert text.count(TRITON) == 3 * forwards
+  if spec == "configs/quickstart.py":
+    assert forwards == layers
+  else:  # ELECTRA: the generator's layers too
+    assert forwards > layers
+
+
+@pytest.mark.slow
+def test_gpu_set_step_without_attention_dropout_has_no_pallas_kernel():
+  """The twin: with attention dropout 0 the GPU set takes the fused (here XLA's) attention, and
+  nothing of Triton is lowered, so the count above is the kernel's."""
+  text, _ = lowered_gpu_step("configs/quickstart.py", **{"model.attention_probs_dropout_prob": 0.0})
+  assert TRITON not in text
