@@ -133,6 +133,16 @@ def cudnn_rules(monkeypatch, max_head_dim: int = 128):
   monkeypatch.undo()
 
 
+def install(max_head_dim: int = 128) -> Calls:
+  """The double installed for the rest of the process (a subprocess run under it:
+  tests/with_cudnn_rules.py); returns its `Calls` record."""
+  from bertjax.models import attention  # pylint: disable=import-outside-toplevel
+  calls = Calls()
+  jax.nn.dot_product_attention = make_double(calls, max_head_dim)
+  attention.cudnn_available = lambda: True
+  return calls
+
+
 def fused_forms(calls: Calls) -> set[str]:
   return {form for _, _, form in calls.fused}
 

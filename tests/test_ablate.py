@@ -5,8 +5,11 @@ line."""
 import json
 import os
 import pathlib
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -49,6 +52,10 @@ def write_spec(path, variants, **base):
     ({"base": {"references": ["hf-jax"]}, "variants": [{"name": "a"}]}, "reference 'hf-jax'"),
     ({"base": {"name": "a"}, "variants": [{"name": "b"}]}, "unknown key 'name' in"),
     ([{"name": "a"}], "give a base dict and a variants list"),
+    # dd89774: a null reached the runs as a traceback (TypeError) after the compile phase
+    ({"base": {"references": None}, "variants": [{"name": "a"}]}, "references is null"),
+    ({"base": {"preset": None}, "variants": [{"name": "a"}]}, "preset is null"),
+    ({"variants": [{"name": "a", "trainer_steps": None}]}, "trainer_steps is null"),
 ])
 def test_malformed_specs_fail_in_one_line(tmp_path, spec, message):
   path = tmp_path / "spec.json"
@@ -189,3 +196,199 @@ def test_named_sets_build_valid_configs(name):
     ModelConfig(**config.model.to_dict())
     checked += 1
   assert checked >= 2
+
+
+# ------------------------------------------------------------------ first-use and fault findings
+
+
+def test_a_binary_or_exiting_spec_fails_in_one_line(tmp_path):
+  """dd89774: a binary .json spec was a UnicodeDecodeError traceback, and a spec calling
+  sys.exit(0) ended the ablation with status 0 and no table."""
+  (tmp_path / "binary.json").write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")
+  (tmp_path / "exits.py").write_text("import sys\nsys.exit(0)\nVARIANTS = [{'name': 'a'}]\n")
+  for name, message in (("binary.json", "is not valid UTF-8"), ("exits.py", r"called sys.exit\(0\)")):
+    with pytest.raises(UserError, match=message) as e:
+      ablate.load_spec(str(tmp_path / name))
+    assert "\n" not in str(e.value)
+
+
+def marker_spec(tmp_path):
+  """A spec whose one variant, a command, leaves a file when it runs."""
+  marker = tmp_path / "ran"
+  return write_spec(tmp_path / "spec.json", [
+      {"name": "marker", "kind": "command",
+       "command": ["{python}", "-c", f"open({str(marker)!r}, 'w').write('x'); {CLOCK_VARIANT}"]}],
+      references=[]), marker
+
+
+@pytest.mark.parametrize("case", ["exists", "folder", "unwritable", "empty", "json", "timeout",
+                                  "budget", "parallel"])
+def test_arguments_and_output_are_checked_before_anything_runs(tmp_path, case):
+  """dd89774: --output was checked only after every variant ran (a traceback after the
+  measurements for a folder or a read-only one; an earlier table overwritten without a word),
+  and a negative --timeout or an empty --output were taken."""
+  spec, marker = marker_spec(tmp_path)
+  out, kwargs, message = tmp_path / "t.md", {}, None
+  if case == "exists":
+    out.write_text("an earlier table")
+    message = "exists .*add --overwrite"
+  elif case == "folder":
+    out = tmp_path / "folder"
+    out.mkdir()
+    message = "is a folder"
+  elif case == "unwritable":  # a folder that cannot be made (a file in the way; as root, a
+    (tmp_path / "file").write_text("x")  # read-only folder would still be writable)
+    out = tmp_path / "file" / "sub" / "t.md"
+    message = "cannot write into"
+  elif case == "empty":
+    out, message = "", "--output is empty"
+  elif case == "json":
+    out, message = tmp_path / "t.json", "give the table's path"
+  elif case == "timeout":
+    kwargs, message = {"timeout": -1}, "--timeout -1 must be a positive"
+  elif case == "budget":
+    kwargs, message = {"budget": 0}, "--budget 0 must be a positive"
+  else:
+    kwargs, message = {"parallel": 0}, "--parallel 0 must be at least 1"
+  with pytest.raises(UserError, match=message) as e:
+    ablate.run_ablation(str(spec), str(out), **kwargs)
+  assert "\n" not in str(e.value) and not marker.exists()
+  if case == "exists":
+    assert out.read_text() == "an earlier table"
+    record = ablate.run_ablation(str(spec), str(out), overwrite=True)  # asked for: replaced
+    assert marker.exists() and record["rows"][0]["status"] == "ok"
+    assert "| marker | command |" in out.read_text()
+
+
+def test_budget_stops_the_running_variant_and_writes_the_table(tmp_path):
+  """A 3 s budget: the sleeping variant is stopped when it is spent, the next is not started,
+  both rows say so, and the table is written (exit 0)."""
+  spec = write_spec(tmp_path / "spec.json", [
+      {"name": "quick", "kind": "command", "command": ["{python}", "-c", CLOCK_VARIANT]},
+      {"name": "sleeper", "kind": "command",
+       "command": ["{python}", "-c", "import time; time.sleep(120)"]},
+      {"name": "after", "kind": "command", "command": ["{python}", "-c", CLOCK_VARIANT]}],
+      references=[])
+  out = tmp_path / "t.md"
+  r = subprocess.run([sys.executable, "-m", "bertjax.tools.benchmark", "--ablate", str(spec),
+                      "--output", str(out), "--budget", "3"], cwd=REPO, capture_output=True,
+                     text=True, timeout=120)
+  assert r.returncode == 0, r.stderr[-2000:]
+  rows = {x["name"]: x for x in json.loads(out.with_suffix(".json").read_text())["rows"]}
+  assert rows["quick"]["status"] == "ok"
+  assert rows["sleeper"]["status"] == "stopped" and "budget" in rows["sleeper"]["error"]
+  assert rows["sleeper"]["ended"] - rows["sleeper"]["started"] < 30
+  assert rows["after"]["status"] == "not run"
+  table = out.read_text()
+  assert "| sleeper | command |" in table and "not run: the --budget was spent" in table
+  assert "budget of 3 s was spent" in r.stdout
+
+
+def wait_for(predicate, seconds=60.0):
+  deadline = time.time() + seconds
+  while time.time() < deadline:
+    if predicate():
+      return True
+    time.sleep(0.1)
+  return False
+
+
+def handles_sigterm(pid: int) -> bool:
+  """Whether the process has a handler for SIGTERM installed (its SigCgt mask in /proc)."""
+  try:
+    status = pathlib.Path(f"/proc/{pid}/status").read_text()
+  except OSError:
+    return False
+  caught = int(re.search(r"SigCgt:\s*([0-9a-f]+)", status).group(1), 16)
+  return bool(caught & (1 << (signal.SIGTERM - 1)))
+
+
+def alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  status = pathlib.Path(f"/proc/{pid}/status")
+  return not (status.exists() and re.search(r"State:\s*Z", status.read_text()))
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_ablation_and_its_running_variant(tmp_path):
+  """dd89774: SIGTERM to `--ablate` exited 143 with no line and left the running variant's
+  process (holding the accelerator) behind. Now: exit 75, one line, the variant's process gone,
+  the table written with the rows not measured marked."""
+  pid_file = tmp_path / "child.pid"
+  child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(300)"
+  spec = write_spec(tmp_path / "spec.json", [
+      {"name": "quick", "kind": "command", "command": ["{python}", "-c", CLOCK_VARIANT]},
+      {"name": "holder", "kind": "command", "command": ["{python}", "-c", child]},
+      {"name": "after", "kind": "command", "command": ["{python}", "-c", CLOCK_VARIANT]}],
+      references=[])
+  out = tmp_path / "t.md"
+  proc = subprocess.Popen([sys.executable, "-m", "bertjax.tools.benchmark", "--ablate", str(spec),
+                           "--output", str(out)], cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  try:
+    assert wait_for(lambda: pid_file.exists() and pid_file.read_text()), "the variant never ran"
+    held = int(pid_file.read_text())
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+  finally:
+    proc.kill()
+  assert proc.returncode == 75, err
+  lines = err.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("preempted: SIGTERM during the ablation"), err
+  assert "Traceback" not in err and str(out) in lines[0]
+  assert wait_for(lambda: not alive(held), 10), "the running variant's process was left behind"
+  rows = {x["name"]: x["status"] for x in json.loads(out.with_suffix(".json").read_text())["rows"]}
+  assert rows == {"quick": "ok", "holder": "not run", "after": "not run"}
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_plain_benchmark_exits_75(tmp_path):
+  """dd89774: the plain benchmark died of SIGTERM (143) where every tool promises 75."""
+  proc = subprocess.Popen([sys.executable, "-m", "bertjax.tools.benchmark", "--preset",
+                           "bert-tiny", "--batch_size", "2", "--seq_len", "16", "--steps", "100000",
+                           "--override", "max_predictions_per_seq=4"], cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    assert wait_for(lambda: handles_sigterm(proc.pid), 120)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+  finally:
+    proc.kill()
+  assert proc.returncode == 75, err[-2000:]
+  assert err.strip().splitlines()[-1].startswith("preempted: SIGTERM during the benchmark")
+
+
+@pytest.mark.slow
+def test_cpu_smoke_compiles_ahead_in_parallel_then_times_from_the_cache(tmp_path):
+  """The named CPU set end to end with an empty compilation cache: the compile-ahead processes
+  overlap; every timed row then loads its train step from the cache (the benchmark's rows by
+  JAX's cache events, the trainer's by writing no new cache entry); every row carries its kernel
+  count and top operations, and the operation tables lie beside the table."""
+  out = tmp_path / "cpu-smoke.md"
+  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "cache"))
+  r = subprocess.run([sys.executable, "-m", "bertjax.tools.benchmark", "--ablate", "cpu-smoke",
+                      "--output", str(out), "--parallel", "2"], cwd=REPO, env=env,
+                     capture_output=True, text=True, timeout=1500)
+  assert r.returncode == 0, r.stderr[-3000:]
+  record = json.loads(out.with_suffix(".json").read_text())
+  ahead = record["compile_ahead"]
+  assert ahead["parallel"] == 2 and ahead["cache"] == str(tmp_path / "cache")
+  compiled = list(ahead["variants"].values())
+  assert len(compiled) == 3 and all(v["status"] == "ok" for v in compiled), ahead
+  first, second = compiled[:2]
+  assert second["started"] < first["ended"] and first["started"] < second["ended"]  # overlapped
+  assert max(v["ended"] for v in compiled) <= min(x["started"] for x in record["rows"])
+  rows = {x["name"]: x for x in record["rows"]}
+  assert set(rows) == {"default", "dropout 0", "trainer"}
+  for name, row in rows.items():
+    assert row["status"] == "ok", (name, row.get("error"))
+    assert row["step_cache"]["hits"] >= 1 and row["step_cache"]["misses"] == 0, (name, row)
+    assert row["kernels_per_step"] > 0 and row["top_ops"], (name, row)
+    assert pathlib.Path(row["profile_table"]).is_file()
+  assert rows["trainer"]["profile_from"]
+  table = out.read_text()
+  assert "| step from | kernels/step |" in table and "Compiled ahead: 3 variants, 2 at a time" in table
+  assert table.count("| cache |") == 3

@@ -256,7 +256,8 @@ def test_accelerator_choices_give_the_cpu_choices_results(arch, packed, other):
   attention, and the TPU set (also Dense as a dot_general over the kernel's axes and LayerNorm by
   autodiff) against the CPU set: same outputs, same gradients. With attention dropout on,
   training takes the explicit path on both; both draw the masks the same way (the sets' own
-  dropout choices draw different masks at the same rate)."""
+  dropout choices, the GPU set's Pallas attention-dropout kernel among them, draw different masks
+  at the same rate: tests/test_flash_attention.py compares that kernel under the same mask)."""
   ids, mask, types = encoder_inputs()
   seg = None
   if packed:
@@ -266,7 +267,8 @@ def test_accelerator_choices_give_the_cpu_choices_results(arch, packed, other):
   base = ModelConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                      intermediate_size=64, max_position_embeddings=S + 2, architecture=arch,
                      pad_token_id=1 if arch == "roberta" else 0, hidden_dropout_prob=0.1,
-                     attention_probs_dropout_prob=0.1, dropout_impl="packed32")
+                     attention_probs_dropout_prob=0.1, dropout_impl="packed32",
+                     attention_dropout_kernel="explicit")
   for deterministic in (True, False):
     cpu = encoder_results(base.replace(kernels="cpu"), ids, mask, types, seg, deterministic)
     acc = encoder_results(base.replace(kernels=other), ids, mask, types, seg, deterministic)

@@ -1,17 +1,25 @@
-"""The accelerator tier: what the CPU suite checks with XLA's stand-ins, run on a GPU or a TPU.
+"""The accelerator tier: run on a GPU or TPU, and in the CPU suite with the CPU's stand-ins.
 
-  python -m pytest -q -p no:xdist -m accelerator tests/test_accelerator_tier.py
+  python -m pytest -q -p no:xdist -m accelerator tests/test_accelerator_tier.py   # on a device
+  python -m pytest -q tests/test_accelerator_tier.py                              # on a CPU
 
-Every test but the first two is marked `accelerator` and skips, with the reason, unless JAX sees a
-GPU or TPU; the CPU suite (JAX_PLATFORMS=cpu, tests/conftest.py) collects and skips them. On the
-device:
+Code that only a device runs rots between device windows (the first device run of this tier failed
+13 of 18 on code no CPU run had executed). So every test body here runs in the CPU suite too, with
+the GPU kernel set and the CPU's stand-ins for the device kernels: tests/cudnn_rules.py's double
+of cuDNN's fused attention (its rules enforced, XLA's arithmetic; installed in launch.py's process
+by tests/with_cudnn_rules.py) and Pallas's interpret mode for the flash kernel. Only the
+assertions that read a device artefact (the device named in a benchmark row) are device-only;
+on a CPU the compiled-HLO check reads XLA:CPU's module. What the CPU cannot show: that the device
+compilers accept the kernels (tests/test_kernel_lowering.py lowers them for CUDA) and any speed.
+
 - every pretraining objective and every task (GLUE, SQuAD, NER runlocal) trains a few bfloat16
   steps through launch.py with the platform's kernel set, its losses finite;
 - the fused attention paths (cuDNN on GPUs) give the explicit path's outputs and gradients;
-- the compiled bfloat16 train step (XLA's optimized HLO) adds nothing in bfloat16 by scatter;
-- the benchmark's ablation runs one short variant on the device.
+- the compiled bfloat16 train step adds nothing in bfloat16 by scatter;
+- the benchmark's ablation runs one short variant.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -32,21 +40,43 @@ from bertjax.models.attention import (AttentionMask, attention_implementation, a
                                       explicit_attention, fused_attention, make_attention_mask)
 from bertjax.models.config import ModelConfig
 from bertjax.runtime import metric_writers
+from tests.cudnn_rules import cudnn_rules
 from tests.test_accelerator_paths import step_setup
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 DEVICE = pytest.mark.accelerator
 
 
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """Where the tier runs: `kernels` the set it trains with; `device` whether JAX runs on a GPU or
+  TPU (False: the CPU with its stand-ins for the GPU set's kernels)."""
+  kernels: str
+  device: bool
+
+  @property
+  def cpu(self) -> bool:
+    return not self.device
+
+
 @pytest.fixture(scope="module")
-def platform() -> str:
-  """"gpu" or "tpu", the backend JAX runs on; anything else skips the test."""
+def platform() -> Target:
   backend = jax.default_backend()
-  if backend not in ("gpu", "tpu"):
-    pytest.skip(f"needs a GPU or TPU; JAX runs on {backend} (JAX_PLATFORMS="
-                f"{os.environ.get('JAX_PLATFORMS', '')!r}): run `pytest -m accelerator` on a "
-                "device host")
-  return backend
+  if backend in ("gpu", "cuda", "rocm"):
+    return Target("gpu", True)
+  if backend == "tpu":
+    return Target("tpu", True)
+  return Target("gpu", False)
+
+
+@pytest.fixture
+def stand_ins(platform, monkeypatch):
+  """On the CPU: cuDNN's double for the GPU set's fused attention (yields its `Calls`)."""
+  if platform.device:
+    yield None
+    return
+  with cudnn_rules(monkeypatch) as calls:
+    yield calls
 
 
 def bf16_scatter_adds(hlo: str) -> list[str]:
@@ -96,14 +126,22 @@ def test_the_suite_stays_on_the_cpu_unless_a_device_is_asked_for():
 
 
 def launch(platform, workdir, config, *overrides, timeout=900):
-  """launch.py on the device for a few bf16 steps; the train rows of its metrics.jsonl."""
-  env = dict(os.environ, JAX_PLATFORMS=platform)
-  settings = ["model.dtype='bfloat16'", f"model.kernels='{platform}'", "log_every=1",
+  """launch.py for a few bf16 steps with the platform's kernel set; the train rows of its
+  metrics.jsonl. On a device JAX_PLATFORMS is left as it is (JAX picks the device); on the CPU the
+  run goes through tests/with_cudnn_rules.py, and its fused calls are checked to have happened
+  where the config can take them."""
+  settings = ["model.dtype='bfloat16'", f"model.kernels='{platform.kernels}'", "log_every=1",
               "tensorboard=False", "async_checkpointing=False", *overrides]
-  r = subprocess.run([sys.executable, "launch.py", "--config", config, "--workdir", str(workdir),
-                      *(f"--config.{s}" for s in settings)],
-                     cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+  argv = ["launch.py", "--config", config, "--workdir", str(workdir),
+          *(f"--config.{s}" for s in settings)]
+  if platform.cpu:
+    argv = ["tests/with_cudnn_rules.py", *argv]
+  env = dict(os.environ, PYTHONPATH=str(REPO))
+  r = subprocess.run([sys.executable, *argv], cwd=REPO, env=env, capture_output=True, text=True,
+                     timeout=timeout)
   assert r.returncode == 0, r.stderr[-3000:]
+  if platform.cpu:
+    assert re.search(r"cudnn double: \d+ fused calls traced", r.stderr), r.stderr[-2000:]
   rows = metric_writers.read_metrics(workdir)
   return [x for x in rows if x.get("split") == "train"]
 
@@ -120,6 +158,7 @@ def teacher(platform, tmp_path_factory):
   return workdir
 
 
+@pytest.mark.slow
 @DEVICE
 @pytest.mark.parametrize("config,objective", [
     ("configs/bert.py:runlocal", "mlm_nsp"), ("configs/roberta.py:runlocal", "mlm"),
@@ -135,6 +174,7 @@ def test_every_objective_trains_bf16_steps(platform, tmp_path, request, config, 
   assert resolved["objective"] == objective
 
 
+@pytest.mark.slow
 @DEVICE
 @pytest.mark.parametrize("config", ["configs/glue.py:task=sst2,runlocal",
                                     "configs/squad.py:runlocal", "configs/ner.py:runlocal"])
@@ -173,18 +213,14 @@ def packed_segments():
   return seg
 
 
-@DEVICE
-@pytest.mark.parametrize("path", ["lengths", "packed", "gathered"])
-def test_fused_attention_matches_the_explicit_path_on_the_device(platform, path):
-  """bf16 inputs: the platform's fused implementation (cuDNN on GPUs) by key lengths, by a packed
+def fused_matches_explicit(kernel_set: str, path: str, choose=attention_implementation):
+  """bf16 inputs: the set's fused implementation (cuDNN on GPUs) by key lengths, by a packed
   per-query mask, and with gathered queries, against the explicit softmax(QK^T)V with the same
-  mask, to bf16 rounding."""
-  cfg = ModelConfig(kernels=platform)
+  mask, to bf16 rounding. `choose`: how the implementation is asked for (a twin passes a stale
+  keyword). Returns the implementation taken."""
+  cfg = ModelConfig(kernels=kernel_set)
   q_len = 22 if path == "gathered" else S
-  impl = attention_implementation(cfg, D, jnp.bfloat16, per_query_mask=path == "packed",
-                                  q_len=q_len, k_len=S)
-  if platform == "gpu":
-    assert impl == "cudnn", "the GPU set's bf16 attention should take cuDNN"
+  impl = choose(cfg, D, jnp.bfloat16, q_len=q_len, k_len=S)
   seg = packed_segments()
   if path == "packed":
     keys = make_attention_mask(jnp.asarray(seg > 0), jnp.asarray(seg))
@@ -199,18 +235,40 @@ def test_fused_attention_matches_the_explicit_path_on_the_device(platform, path)
                 q, k, v, rows)
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=5e-2, atol=5e-2)
+  return impl
+
+
+@DEVICE
+@pytest.mark.parametrize("path", ["lengths", "packed", "gathered"])
+def test_fused_attention_matches_the_explicit_path(platform, stand_ins, path):
+  impl = fused_matches_explicit(platform.kernels, path)
+  if platform.kernels == "gpu":
+    assert impl == "cudnn", "the GPU set's bf16 attention should take cuDNN"
+  if stand_ins is not None:  # the CPU: the double saw the calls, in training too
+    assert stand_ins.fused and stand_ins.trained
+
+
+def test_twin_a_changed_signature_fails_on_the_cpu(monkeypatch):
+  """The first device run failed on a keyword `attention_implementation` no longer had; run on the
+  CPU, the same body fails the same way, so such a change can no longer wait for a device."""
+  stale = lambda *a, **kw: attention_implementation(*a, per_query_mask=False, **kw)
+  with cudnn_rules(monkeypatch):
+    with pytest.raises(TypeError, match="per_query_mask"):
+      fused_matches_explicit("gpu", "lengths", choose=stale)
 
 
 # --------------------------------------------------------------------------- the compiled step
 
 
+@pytest.mark.slow
 @DEVICE
 @pytest.mark.parametrize("spec", ["configs/quickstart.py", "configs/albert.py:runlocal",
                                   "configs/spanbert.py:runlocal", "configs/electra.py:runlocal",
                                   "configs/roberta.py:runlocal"])
-def test_compiled_bf16_step_adds_nothing_in_bf16_by_scatter(platform, spec):
+def test_compiled_bf16_step_adds_nothing_in_bf16_by_scatter(platform, stand_ins, spec):
+  """The compiled module of the platform's backend: the device's on a device, XLA:CPU's here."""
   config, cfg, state, run = step_setup(spec, **{"model.dtype": "bfloat16",
-                                                "model.kernels": platform})
+                                                "model.kernels": platform.kernels})
   batch = next(inputs.SyntheticBatches(config, cfg.vocab_size, 0, config.batch_size))
   with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
     hlo = run.train_step.lower(state, batch).compile().as_text()
@@ -221,19 +279,23 @@ def test_compiled_bf16_step_adds_nothing_in_bf16_by_scatter(platform, spec):
 # --------------------------------------------------------------------------- the benchmark
 
 
+@pytest.mark.slow
 @DEVICE
-def test_ablation_runs_one_short_variant_on_the_device(platform, tmp_path):
+def test_ablation_runs_one_short_variant(platform, tmp_path):
   spec = tmp_path / "spec.json"
   spec.write_text(json.dumps({
       "base": {"preset": "bert-tiny", "batch_size": 8, "seq_len": 64, "dtype": "bfloat16",
-               "steps": 3, "overrides": ["max_predictions_per_seq=10"], "references": []},
+               "steps": 3, "overrides": ["max_predictions_per_seq=10",
+                                         f"model.kernels={platform.kernels}"],
+               "references": []},
       "variants": [{"name": "tiny"}]}))
   out = tmp_path / "table.md"
   r = subprocess.run([sys.executable, "-m", "bertjax.tools.benchmark", "--ablate", str(spec),
                       "--output", str(out), "--timeout", "600"], cwd=REPO,
-                     env=dict(os.environ, JAX_PLATFORMS=platform), capture_output=True, text=True,
-                     timeout=900)
+                     env=dict(os.environ), capture_output=True, text=True, timeout=900)
   assert r.returncode == 0, r.stderr[-3000:]
   (row,) = json.loads(out.with_suffix(".json").read_text())["rows"]
   assert row["status"] == "ok", row.get("error")
-  assert row["tokens_per_s"] > 0 and row["device"] != "cpu" and row["peak_memory_bytes"] > 0
+  assert row["tokens_per_s"] > 0 and row["peak_memory_bytes"] > 0
+  if platform.device:  # a device artefact: the row was measured there
+    assert row["device"] != "cpu"

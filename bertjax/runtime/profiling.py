@@ -42,7 +42,8 @@ def _events(path: pathlib.Path) -> tuple[list[dict], dict, dict]:
 
 
 def op_table(trace_dir: str | pathlib.Path, steps: int, top: int = 25) -> dict:
-  """{"where": device or host threads, "step_device_ms", "ops": [{"name", "per_step",
+  """{"where": device or host threads, "step_device_ms", "kernels_per_step" (operations launched
+  per step: kernels on a device, XLA's operations on a CPU), "ops": [{"name", "per_step",
   "ms_per_step", "share"}...]} for the `top` operations by time; the rest summed as "(other)"."""
   path = find_trace(trace_dir)
   if path is None:
@@ -73,7 +74,8 @@ def op_table(trace_dir: str | pathlib.Path, steps: int, top: int = 25) -> dict:
     ops.append({"name": "(other)", "per_step": sum(count.values()) / steps - sum(
         o["per_step"] for o in ops), "ms_per_step": rest / 1e3 / steps, "share": rest / total})
   return {"trace": str(path), "where": "device" if device_pids else "host (XLA threads)",
-          "steps": steps, "step_device_ms": total / 1e3 / steps, "ops": ops}
+          "steps": steps, "step_device_ms": total / 1e3 / steps,
+          "kernels_per_step": sum(count.values()) / steps, "ops": ops}
 
 
 def format_table(table: dict) -> str:

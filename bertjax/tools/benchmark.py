@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import signal
 import statistics
 import subprocess
 import sys
@@ -45,7 +46,7 @@ import jax.numpy as jnp
 from bertjax import convert, inputs
 from bertjax.config import config_checks, config_lib
 from bertjax.core import paths
-from bertjax.core.errors import ArgumentParser, doc_summary, fail, run_cli
+from bertjax.core.errors import ArgumentParser, Preempted, doc_summary, fail, run_cli
 from bertjax.models import encoder, kernels
 from bertjax.registry import get_objective, objective_class
 from bertjax.runtime import profiling, sharding, xla_defaults
@@ -178,6 +179,30 @@ def build_config(args):
   return config
 
 
+class CacheEvents:
+  """Counts JAX's persistent-compilation-cache hits and misses while the block runs (JAX's
+  monitoring events): whether the train step was loaded from the cache or compiled."""
+
+  def __init__(self):
+    self.counts = {"hits": 0, "misses": 0}
+    self._on = False
+
+  def _listen(self, event: str, **kwargs) -> None:
+    del kwargs
+    if self._on and event == "/jax/compilation_cache/cache_hits":
+      self.counts["hits"] += 1
+    elif self._on and event == "/jax/compilation_cache/cache_misses":
+      self.counts["misses"] += 1
+
+  def __enter__(self) -> "CacheEvents":
+    self._on = True
+    jax.monitoring.register_event_listener(self._listen)
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self._on = False  # JAX has no public way to remove a listener; this one goes quiet
+
+
 def bench_jax(config, steps: int, profile_dir: str | None = None) -> dict:
 
   # The trainer's own setup: the same model, optimizer, shardings and jitted step a run trains.
@@ -196,7 +221,8 @@ def bench_jax(config, steps: int, profile_dir: str | None = None) -> dict:
   with jax.set_mesh(mesh), nn.logical_axis_rules(run.rules):
     batch0 = sharding.shard_batch(host_batches[0], mesh)
     t = time.perf_counter()
-    compiled = run.train_step.lower(state, batch0).compile()
+    with CacheEvents() as step_cache:
+      compiled = run.train_step.lower(state, batch0).compile()
     compile_s = time.perf_counter() - t
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -214,7 +240,7 @@ def bench_jax(config, steps: int, profile_dir: str | None = None) -> dict:
         "num_predictions": config.max_predictions_per_seq, "dtype": cfg.dtype,
         "remat": cfg.remat and cfg.remat_policy, "dropout": kernels.dropout_for_model(cfg),
         "num_params": int(n_params),
-        "compile_time_s": compile_s, "xla_temp_bytes": xla_temp,
+        "compile_time_s": compile_s, "step_cache": step_cache.counts, "xla_temp_bytes": xla_temp,
         "xla_argument_bytes": int(memory.argument_size_in_bytes) if memory is not None else None,
         "xla_flops_per_token": xla_flops / tokens if xla_flops else None,
         "jax_version": jax.__version__}
@@ -268,7 +294,7 @@ def profile_steps(compiled, state, device_batches, profile_dir: str, steps: int 
   paths.replace_text(out / "ops.md", profiling.format_table(table))
   print(profiling.format_table(table))
   return {"table": str(out / "ops.md"), "step_device_ms": table["step_device_ms"],
-          "top": table["ops"][:5], "state": state}
+          "kernels_per_step": table["kernels_per_step"], "top": table["ops"][:5], "state": state}
 
 
 def _torch_subprocess(config, steps: int, compile_model: bool = False) -> dict:
@@ -335,6 +361,12 @@ def _alternate(config, args, argv: list[str]) -> dict:
   return result
 
 
+def _preempted(signum, frame):
+  del signum, frame
+  raise Preempted("SIGTERM during the benchmark (it saves nothing); run the same command again "
+                  "to measure")
+
+
 def parse_args(argv):
   parser = ArgumentParser(description=doc_summary(__doc__))
   parser.add_argument("--preset", default="bert-mini", help="a model preset (bertjax.models.presets)")
@@ -376,6 +408,15 @@ def parse_args(argv):
                                        "the same name with .json)")
   parser.add_argument("--timeout", type=float,
                       help="with --ablate: seconds each variant's process may run (default 900)")
+  parser.add_argument("--budget", type=float,
+                      help="with --ablate: seconds the whole ablation may take, compilation "
+                           "included; processes still running then are stopped, the rows not "
+                           "reached marked 'not run', and the table written")
+  parser.add_argument("--parallel", type=int,
+                      help="with --ablate: variants compiled at once ahead of the timed runs "
+                           "(default: min(6, CPU cores))")
+  parser.add_argument("--overwrite", action="store_true",
+                      help="with --ablate: replace an existing table at --output")
   args = parser.parse_args(argv)
   # 0 read as "not given" ran the config's batch; the config's check then named --config.X,
   # a flag this command does not take.
@@ -388,9 +429,11 @@ def parse_args(argv):
 def main(argv=None) -> dict:
   args = parse_args(argv)
   if args.ablate:
-    return ablate.run_ablation(args.ablate, args.output, args.timeout)
-  if args.output or args.timeout:
-    fail("--output and --timeout go with --ablate SPEC")
+    return ablate.run_ablation(args.ablate, args.output, args.timeout, args.budget,
+                               args.parallel, args.overwrite)
+  if (args.output is not None or args.timeout is not None or args.budget is not None
+      or args.parallel is not None or args.overwrite):
+    fail("--output, --timeout, --budget, --parallel and --overwrite go with --ablate SPEC")
   config = build_config(args)
   if args.checkpoint_cost:
     result = checkpoint_cost.measure(config, max(1, args.rounds))
@@ -442,4 +485,5 @@ def main(argv=None) -> dict:
 
 if __name__ == "__main__":
   xla_defaults.apply()  # before JAX starts a backend
+  signal.signal(signal.SIGTERM, _preempted)  # the ablation installs its own over it
   run_cli(main)
