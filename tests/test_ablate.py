@@ -158,7 +158,8 @@ def test_ablate_writes_one_row_per_variant_after_the_reference(tmp_path):
   assert r.returncode == 0, r.stderr[-3000:]
   table = out.read_text()
   assert table in r.stdout and sorted(p.name for p in out.parent.iterdir()) == [
-      "table.json", "table.md"]  # no temporary file left
+      "table.json", "table.md", "table.profiles"]  # no temporary file left
+  assert [p.name for p in (out.parent / "table.profiles").iterdir()] == ["tiny"]
   rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()
           if line.startswith("| ") and " | " in line}
   assert set(rows) == {"variant", "hf-torch", "hf-torch-compile", "tiny", "bad override",
@@ -181,15 +182,23 @@ def test_ablate_writes_one_row_per_variant_after_the_reference(tmp_path):
   assert max(x["own_end"] for x in refs) < by_name["clock"]["own_start"]
 
 
-@pytest.mark.parametrize("name", ["h100-bert-base", "bert-large-512", "cpu-smoke"])
+@pytest.mark.parametrize("name", ablate.NAMED_SETS)
 def test_named_sets_build_valid_configs(name):
   """Every benchmark-step variant of a named set builds a config whose model settings are valid
   (a misspelt setting or value fails here, not in a device window)."""
   from bertjax.models.config import ModelConfig  # pylint: disable=import-outside-toplevel
+  from bertjax.config import config_checks, config_lib  # pylint: disable=import-outside-toplevel
   spec = ablate.load_spec(name)
   checked = 0
   for variant in spec["variants"]:
     s = ablate.settings(spec["base"], variant)
+    if s.get("kind") == "trainer":  # launch.py's config with the row's overrides, checked
+      argv = ablate.trainer_args(s, "/nonexistent")
+      config = config_lib.load_config_file(argv[argv.index("--config") + 1])
+      config_lib.apply_overrides(config, [a.removeprefix("--config.") for a in argv
+                                          if a.startswith("--config.")])
+      config_checks.check_settings(config)
+      continue
     if s.get("kind", "step") != "step":
       continue
     config = benchmark.build_config(benchmark.parse_args(ablate.benchmark_args(s)))

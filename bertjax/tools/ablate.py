@@ -69,7 +69,8 @@ from bertjax.runtime import metric_writers
 
 REPO = pathlib.Path(__file__).resolve().parent.parent.parent
 SETS_DIR = REPO / "experiments" / "ablations"
-NAMED_SETS = ("h100-bert-base", "bert-large-512", "cpu-smoke")
+NAMED_SETS = ("h100-bert-base", "h100-bert-base-more", "bert-large-512", "modernbert-base-1024",
+              "cpu-smoke")
 KINDS = ("step", "trainer", "command")
 REFERENCES = ("hf-torch", "hf-torch-compile")
 DEFAULT_TIMEOUT_S = 900.0

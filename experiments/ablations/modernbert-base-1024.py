@@ -1,0 +1,35 @@
+"""ModernBERT-base at sequence 1024, batch 32, 154 predictions (15% of 1024), bf16, MLM, in one
+10-minute device window.
+
+  python -m bertjax.tools.benchmark --ablate modernbert-base-1024 --output modernbert-base-1024.md
+
+The starting figures (one H200, jax 0.11.2, commit dd89774): transformers ModernBertForMaskedLM +
+torch.compile (SDPA, no FlashAttention, no unpadding) 297,324 tokens/s at 21,233 MiB; bertjax
+348,052 (MFU 0.278) at 23,693 MiB. Rows are full (synthetic batches); a ragged length
+distribution is not yet a benchmark setting (unpadded ModernBERT is future work).
+
+Fits 10 minutes, estimated: 5 variants compile in one wave (<= 140 s, as bert-base on the H200:
+ModernBERT-base has 22 thinner layers), the torch.compile reference about 120 s, each timed row
+about 35 s (175 s), the trainer row about 60 s: about 500 s; `budget` caps it at 600 s.
+"""
+
+NO_DROPOUT = ["model.attention_dropout=0.0", "model.embedding_dropout=0.0",
+              "model.mlp_dropout=0.0"]
+
+BASE = {
+    "title": "ModernBERT-base, seq 1024, batch 32, 154 predictions, bf16, MLM",
+    "preset": "modernbert-base", "batch_size": 32, "seq_len": 1024, "dtype": "bfloat16",
+    "steps": 20, "objective": "mlm", "overrides": ["max_predictions_per_seq=154"],
+    "references": ["hf-torch-compile"], "timeout": 500, "budget": 600,
+}
+
+VARIANTS = [
+    {"name": "default"},
+    {"name": "dropout 0", "overrides": NO_DROPOUT},
+    {"name": "kernels cpu", "overrides": ["model.kernels='cpu'"]},
+    {"name": "remat dots", "remat": "dots"},
+    {"name": "trainer", "kind": "trainer", "trainer_steps": 60,
+     "trainer_config": "configs/modernbert.py",
+     "overrides": ["max_predictions_per_seq=154", "grad_accum_steps=1",
+                   "batch_warmup_tokens=0", "batch_warmup_start=1", "masking.rate=0.15"]},
+]
