@@ -16,6 +16,7 @@ import pytest
 
 from bertjax import inputs
 from bertjax.models import flash_attention as fa
+from bertjax.models import fused_residual as fr
 from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
 from tests.test_accelerator_paths import step_setup
@@ -81,6 +82,26 @@ def test_twin_without_triton_named_fails_here(monkeypatch):
     export_cuda(forward, *operands())
 
 
+@pytest.mark.parametrize("hidden,dtype", [(768, jnp.bfloat16), (1024, jnp.float32)])
+def test_fused_residual_kernels_lower_to_triton(hidden, dtype):
+  """The residual block's kernel, forward alone and with its backward pass (768: padded to 1024
+  inside the kernel, as Triton's power-of-two blocks need)."""
+  x = jax.ShapeDtypeStruct((4, 16, hidden), dtype)
+  v = jax.ShapeDtypeStruct((hidden,), jnp.float32)
+  seed = jax.ShapeDtypeStruct((2,), jnp.uint32)
+
+  def forward(x, r, b, s, sh, seed):
+    return fr.fused_residual_norm(x, r, b, s, sh, rate=0.1, seed=seed, eps=1e-12)
+
+  def gradient(x, r, b, s, sh, seed):
+    loss = lambda *a: jnp.sum(forward(*a, seed).astype(jnp.float32))
+    return jax.grad(loss, argnums=(0, 1, 2, 3, 4))(x, r, b, s, sh)
+  text = export_cuda(forward, x, x, v, v, v, seed)
+  assert text.count(TRITON) == 1 and 'name = "fused_residual_forward"' in text
+  text = export_cuda(gradient, x, x, v, v, v, seed)
+  assert text.count(TRITON) == 2 and 'name = "fused_residual_backward"' in text
+
+
 def test_lowering_for_picks_the_device_set_and_native_kernels():
   cfg = ModelConfig()
   assert kernels.for_model(cfg).platform == "cpu"
@@ -117,6 +138,18 @@ def test_gpu_set_train_step_with_attention_dropout_lowers_for_cuda(spec):
     assert forwards == layers
   else:  # ELECTRA: the generator's layers too
     assert forwards > layers
+
+
+@pytest.mark.slow
+def test_gpu_set_step_with_the_fused_residual_kernel_lowers_for_cuda():
+  """The ablation row `fused_residual=True`: two residual tails per layer, each one forward and
+  one backward kernel, beside the attention kernel's three."""
+  text, layers = lowered_gpu_step("configs/quickstart.py", **{
+      "model.attention_probs_dropout_prob": 0.1, "model.hidden_dropout_prob": 0.1,
+      "model.kernel_overrides": "fused_residual=True"})
+  assert text.count('name = "fused_residual_forward"') == 2 * layers
+  assert text.count('name = "fused_residual_backward"') == 2 * layers
+  assert text.count(TRITON) == 3 * layers + 4 * layers
 
 
 @pytest.mark.slow

@@ -24,6 +24,8 @@ from bertjax.models.attention import (AttentionMask, attention_implementation, a
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import dropout_layer
 from bertjax.models.embeddings import Embeddings, position_ids_for
+from bertjax.models.flash_attention import dropout_seed
+from bertjax.models.fused_residual import fused_residual_norm
 from bertjax.models.layers import activation, make_dense, make_layer_norm, rematerialized
 
 Array = jax.Array
@@ -123,6 +125,29 @@ def last_layer_rows(cfg: ModelConfig, num_outputs: int, seq_len: int) -> int | N
   return rows
 
 
+class ResidualNorm(nn.Module):
+  """LayerNorm(residual + dropout(y)) through the fused Pallas kernel (`Kernels.fused_residual`),
+  with the parameters of `make_layer_norm`'s LayerNorm (`scale`, `bias`): the same tree."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, residual, y, deterministic: bool):
+    cfg = self.config
+    size = residual.shape[-1]
+    names = ("embed",)
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(), names),
+                       (size,), jnp.float32)
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), names),
+                      (size,), jnp.float32)
+    rate = 0.0 if deterministic else cfg.hidden_dropout_prob
+    seed = (dropout_seed(self.make_rng("dropout")) if rate > 0.0
+            else jnp.zeros((2,), jnp.uint32))
+    no_bias = jnp.zeros((size,), jnp.float32)  # the Dense before it added its own
+    return fused_residual_norm(y, residual.astype(cfg.compute_dtype), no_bias, scale, bias,
+                               rate=rate, seed=seed, eps=cfg.layer_norm_eps,
+                               interpret=kernels.backend() not in ("gpu", "cuda", "rocm"))
+
+
 class TransformerLayer(nn.Module):
   """Self-attention + feed-forward, each with a residual and LayerNorm (post-LN or pre-LN).
   `num_heads`: this layer's attention heads (None: config.num_attention_heads)."""
@@ -160,8 +185,13 @@ class TransformerLayer(nn.Module):
     drop = lambda y: dropout_layer(cfg.hidden_dropout_prob, kernels.dropout_for_model(cfg))(
         y, deterministic=deterministic)
     attention = SelfAttention(cfg, self.num_heads, name="attention")
-    attn_ln = make_layer_norm(cfg, "attention_layer_norm")
-    out_ln = make_layer_norm(cfg, "output_layer_norm")
+    fused = kernels.for_model(cfg).fused_residual and not cfg.pre_layer_norm
+    if fused:
+      attn_ln = ResidualNorm(cfg, name="attention_layer_norm")
+      out_ln = ResidualNorm(cfg, name="output_layer_norm")
+    else:
+      attn_ln = make_layer_norm(cfg, "attention_layer_norm")
+      out_ln = make_layer_norm(cfg, "output_layer_norm")
     intermediate = make_dense(cfg.intermediate_size, ("embed", "mlp"), "intermediate", cfg)
     output = make_dense(cfg.hidden_size, ("mlp", "embed"), "output", cfg)
     # Rematerialized where the platform's kernels say so: the backward pass recomputes the
@@ -187,6 +217,11 @@ class TransformerLayer(nn.Module):
       x = nn.with_logical_constraint(x, act_names)
       h = nn.with_logical_constraint(act(intermediate(out_ln(x))), ("act_batch", "act_len", "act_mlp"))
       x = x + drop(output(h))
+    elif fused:  # residual, dropout, add and LayerNorm in one kernel each
+      x = attn_ln(x, attend(x, keys), deterministic)
+      x = nn.with_logical_constraint(x, act_names)
+      h = nn.with_logical_constraint(act(intermediate(x)), ("act_batch", "act_len", "act_mlp"))
+      x = out_ln(x, output(h), deterministic)
     else:
       x = attn_ln(x + drop(attend(x, keys)))
       x = nn.with_logical_constraint(x, act_names)

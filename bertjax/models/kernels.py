@@ -86,6 +86,10 @@ class Kernels:
     of this (padded keys hidden from every real query, padded rows sliced off), and so are the
     gathered last layer's query rows (`model.gather_last_layer`): cuDNN's fused kernel has no
     backward pass for odd lengths. 1: nothing padded.
+  fused_residual: a post-LN layer's two residual tails, LayerNorm(residual + dropout(y)), in one
+    Pallas kernel each way (`bertjax.models.fused_residual`: its keep mask hashed from the
+    layer's dropout key, another stream than `dropout`'s); off: dropout, add and LayerNorm as
+    separate operations. Off in every set: its device speed is unmeasured.
   """
   platform: str
   flat_dense: bool
@@ -102,6 +106,7 @@ class Kernels:
   scalar_clipping: bool
   attention_dropout: str = "explicit"
   row_multiple: int = 1
+  fused_residual: bool = False
 
 
 # CPU (XLA:CPU, measured on 2-core x86 machines; PERFORMANCE.md):
