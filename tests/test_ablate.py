@@ -215,7 +215,8 @@ def test_a_binary_or_exiting_spec_fails_in_one_line(tmp_path):
   sys.exit(0) ended the ablation with status 0 and no table."""
   (tmp_path / "binary.json").write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")
   (tmp_path / "exits.py").write_text("import sys\nsys.exit(0)\nVARIANTS = [{'name': 'a'}]\n")
-  for name, message in (("binary.json", "is not valid UTF-8"), ("exits.py", r"called sys.exit\(0\)")):
+  for name, message in (("binary.json", "is not valid UTF-8"),
+                        ("exits.py", r"called sys.exit\(0\)")):
     with pytest.raises(UserError, match=message) as e:
       ablate.load_spec(str(tmp_path / name))
     assert "\n" not in str(e.value)
@@ -399,5 +400,6 @@ def test_cpu_smoke_compiles_ahead_in_parallel_then_times_from_the_cache(tmp_path
     assert pathlib.Path(row["profile_table"]).is_file()
   assert rows["trainer"]["profile_from"]
   table = out.read_text()
-  assert "| step from | kernels/step |" in table and "Compiled ahead: 3 variants, 2 at a time" in table
+  assert "| step from | kernels/step |" in table
+  assert "Compiled ahead: 3 variants, 2 at a time" in table
   assert table.count("| cache |") == 3

@@ -287,8 +287,8 @@ def test_the_setting_is_validated_and_pallas_only_in_the_gpu_set():
   for platform in ("cpu", "tpu", "tpu-xla", "stock"):
     assert kernels.for_platform(platform).attention_dropout == "explicit"
   assert kernels.for_platform("gpu").attention_dropout == "pallas"
-  assert kernels.attention_dropout_for(ModelConfig(kernels="gpu",
-                                                   attention_dropout_kernel="explicit")) == "explicit"
+  forced = ModelConfig(kernels="gpu", attention_dropout_kernel="explicit")
+  assert kernels.attention_dropout_for(forced) == "explicit"
   assert kernels.attention_dropout_for(ModelConfig(attention_dropout_kernel="pallas")) == "pallas"
   with pytest.raises(UserError, match="attention_dropout_kernel"):
     ModelConfig(attention_dropout_kernel="triton")

@@ -23,7 +23,8 @@ BASE = {
 }
 
 VARIANTS = [
-    {"name": "fused residual kernel", "overrides": ["model.kernel_overrides='fused_residual=True'"]},
+    {"name": "fused residual kernel",
+     "overrides": ["model.kernel_overrides='fused_residual=True'"]},
     {"name": "remat dots", "remat": "dots"},
     {"name": "scan layers", "scan_layers": True},
     {"name": "command buffers fusion+cublas",
