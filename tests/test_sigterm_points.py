@@ -5,8 +5,10 @@ save, the evaluation after the last step, a best/ save and a fine-tuning task's 
 Each ends with exit 75 and one line through `launch.main` under `errors.run_cli`, leaves nothing
 half-written, and the same command run again ends where an uninterrupted run ends."""
 
+import json
 import os
 import pathlib
+import random
 import signal
 import subprocess
 import sys
@@ -19,7 +21,7 @@ import pytest
 import launch
 from bertjax.core import digests, errors
 from bertjax.data import prepare, tokenizers
-from bertjax.runtime import checkpoints, metric_writers
+from bertjax.runtime import checkpoints, metric_writers, run_record
 from bertjax.tasks import base as task_base
 from bertjax.trainer import train
 
@@ -50,9 +52,10 @@ def sigterm_without_a_handler_fails(monkeypatch):
   signal.signal(signal.SIGTERM, previous)
 
 
-def _term_in(mp, owner, name, when=lambda *args: True, after=False):
-  """`owner.name` sends SIGTERM to this process once (the first call where `when(*args)`),
-  before its work or `after` it, and otherwise does what it did. Returns the calls that sent."""
+def _term_in(mp, owner, name, when=lambda *args: True, after=False, signum=signal.SIGTERM):
+  """`owner.name` sends SIGTERM (or `signum`) to this process once (the first call where
+  `when(*args)`), before its work or `after` it, and otherwise does what it did. Returns the
+  calls that sent."""
   original = getattr(owner, name)
   sent = []
 
@@ -60,11 +63,11 @@ def _term_in(mp, owner, name, when=lambda *args: True, after=False):
     now = not sent and when(*args)
     if now and not after:
       sent.append(args)
-      os.kill(os.getpid(), signal.SIGTERM)
+      os.kill(os.getpid(), signum)
     out = original(*args, **kwargs)
     if now and after:
       sent.append(args)
-      os.kill(os.getpid(), signal.SIGTERM)
+      os.kill(os.getpid(), signum)
     return out
 
   mp.setattr(owner, name, wrapped)
@@ -314,6 +317,33 @@ def test_sigterm_during_the_final_evaluations_best_save(tmp_path, capsys, refere
   assert (workdir / "best/best.json").is_file()
   assert sorted(_evals(workdir)) == [2, 4, 5]
   code, lines = _launch(capsys, workdir, settings)
+  _finished(code, lines)
+  assert _evals(workdir) == _evals(reference)
+  _assert_same(_params(reference, 5), _params(workdir, 5))
+
+
+@pytest.mark.slow
+def test_ctrl_c_at_a_random_step(tmp_path, capsys, reference):
+  """Ctrl-C (SIGINT) is handled as SIGTERM is: the step under way finishes and is saved,
+  summary.json says so, exit 130 with one line naming the step and how to go on; the same
+  command run again ends with the uninterrupted run's parameters and evaluations. On dd89774
+  Ctrl-C exited 130 with `error: interrupted` and nothing saved."""
+  step = random.randint(1, KW["total_steps"] - 1)
+  workdir = tmp_path / "run"
+  with pytest.MonkeyPatch.context() as mp:
+    sent = _term_in(mp, run_record.RunRecord, "add", signum=signal.SIGINT,
+                    when=lambda self, batch, metrics, at: int(at) == step)
+    code, lines = _launch(capsys, workdir, {**TINY_ARGS, **KW})
+  assert sent, f"step {step}"
+  assert code == errors.EXIT_INTERRUPTED, (step, lines[-20:])
+  assert lines[-1] == (f"interrupted: Ctrl-C at step {step}; checkpoint "
+                       f"{workdir / 'checkpoints' / str(step)} saved; run the same command again "
+                       "to go on"), (step, lines[-20:])
+  assert not [line for line in lines if line.startswith(("error", "Traceback"))], lines
+  assert step in checkpoints.Checkpointer(workdir / "checkpoints").all_steps()
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["step"] == step and summary["status"].startswith("interrupted"), summary
+  code, lines = _launch(capsys, workdir, {**TINY_ARGS, **KW})
   _finished(code, lines)
   assert _evals(workdir) == _evals(reference)
   _assert_same(_params(reference, 5), _params(workdir, 5))

@@ -323,7 +323,7 @@ def _train_loop(plan: run_plan.RunPlan, s: Setup, state: TrainState, ckpt, write
     if preemption.requested:  # outside the guard: a preemption checkpoint may come at any step
       record.watch.check_checkpoint(step, state.params)
       ckpt.save(step, state, batches.get_state(), force=True)
-      stop_reason = PREEMPTED
+      stop_reason = stopped_status(preemption)
       break
   return state, step, stop_reason
 
@@ -331,6 +331,12 @@ def _train_loop(plan: run_plan.RunPlan, s: Setup, state: TrainState, ckpt, write
 # Where a SIGTERM before the first step stops a run: nothing of this process to save.
 STARTING = "starting, before this process trained a step (nothing half-written is kept)"
 PREEMPTED = "preempted (SIGTERM): checkpoint saved"
+INTERRUPTED = "interrupted (Ctrl-C): checkpoint saved"
+
+
+def stopped_status(preemption: Preemption) -> str:
+  """summary.json's status of a run a SIGTERM or a Ctrl-C stopped after its checkpoint."""
+  return INTERRUPTED if preemption.name == "Ctrl-C" else PREEMPTED
 
 
 CHECKING = "checking the settings (nothing was written)"
@@ -435,7 +441,7 @@ def _train_and_evaluate(plan: run_plan.RunPlan, settings: workdir_lib.Settings, 
     ckpt.close()
   writer.close()
   if preemption.requested:  # since the loop (the last writes, the last save's end): all is saved
-    stop_reason = PREEMPTED
+    stop_reason = stopped_status(preemption)
   summary = {"workdir": str(workdir), "step": step, "status": stop_reason,
              "checkpoint": str(ckpt.directory / str(ckpt.latest_step())) if ckpt.latest_step() else None,
              "first_train": record.first, "last_train": record.last,
