@@ -347,3 +347,34 @@ def test_ctrl_c_at_a_random_step(tmp_path, capsys, reference):
   _finished(code, lines)
   assert _evals(workdir) == _evals(reference)
   _assert_same(_params(reference, 5), _params(workdir, 5))
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_glue_evaluation_keeps_the_train_rows(tmp_path, capsys, data_dir):
+  """RTE fine-tuning logging every 4 steps, evaluating every 2: SIGTERM during step 2's
+  evaluation saves step 2 and stops; the resumed run's row at step 4 is the mean over steps 1-4
+  (the checkpoint carries the logging window), so metrics.jsonl equals an uninterrupted run's.
+  On dd89774 the row at step 4 averaged steps 3-4 only."""
+  settings = {**TINY, "task": "rte", "data_dir": str(data_dir / "glue"), "data.vocab_size": 300,
+              "model.vocab_size": 300, "max_seq_length": 32, "max_train_examples": 40,
+              "batch_size": 8, "eval_batch_size": 64, "total_steps": 8, "eval_every": 2,
+              "log_every": 4, "model.hidden_dropout_prob": 0.1, "checkpoint_every": 100}
+  config = "configs/glue.py:task=rte,runlocal"
+  assert _launch(capsys, tmp_path / "reference", settings, config)[0] == 0
+  workdir = tmp_path / "run"
+  with pytest.MonkeyPatch.context() as mp:
+    sent = _term_in(mp, task_base.TaskObjective, "predict",
+                    when=lambda self, params, context, eval_set: context.step == 2)
+    code, lines = _launch(capsys, workdir, settings, config)
+  assert sent
+  _preempted(code, lines, "at step 2")
+  assert checkpoints.Checkpointer(workdir / "checkpoints").all_steps() == [2]
+  code, lines = _launch(capsys, workdir, settings, config)
+  _finished(code, lines)
+
+  timing = ("tokens_per_s", "steps_per_s")
+  rows = lambda w: [{k: v for k, v in r.items() if k not in timing}
+                    for r in metric_writers.read_metrics(w)]
+  assert [r["step"] for r in rows(workdir) if r["split"] == "train"] == [4, 8]
+  assert rows(workdir) == rows(tmp_path / "reference")
+  _assert_same(_params(tmp_path / "reference", 8), _params(workdir, 8))

@@ -318,14 +318,33 @@ def _train_loop(plan: run_plan.RunPlan, s: Setup, state: TrainState, ckpt, write
         record.t_log += time.time() - t_eval  # evaluation time is not training time
       if step % config.checkpoint_every == 0 or step == total_steps:
         record.watch.check_checkpoint(step, state.params)
-        ckpt.save(step, state, batches.get_state(), force=True)
+        ckpt.save(step, state, _data_state(batches, record), force=True)
       ckpt.poll()  # the digest of an asynchronous save that finished meanwhile
     if preemption.requested:  # outside the guard: a preemption checkpoint may come at any step
       record.watch.check_checkpoint(step, state.params)
-      ckpt.save(step, state, batches.get_state(), force=True)
+      ckpt.save(step, state, _data_state(batches, record), force=True)
       stop_reason = stopped_status(preemption)
       break
   return state, step, stop_reason
+
+
+# The key of the checkpoint's JSON item (the input pipeline's state) that carries the train
+# metrics of the steps since the last logged row (RunRecord.window).
+WINDOW = "train_window"
+
+
+def _data_state(batches, record: RunRecord) -> dict:
+  window = record.window()
+  return {**batches.get_state(), WINDOW: window} if window else batches.get_state()
+
+
+def _pipeline_state(set_state: Callable[[dict], None], windows: list) -> Callable[[dict], None]:
+  """The restore's setter of the input pipeline's state: the logging window taken out first
+  (into `windows`)."""
+  def set_pipeline(state: dict) -> None:
+    windows.append(state.pop(WINDOW, None))
+    set_state(state)
+  return set_pipeline
 
 
 # Where a SIGTERM before the first step stops a run: nothing of this process to save.
@@ -394,8 +413,10 @@ def _train_and_evaluate(plan: run_plan.RunPlan, settings: workdir_lib.Settings, 
                                   async_save=config.async_checkpointing)
   try:
     with preemption.abandoning(STARTING):
+      windows = []
       restored = ckpt.restore_latest(
-          _abstract_with_shardings(s.abstract_state, s.state_shardings), data.train.set_state)
+          _abstract_with_shardings(s.abstract_state, s.state_shardings),
+          _pipeline_state(data.train.set_state, windows))
       step0 = 0
       if restored is not None:
         step0, state, _ = restored
@@ -429,6 +450,7 @@ def _train_and_evaluate(plan: run_plan.RunPlan, settings: workdir_lib.Settings, 
     record = RunRecord.resumed(writer.resume_at(step0), divergence.Watch(
         config.get("nonfinite_policy", "stop"), int(jax.device_get(state.step)),
         config.learning_rate, plan.model_cfg.dtype))
+    record.resume_window(windows[-1] if restored is not None and windows else None)
     state, step, stop_reason = _train_loop(
         plan, s, state, ckpt, writer, run_eval, record, clock, preemption,
         started=lambda step: settings.record(step0, _resolved(config, plan.model_cfg,
