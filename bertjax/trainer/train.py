@@ -36,7 +36,7 @@ from bertjax.runtime import (checkpoints, divergence, freezing, optim, prefetch,
                              step_memory, workdir as workdir_lib)
 from bertjax.runtime.metric_writers import MetricWriter
 from bertjax.runtime.preemption import Preemption
-from bertjax.runtime.progress import EVERY_S, Progress
+from bertjax.runtime.progress import EVERY_S, Progress, real_clock_compile_seconds
 from bertjax.runtime.run_record import RunRecord
 from bertjax.tasks import base as task_base
 from bertjax.trainer import run_plan
@@ -274,7 +274,9 @@ def check_step_memory(s: Setup, state: TrainState, device_batch) -> str:
     compiled = s.train_step.lower(state, device_batch).compile()
   line = step_memory.check_fits(compiled, jax.local_devices()[0])
   logging.info(line)
-  if jax.process_index() == 0:
+  # Once: the log's line where a handler shows it (launch.py's), else printed.
+  shown = logging.getLogger(__name__).isEnabledFor(logging.INFO) and logging.getLogger().handlers
+  if jax.process_index() == 0 and not shown:
     print(line, file=sys.stderr, flush=True)
   return line
 
@@ -294,7 +296,8 @@ def _train_loop(plan: run_plan.RunPlan, s: Setup, state: TrainState, ckpt, write
   batches = prefetch.DevicePrefetch(data.train, lambda b: sharding.shard_batch(b, s.mesh),
                                     config.get("prefetch_batches", 2))
   lines = Progress("train", total_steps, every_s=config.get("progress_every_s", EVERY_S),
-                   clock=clock, enabled=jax.process_index() == 0)
+                   clock=clock, enabled=jax.process_index() == 0,
+                   excluded=real_clock_compile_seconds(clock))
   while step < total_steps:
     step += 1
     quiet = not reads_devices(config, plan.schedule, step, record.compiling)
