@@ -156,11 +156,15 @@ def _shown(key: str, value: Any) -> bool:
 
 def end_table(summary: Mapping[str, Any], summary_path: str | pathlib.Path | None = None) -> str:
   """The lines printed when a run ends: one row per metric, with the whole run's first and last
-  logged train metrics and the last evaluation as columns; where the checkpoint is."""
+  logged train metrics, the last evaluation and the best (where another) as columns; where the
+  checkpoint and the best evaluation's parameters are."""
   columns = [(f"first train (step {summary.get('first_train_step', '?')})",
               summary.get("first_train")),
              (f"last train (step {summary.get('last_train_step', '?')})", summary.get("last_train")),
              (f"last eval (step {summary.get('last_eval_step', '?')})", summary.get("last_eval"))]
+  best_step = summary.get("best_eval_step")
+  if best_step is not None and best_step != summary.get("last_eval_step"):
+    columns.append((f"best eval (step {best_step})", summary.get("best_eval")))
   columns = [(title, values) for title, values in columns if values]
   keys: list[str] = []
   for _, values in columns:
@@ -180,6 +184,11 @@ def end_table(summary: Mapping[str, Any], summary_path: str | pathlib.Path | Non
       lines.append("  ".join([k.ljust(width), *cells]))
   else:
     lines.append("no metrics logged")
+  metric, best = summary.get("best_metric"), summary.get("best_eval") or {}
+  if best_step is not None and metric in best:
+    where = (summary["best"] if summary.get("best") else
+             f"not kept (--config.best_metric={metric} keeps it in best/)")
+    lines.append(f"best: {metric} {_number(best[metric])} at step {best_step}: {where}")
   lines.append(f"checkpoint: {summary.get('checkpoint') or 'none'}")
   if summary_path is not None:
     lines.append(f"summary: {summary_path} (every row: metrics.jsonl)")

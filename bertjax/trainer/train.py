@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from bertjax.core import paths
+from bertjax.core import paths, run_files
 from bertjax.data.tokenizers import CONFIG_FILE as TOKENIZER_MARK  # written last by its save
 from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
@@ -34,6 +34,7 @@ from bertjax.objective import Schedule
 from bertjax.registry import get_objective
 from bertjax.runtime import (checkpoints, divergence, freezing, optim, prefetch, sharding,
                              step_memory, workdir as workdir_lib)
+from bertjax.runtime import metric_writers
 from bertjax.runtime.metric_writers import MetricWriter
 from bertjax.runtime.preemption import Preemption
 from bertjax.runtime.progress import EVERY_S, Progress, real_clock_compile_seconds
@@ -224,6 +225,24 @@ def setup(config, objective, model_cfg: ModelConfig, mesh, schedule: Schedule | 
               predict_step=predict_step,
               num_params=sum(x.size for x in jax.tree.leaves(state.params)), partition=partition)
   return run, state
+
+
+def _best_eval(config, objective, workdir: paths.Path, best: checkpoints.BestKeeper) -> dict:
+  """summary.json's best evaluation of the whole run: best/'s (best_metric), else the best by
+  the objective's main metric over metrics.jsonl (its parameters not kept)."""
+  kept = run_files.read_json(best.dir / "best.json") if best.metric else None
+  if kept and isinstance(kept.get("metrics"), dict):
+    return {"best_eval": kept["metrics"], "best_eval_step": kept.get("step"),
+            "best_metric": kept.get("metric"), "best": str(best.dir)}
+  metric = objective.main_metric(config)
+  rows = [r for r in metric_writers.read_metrics(workdir)
+          if r.get("split") == "eval" and isinstance(r.get(metric), (int, float))]
+  if not rows:
+    return {}
+  lower = "loss" in metric or "perplexity" in metric or metric.endswith("_kl")
+  row = (min if lower else max)(rows, key=lambda r: r[metric])
+  return {"best_eval": {k: v for k, v in row.items() if k not in ("step", "split")},
+          "best_eval_step": row["step"], "best_metric": metric, "best": None}
 
 
 def _resolved(config, model_cfg: ModelConfig | None, schedule: Schedule | None = None) -> dict:
@@ -472,6 +491,6 @@ def _train_and_evaluate(plan: run_plan.RunPlan, settings: workdir_lib.Settings, 
              "first_train": record.first, "last_train": record.last,
              "last_eval": record.last_eval, "first_train_step": record.first_step,
              "last_train_step": record.last_step, "last_eval_step": record.last_eval_step,
-             "num_params": int(s.num_params)}
+             "num_params": int(s.num_params), **_best_eval(config, objective, workdir, best)}
   paths.replace_text(workdir / "summary.json", json.dumps(summary, indent=2, default=str))
   return summary
