@@ -184,6 +184,8 @@ def end_table(summary: Mapping[str, Any], summary_path: str | pathlib.Path | Non
       lines.append("  ".join([k.ljust(width), *cells]))
   else:
     lines.append("no metrics logged")
+  if summary.get("reading"):  # whether the objective's telling metrics moved as they should
+    lines.append(str(summary["reading"]))
   metric, best = summary.get("best_metric"), summary.get("best_eval") or {}
   if best_step is not None and metric in best:
     where = (summary["best"] if summary.get("best") else

@@ -427,6 +427,9 @@ def _train_and_evaluate(plan: run_plan.RunPlan, settings: workdir_lib.Settings, 
   config, workdir, objective, data = plan.config, plan.workdir, plan.objective, plan.data
   total_steps, eval_every = plan.schedule.total_steps, plan.schedule.eval_every
   logging.info("model: %s parameters", f"{s.num_params:,}")
+  about = objective.about(config)  # what its headline loss sums, where that misleads
+  if about:
+    task_base.announce(about)
   if s.partition.frozen_any:
     logging.info(s.partition.describe(state.params))
 
@@ -492,5 +495,6 @@ def _train_and_evaluate(plan: run_plan.RunPlan, settings: workdir_lib.Settings, 
              "last_eval": record.last_eval, "first_train_step": record.first_step,
              "last_train_step": record.last_step, "last_eval_step": record.last_eval_step,
              "num_params": int(s.num_params), **_best_eval(config, objective, workdir, best)}
+  summary["reading"] = objective.reading(config, summary)
   paths.replace_text(workdir / "summary.json", json.dumps(summary, indent=2, default=str))
   return summary
