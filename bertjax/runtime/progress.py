@@ -27,6 +27,8 @@ import sys
 import time
 from typing import Any, Callable, Mapping, TextIO
 
+from jax import monitoring
+
 EVERY_S = 10.0  # the default seconds of work between progress lines (config.progress_every_s)
 
 # JAX's compilation stages (jax.monitoring events): their time is not the pace of the pass.
@@ -40,8 +42,6 @@ _listening: list[bool] = []
 def compile_seconds() -> float:
   """Seconds this process has spent compiling since the first call (on the real clock)."""
   if not _listening:
-    from jax import monitoring  # pylint: disable=g-import-not-at-top
-
     def add(event: str, seconds: float, **kwargs) -> None:
       del kwargs
       if event in COMPILE_EVENTS:
