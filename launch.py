@@ -37,7 +37,7 @@ from ml_collections import config_flags
 from bertjax import sweep
 from bertjax.config import config_lib
 from bertjax.core import paths
-from bertjax.core.errors import EXIT_PREEMPTED, doc_summary, fail, run_cli
+from bertjax.core.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, doc_summary, fail, run_cli
 from bertjax.runtime import distributed, progress, xla_defaults
 from bertjax.runtime.preemption import GO_ON, Preemption
 from bertjax.tools import multiseed
@@ -148,9 +148,11 @@ def end_lines(summary, workdir) -> str:
 
 
 def preempted_line(summary) -> str:
-  """The one line on stderr of a run a SIGTERM stopped after training steps: where, and how to
-  go on."""
-  return (f"preempted: SIGTERM at step {summary.get('step', '?')}; checkpoint "
+  """The one line on stderr of a run a SIGTERM or a Ctrl-C stopped after training steps: where,
+  and how to go on."""
+  head = ("interrupted: Ctrl-C" if str(summary.get("status", "")).startswith("interrupted")
+          else "preempted: SIGTERM")
+  return (f"{head} at step {summary.get('step', '?')}; checkpoint "
           f"{summary.get('checkpoint') or 'none'} saved; {GO_ON}")
 
 
@@ -185,9 +187,12 @@ def main(argv=None):
     else:
       summary = train.train_and_evaluate(config, args.workdir)
     print(end_lines(summary, args.workdir), flush=True)
-  if str(summary.get("status", "")).startswith("preempted") or preemption.requested:
-    print(preempted_line(summary), file=sys.stderr, flush=True)
-    sys.exit(EXIT_PREEMPTED)  # a checkpoint was saved: the same command goes on
+  status = str(summary.get("status", ""))
+  if not status.startswith(("preempted", "interrupted")) and preemption.requested:
+    status = "interrupted" if preemption.name == "Ctrl-C" else "preempted"
+  if status.startswith(("preempted", "interrupted")):  # saved: the same command goes on
+    print(preempted_line({**summary, "status": status}), file=sys.stderr, flush=True)
+    sys.exit(EXIT_INTERRUPTED if status.startswith("interrupted") else EXIT_PREEMPTED)
 
 
 if __name__ == "__main__":

@@ -9,9 +9,12 @@ resumes reuse what is there. The last `config.data.eval_documents` documents are
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import os
 import pathlib
+import shutil
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import jax
@@ -86,6 +89,13 @@ def prepared_corpus_dir(config, workdir: paths.Path) -> pathlib.Path:
     overwrite = True
   if jax.process_index() != 0:
     fail(f"{out} is not prepared; prepare the corpus once before a multi-host run")
+  shared = _shared_preparation(provenance, workdir)
+  if shared is not None and (shared / records.META_FILE).exists():
+    logging.info("using the corpus and tokenizer prepared for another point of this sweep: %s",
+                 shared)
+    with paths.writing(out, last=(records.META_FILE,), replace=overwrite) as local_out:
+      shutil.copytree(shared, local_out, dirs_exist_ok=True)
+    return paths.reading(out)
   if given is not None:
     tokenizer = given
   else:
@@ -97,7 +107,37 @@ def prepared_corpus_dir(config, workdir: paths.Path) -> pathlib.Path:
   with paths.writing(out, last=(records.META_FILE,), replace=overwrite) as local_out:
     prepare.prepare_corpus(docs, tokenizer, local_out, num_shards=1, overwrite=overwrite,
                            provenance=provenance)
+  if shared is not None:
+    _share(out, shared)
   return paths.reading(out)
+
+
+# Set by a local sweep for its points (bertjax/sweep/runner.py): a folder where a corpus prepared
+# by one point is kept, under a key of what determines it, for the others to copy.
+SHARED_ENV = "BERTJAX_PREPARED_CACHE"
+
+
+def _shared_preparation(provenance: dict, workdir: paths.Path) -> pathlib.Path | None:
+  """Where the corpus and tokenizer of `provenance` (the files, their format and the tokenizer
+  setting: all that determines them) are shared between a sweep's points; None outside one."""
+  root = os.environ.get(SHARED_ENV)
+  if not root or paths.is_remote(workdir):
+    return None
+  key = hashlib.sha256(json.dumps(provenance, sort_keys=True).encode()).hexdigest()[:16]
+  return pathlib.Path(root) / key
+
+
+def _share(prepared: paths.Path, shared: pathlib.Path) -> None:
+  """Copies a prepared corpus into the sweep's shared folder, whole or not at all."""
+  if shared.exists():
+    return
+  staging = shared.with_name(f"{shared.name}.tmp-{os.getpid()}")
+  try:
+    shutil.copytree(prepared, staging)
+    staging.rename(shared)
+  except OSError as e:  # another point shared it first, or no space: each point prepares its own
+    logging.info("not sharing %s with the sweep's other points (%s)", prepared, e)
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def _tokenizer_setting(config, given: tokenizers.Tokenizer | None) -> dict:

@@ -84,6 +84,18 @@ class Objective:
     del settings
     return "loss"
 
+  def about(self, config) -> str | None:
+    """One line printed as the run starts where its headline loss can mislead (what it sums,
+    what should move instead); None: the loss says it."""
+    del config
+    return None
+
+  def reading(self, config, summary: Mapping[str, Any]) -> str | None:
+    """One line for the end table: whether the metrics that tell this objective works moved the
+    right way between the run's first and last train rows (`summary`); None: the loss says it."""
+    del config, summary
+    return None
+
   def evaluate(self, config, params, context) -> dict[str, float] | None:
     """Eval metrics at `context.step`: the trainer's metric sums over its eval batches (the
     context is the trainer's `EvalContext`); fine-tuning tasks override this to decode and score."""
@@ -143,6 +155,18 @@ class Objective:
   def loss(self, model: nn.Module, params, batch: Batch, rng: jax.Array,
            denominators: Mapping[str, jax.Array], deterministic: bool) -> tuple[jax.Array, Metrics]:
     raise NotImplementedError
+
+
+def moved(summary: Mapping[str, Any], key: str, down: bool) -> tuple[str, bool | None]:
+  """`key` between the first and last train rows of `summary` in words ("soft_kl 3.2 -> 1.1")
+  and whether it moved the way it should (down: falling); None when there is nothing to compare
+  (fewer than two rows, or the metric missing)."""
+  first, last = summary.get("first_train") or {}, summary.get("last_train") or {}
+  if key not in first or key not in last or summary.get("first_train_step") == summary.get(
+      "last_train_step"):
+    return f"{key} {last[key]:.4g}" if key in last else f"no {key}", None
+  a, b = float(first[key]), float(last[key])
+  return f"{key} {a:.4g} -> {b:.4g}", (b < a if down else b > a)
 
 
 def top1_correct(logits, labels) -> jax.Array:

@@ -453,3 +453,40 @@ def test_short_training_learns(objective, corpus, tmp_path):
     assert first["rtd_loss"] > 0.55, report
     assert last["rtd_loss"] < _binary_entropy(replaced) + 0.01, report
     assert last["rtd_accuracy"] >= last["rtd_baseline_accuracy"] - 0.005, report
+
+
+@pytest.mark.slow
+def test_electra_and_distillation_say_what_their_loss_means(tmp_path, caplog):
+  """ELECTRA says, as it starts, that its loss carries disc_weight x the discriminator's loss
+  and what should fall instead, and its end table whether rtd_loss fell; distillation's end
+  table says whether soft_kl and agreement moved toward the teacher. On dd89774 neither said
+  anything (objectives had no `about` or `reading`)."""
+  from bertjax.objectives import distill  # pylint: disable=import-outside-toplevel
+  from bertjax.runtime import progress  # pylint: disable=import-outside-toplevel
+  config = tiny("rtd", total_steps=4, log_every=2, eval_every=0, checkpoint_every=4,
+                tensorboard=False, async_checkpointing=False)
+  with caplog.at_level("INFO"):
+    summary = train.train_and_evaluate(config, tmp_path)
+  about = [r.getMessage() for r in caplog.records if r.getMessage().startswith("rtd: loss")]
+  assert about == ["rtd: loss = the generator's MLM loss + 50 x the discriminator's loss "
+                   "(rtd_loss), so it can rise while the discriminator learns; what should fall "
+                   "is rtd_loss, and rtd_accuracy should rise above rtd_baseline_accuracy "
+                   "(always answering 'original')"]
+  first, last = summary["first_train"]["rtd_loss"], summary["last_train"]["rtd_loss"]
+  assert summary["reading"].startswith(
+      f"rtd: the discriminator's rtd_loss {first:.4g} -> {last:.4g} "
+      + ("(falling, as it should)" if last < first else "(not falling"))
+  assert summary["reading"] in progress.end_table(summary).splitlines()
+
+  reading = distill.Distill().reading
+  rows = lambda kl, agreement: {"soft_kl": kl, "agreement": agreement}
+  away = {"first_train": rows(2.0, 0.87), "last_train": rows(2.5, 0.42), "first_train_step": 50,
+          "last_train_step": 500}
+  assert reading(None, away) == (
+      "distill: soft_kl 2 -> 2.5, agreement 0.87 -> 0.42: distillation is not working: the "
+      "student moves away from the teacher (check the teacher, the learning rate, "
+      "distill.temperature or distill.student_init)")
+  toward = {**away, "last_train": rows(1.0, 0.9)}
+  assert reading(None, toward).endswith("distillation is working: the student moves toward the "
+                                        "teacher")
+  assert reading(None, {**away, "last_train_step": 50}).endswith("nothing to compare yet")

@@ -2,6 +2,7 @@
 table of a run."""
 
 import io
+import json
 import re
 
 import pytest
@@ -158,3 +159,71 @@ def test_fine_tuning_predictions_print_lines(tmp_path, data_dir, capsys):
   assert len(evals) >= 3 and all(m and m["total"] == "18" for m in evals), err
   assert evals[-1]["done"] == "18" and evals[-1]["eta"] == "0s"
   assert any(l.startswith("train step ") and "/4 " in l for l in err), err
+
+
+def test_the_eta_leaves_compilation_out():
+  """Steps of 0.5 s; steps 2 and 30 also compile for 20 s (a new batch shape, the first
+  evaluation): the rate and ETA of every line are those of the steps alone. On dd89774 the first
+  lines' ETA counted the compilation (Progress took no `excluded`)."""
+  clock, out, compiled = FakeClock(), io.StringIO(), [0.0]
+  p = Progress("train", 100, every_s=10.0, clock=clock, stream=out, excluded=lambda: compiled[0])
+  clock.t += 30.0
+  p.update(1)
+  for step in range(2, 101):
+    clock.t += 0.5
+    if step in (2, 30):
+      clock.t += 20.0
+      compiled[0] += 20.0
+    p.update(step)
+  parsed = [LINE.match(l) for l in p.lines[1:]]
+  assert parsed and all(m["eta"] for m in parsed), p.lines
+  for m in parsed:
+    assert per_second(m) == pytest.approx(2.0), p.lines
+    assert seconds(m["eta"]) == round((100 - int(m["done"])) * 0.5)
+
+
+@pytest.mark.slow
+def test_the_memory_line_is_printed_once(tmp_path, capsys):
+  """With launch.py's logging set up, the train step's memory estimate shows once on stderr
+  (on dd89774 twice: logged and printed)."""
+  import logging
+  import launch
+  root = logging.getLogger()
+  handlers, level = root.handlers[:], root.level
+  try:
+    launch.configure_logging()  # its handler writes to the captured stderr
+    train.train_and_evaluate(tiny_config(total_steps=1, eval_every=0), tmp_path)
+  finally:
+    root.handlers[:], root.level = handlers, level
+  err = capsys.readouterr().err
+  assert err.count("the train step needs about") == 1, err
+
+
+@pytest.mark.slow
+def test_the_end_table_shows_the_best_evaluation_and_its_folder(tmp_path):
+  """The end table names the best evaluation and where its parameters are (best/), and shows
+  it as a column where it is not the last; without best_metric, the best by the main metric and
+  how to keep it. On dd89774 only the last evaluation was shown (the best only in best.json)."""
+  summary = train.train_and_evaluate(
+      tiny_config(total_steps=4, eval_every=2, checkpoint_every=4, log_every=2,
+                  best_metric="loss", best_mode="min"), tmp_path / "kept")
+  kept = json.loads((tmp_path / "kept" / "best" / "best.json").read_text())
+  assert (summary["best"], summary["best_eval_step"]) == (str(tmp_path / "kept" / "best"),
+                                                          kept["step"])
+  table = progress.end_table(summary).splitlines()
+  assert (f"best: loss {progress._number(kept['value'])} at step {kept['step']}: "
+          f"{tmp_path / 'kept' / 'best'}") in table
+
+  earlier = {**summary, "best_eval_step": 2, "best_eval": {"loss": 1.5},
+             "last_eval_step": 4, "last_eval": {"loss": 2.0}}
+  table = progress.end_table(earlier).splitlines()
+  assert table[1].split()[-8:] == ["last", "eval", "(step", "4)", "best", "eval", "(step", "2)"]
+  assert next(l for l in table if l.startswith("loss")).split()[-2:] == ["2", "1.5"]
+
+  summary = train.train_and_evaluate(
+      tiny_config(total_steps=4, eval_every=2, checkpoint_every=4, log_every=2), tmp_path / "no")
+  evals = [r for r in metric_writers.read_metrics(tmp_path / "no") if r["split"] == "eval"]
+  best = min(evals, key=lambda r: r["loss"])
+  assert summary["best"] is None and summary["best_eval_step"] == best["step"]
+  assert (f"best: loss {progress._number(best['loss'])} at step {best['step']}: not kept "
+          "(--config.best_metric=loss keeps it in best/)") in progress.end_table(summary)

@@ -36,7 +36,7 @@ from bertjax.models import pruning
 from bertjax.models.classifiers import SequenceClassifier
 from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import Encoder, init_params
-from bertjax.prune import __main__ as prune_cli, folders, importance, magnitude, select
+from bertjax.prune import __main__ as prune_cli, folders, importance, magnitude, select, table
 
 CFG = ModelConfig(vocab_size=50, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
                   intermediate_size=40, max_position_embeddings=32, hidden_dropout_prob=0.0,
@@ -405,6 +405,22 @@ def test_prune_heads_in_steps_with_fine_tuning(finetuned, tmp_path):
   convert.convert_to_hf(out / "step_2" / "pruned", tmp_path / "hf", log=lambda _: None)
   hf = T.BertForSequenceClassification.from_pretrained(tmp_path / "hf")
   assert sum(len(v) for v in hf.config.pruned_heads.values()) == 4
+
+
+@pytest.mark.slow
+def test_prune_evaluations_name_their_step_and_the_plot_has_a_title(finetuned, tmp_path, caplog):
+  """Each pruning step's evaluation says its step (on dd89774 every one said "step 0"), and
+  pruning.png has a title (on dd89774 none)."""
+  out = tmp_path / "out"
+  with caplog.at_level("INFO"):
+    rows = prune_cli.main(["--workdir", str(finetuned), "--output", str(out),
+                           "--target-heads", "0.5", "--steps", "2"])
+  said = [r.getMessage() for r in caplog.records if " dev accuracy " in r.getMessage()]
+  assert [m.split(":")[0] for m in said] == ["step 0", "step 1", "step 2"], said
+  assert (out / "step_2" / "predictions" / "step_2").is_dir()
+  title = table.plot(rows, "accuracy", tmp_path / "again.png", unstructured=False)
+  assert title == "pruning: dev accuracy against the fraction of heads kept (2 steps from the " \
+      "model as given)"
 
 
 @pytest.mark.slow

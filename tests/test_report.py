@@ -167,7 +167,7 @@ def test_metric_choice_and_bad_input(pretraining_sweep, tmp_path_factory):
     report.write_report(sweep_dir, metric="acc")
   with pytest.raises(UserError, match="not found"):
     report.write_report(sweep_dir / "nope")
-  with pytest.raises(UserError, match="no sweep.json and no run folders"):
+  with pytest.raises(UserError, match="no sweep.json, no run folders and no run"):
     report.write_report(tmp_path_factory.mktemp("empty"))
 
 
@@ -178,6 +178,44 @@ def test_folders_without_sweep_json(tmp_path):
   points = report.load_points(tmp_path)
   assert sorted(p.overrides["learning_rate"] for p in points) == [1e-4, 2e-4]
   assert all(p.status == "finished" and p.steps == 3 for p in points)
+
+
+def test_one_run_and_runs_of_two_tasks(tmp_path, capsys):
+  """`report RUN` draws that run's curves (training loss, dev metric over the steps); a folder of
+  an RTE and an SST-2 run (names that are not key=value) plots each task apart, never as seeds of
+  one setting. On dd89774 the single run was refused ("holds no sweep.json and no run folders")
+  and the two tasks were merged into one curve labelled "median of 2 seeds"."""
+  glue_config = lambda task: {"objective": "glue", "task": task, "learning_rate": 2e-5,
+                              "total_steps": 20, "seed": 0}
+  write_point(tmp_path / "runs", "rte", glue_config("rte"), [0.7, 0.69, 0.68],
+              [{"score": 0.5, "accuracy": 0.5}, {"score": 0.6, "accuracy": 0.6}])
+  write_point(tmp_path / "runs", "sst2", glue_config("sst2"), [0.6, 0.5, 0.4],
+              [{"score": 0.8, "accuracy": 0.8}, {"score": 0.9, "accuracy": 0.9}])
+
+  run = tmp_path / "runs" / "rte"
+  report.main([str(run)])
+  assert f"wrote {run / 'report.md'}, train_loss.png, dev_curve.png" in capsys.readouterr().out
+  loss = json.loads((run / "train_loss.json").read_text())
+  assert loss["legend"] == ["rte"] and loss["title"] == "training loss: rte"
+  assert loss["series"][0]["steps"] == [1, 2, 3]
+  assert loss["series"][0]["median"] == [0.7, 0.69, 0.68]
+  dev = json.loads((run / "dev_curve.json").read_text())
+  assert dev["series"][0]["steps"] == [10, 20] and dev["series"][0]["median"] == [0.5, 0.6]
+  assert dev["title"].startswith("dev score, over the whole dev set")
+  assert (run / "report.md").read_text().startswith(f"# Run report: {run}")
+  assert not (run / "dev_vs_lr.png").exists()  # one learning rate: nothing to draw against
+
+  result = report.write_report(tmp_path / "runs")
+  assert [p.overrides for p in result["points"]] == [{"task": "rte"}, {"task": "sst2"}]
+  assert result["seed_groups"] == []
+  for name in ("train_loss.json", "dev_curve.json"):
+    drawn = json.loads((tmp_path / "runs" / name).read_text())
+    assert sorted(drawn["legend"]) == ["task=rte: median of 1 seed",
+                                       "task=sst2: median of 1 seed"], name
+    assert not any("2 seeds" in label for label in drawn["legend"])
+  assert {s["label"]: s["median"] for s in json.loads(
+      (tmp_path / "runs" / "train_loss.json").read_text())["series"]}["task=sst2: median of 1 seed"] \
+      == [0.6, 0.5, 0.4]
 
 
 GLUE_METRICS = {"rte": ("accuracy",), "mrpc": ("f1", "accuracy"),

@@ -5,8 +5,10 @@ save, the evaluation after the last step, a best/ save and a fine-tuning task's 
 Each ends with exit 75 and one line through `launch.main` under `errors.run_cli`, leaves nothing
 half-written, and the same command run again ends where an uninterrupted run ends."""
 
+import json
 import os
 import pathlib
+import random
 import signal
 import subprocess
 import sys
@@ -19,7 +21,7 @@ import pytest
 import launch
 from bertjax.core import digests, errors
 from bertjax.data import prepare, tokenizers
-from bertjax.runtime import checkpoints, metric_writers
+from bertjax.runtime import checkpoints, metric_writers, run_record
 from bertjax.tasks import base as task_base
 from bertjax.trainer import train
 
@@ -50,9 +52,10 @@ def sigterm_without_a_handler_fails(monkeypatch):
   signal.signal(signal.SIGTERM, previous)
 
 
-def _term_in(mp, owner, name, when=lambda *args: True, after=False):
-  """`owner.name` sends SIGTERM to this process once (the first call where `when(*args)`),
-  before its work or `after` it, and otherwise does what it did. Returns the calls that sent."""
+def _term_in(mp, owner, name, when=lambda *args: True, after=False, signum=signal.SIGTERM):
+  """`owner.name` sends SIGTERM (or `signum`) to this process once (the first call where
+  `when(*args)`), before its work or `after` it, and otherwise does what it did. Returns the
+  calls that sent."""
   original = getattr(owner, name)
   sent = []
 
@@ -60,11 +63,11 @@ def _term_in(mp, owner, name, when=lambda *args: True, after=False):
     now = not sent and when(*args)
     if now and not after:
       sent.append(args)
-      os.kill(os.getpid(), signal.SIGTERM)
+      os.kill(os.getpid(), signum)
     out = original(*args, **kwargs)
     if now and after:
       sent.append(args)
-      os.kill(os.getpid(), signal.SIGTERM)
+      os.kill(os.getpid(), signum)
     return out
 
   mp.setattr(owner, name, wrapped)
@@ -317,3 +320,61 @@ def test_sigterm_during_the_final_evaluations_best_save(tmp_path, capsys, refere
   _finished(code, lines)
   assert _evals(workdir) == _evals(reference)
   _assert_same(_params(reference, 5), _params(workdir, 5))
+
+
+@pytest.mark.slow
+def test_ctrl_c_at_a_random_step(tmp_path, capsys, reference):
+  """Ctrl-C (SIGINT) is handled as SIGTERM is: the step under way finishes and is saved,
+  summary.json says so, exit 130 with one line naming the step and how to go on; the same
+  command run again ends with the uninterrupted run's parameters and evaluations. On dd89774
+  Ctrl-C exited 130 with `error: interrupted` and nothing saved."""
+  step = random.randint(1, KW["total_steps"] - 1)
+  workdir = tmp_path / "run"
+  with pytest.MonkeyPatch.context() as mp:
+    sent = _term_in(mp, run_record.RunRecord, "add", signum=signal.SIGINT,
+                    when=lambda self, batch, metrics, at: int(at) == step)
+    code, lines = _launch(capsys, workdir, {**TINY_ARGS, **KW})
+  assert sent, f"step {step}"
+  assert code == errors.EXIT_INTERRUPTED, (step, lines[-20:])
+  assert lines[-1] == (f"interrupted: Ctrl-C at step {step}; checkpoint "
+                       f"{workdir / 'checkpoints' / str(step)} saved; run the same command again "
+                       "to go on"), (step, lines[-20:])
+  assert not [line for line in lines if line.startswith(("error", "Traceback"))], lines
+  assert step in checkpoints.Checkpointer(workdir / "checkpoints").all_steps()
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["step"] == step and summary["status"].startswith("interrupted"), summary
+  code, lines = _launch(capsys, workdir, {**TINY_ARGS, **KW})
+  _finished(code, lines)
+  assert _evals(workdir) == _evals(reference)
+  _assert_same(_params(reference, 5), _params(workdir, 5))
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_glue_evaluation_keeps_the_train_rows(tmp_path, capsys, data_dir):
+  """RTE fine-tuning logging every 4 steps, evaluating every 2: SIGTERM during step 2's
+  evaluation saves step 2 and stops; the resumed run's row at step 4 is the mean over steps 1-4
+  (the checkpoint carries the logging window), so metrics.jsonl equals an uninterrupted run's.
+  On dd89774 the row at step 4 averaged steps 3-4 only."""
+  settings = {**TINY, "task": "rte", "data_dir": str(data_dir / "glue"), "data.vocab_size": 300,
+              "model.vocab_size": 300, "max_seq_length": 32, "max_train_examples": 40,
+              "batch_size": 8, "eval_batch_size": 64, "total_steps": 8, "eval_every": 2,
+              "log_every": 4, "model.hidden_dropout_prob": 0.1, "checkpoint_every": 100}
+  config = "configs/glue.py:task=rte,runlocal"
+  assert _launch(capsys, tmp_path / "reference", settings, config)[0] == 0
+  workdir = tmp_path / "run"
+  with pytest.MonkeyPatch.context() as mp:
+    sent = _term_in(mp, task_base.TaskObjective, "predict",
+                    when=lambda self, params, context, eval_set: context.step == 2)
+    code, lines = _launch(capsys, workdir, settings, config)
+  assert sent
+  _preempted(code, lines, "at step 2")
+  assert checkpoints.Checkpointer(workdir / "checkpoints").all_steps() == [2]
+  code, lines = _launch(capsys, workdir, settings, config)
+  _finished(code, lines)
+
+  timing = ("tokens_per_s", "steps_per_s")
+  rows = lambda w: [{k: v for k, v in r.items() if k not in timing}
+                    for r in metric_writers.read_metrics(w)]
+  assert [r["step"] for r in rows(workdir) if r["split"] == "train"] == [4, 8]
+  assert rows(workdir) == rows(tmp_path / "reference")
+  _assert_same(_params(tmp_path / "reference", 8), _params(workdir, 8))

@@ -342,3 +342,38 @@ def test_killed_point_resumes_from_its_checkpoint(tmp_path):
   assert summary["status"] == "finished" and summary["step"] == 24
   entry = json.loads((workdir / "sweep.json").read_text())["points"][0]
   assert entry["status"] == "finished" and entry["runs"] == 2
+
+
+@pytest.mark.slow
+def test_points_share_their_corpus_and_the_sweep_shows_their_progress(tmp_path, capsys,
+                                                                      monkeypatch):
+  """Two seeds of a run on raw text: the first point trains the tokenizer and prepares the
+  corpus, the second copies them (the same files); while each runs, the sweep prints its latest
+  progress line. On dd89774 every point prepared its own and the sweep printed nothing while a
+  point ran."""
+  from bertjax.sweep import runner  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(runner, "PROGRESS_EVERY_S", 0.5)
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  text = tmp_path / "corpus.txt"
+  lines = (REPO / "bertjax/data/samples/wikitext2_test.raw").read_text().splitlines()[:300]
+  text.write_text("\n".join(lines) + "\n")
+  path = write_sweep(tmp_path / "two.py", {
+      "config": "configs/quickstart.py:runlocal",
+      "fixed": {"data.corpus": str(text), "data.vocab_size": 200, "model.vocab_size": 200,
+                "total_steps": 2, "eval_every": 0, "checkpoint_every": 2, "log_every": 1,
+                "progress_every_s": 0.0, "tensorboard": False},
+      "points": [{"seed": 0}, {"seed": 1}]})
+  record = sweep.run_sweep(path, tmp_path / "w")
+  assert record["finished"] == 2, record
+  out = capsys.readouterr().out
+  assert re.search(r"^\[1/2\] seed=0: train step \d+/2", out, re.M), out
+  assert re.search(r"^\[2/2\] seed=1: train step \d+/2", out, re.M), out
+
+  first, second = tmp_path / "w" / "seed=0", tmp_path / "w" / "seed=1"
+  assert "training a sentencepiece tokenizer" in (first / "log.txt").read_text()
+  log = (second / "log.txt").read_text()
+  assert "training a sentencepiece tokenizer" not in log
+  assert "using the corpus and tokenizer prepared for another point of this sweep" in log
+  files = lambda d: {str(f.relative_to(d)): f.read_bytes()
+                     for f in sorted((d / "prepared").rglob("*")) if f.is_file()}
+  assert files(first) == files(second) and "prepared/meta.json" in files(first)

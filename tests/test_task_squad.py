@@ -336,3 +336,22 @@ def test_config_checks(tmp_path):
     get_objective(config).build_inputs(config, tmp_path)
   with pytest.raises(UserError, match="version='3.0' is not one of"):
     config_lib.load_config_file(str(REPO / "configs/squad.py") + ":version=3.0")
+
+
+def test_v2_headline_says_what_the_threshold_is_and_when_nothing_is_answered():
+  """The default threshold 0 is not called "tuned on dev"; a run that answers no question says
+  so; a threshold better than answering none is reported as the one to set. On dd89774 the line
+  read "tuned on dev: best f1 ... at threshold 0.0000" whatever the sweep found."""
+  none_answered = {"exact": 50.0, "f1": 50.0, "total": 10, "NoAns_total": 5, "HasAns_total": 5,
+                   "best_f1": 50.0, "best_f1_thresh": 0.0}
+  line = squad.v2_headline(none_answered, 0.0, answered=0)
+  assert line.startswith("squad v2.0 dev exact 50.00 f1 50.00 at null threshold 0 (the default, "
+                         "not tuned); 0 of 10 questions answered (every question predicted "
+                         "unanswerable")
+  assert "tuned on dev:" not in line and "threshold 0.0000" not in line
+  assert line.endswith("no threshold beats answering none (f1 50.00), so none was tuned on dev")
+  tuned = {**none_answered, "f1": 40.0, "best_f1": 62.5, "best_f1_thresh": -1.25}
+  line = squad.v2_headline(tuned, 2.0, answered=7)
+  assert "at null threshold 2; 7 of 10 questions answered; best on dev: f1 62.50 at threshold " \
+      "-1.2500 (set --config.null_score_diff_threshold to use it)" in line
+  assert "unanswerable" not in line

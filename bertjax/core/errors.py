@@ -13,7 +13,8 @@ Exit statuses of every command (README, "Exit statuses"):
   3   the run diverged (a non-finite loss or gradient): the last finite checkpoint is kept
   75  preempted (SIGTERM): the steps trained are saved (a checkpoint, where a step was trained
       since the last one), run the same command again to go on
-  130 interrupted (Ctrl-C)
+  130 interrupted (Ctrl-C), handled as SIGTERM is: the step under way finishes and is saved, run
+      the same command again to go on; a second Ctrl-C stops at once
 """
 
 from __future__ import annotations
@@ -53,6 +54,12 @@ class Preempted(BaseException):
   through."""
   exit_code = EXIT_PREEMPTED
   label = "preempted"
+
+
+class Interrupted(Preempted):
+  """Ctrl-C (SIGINT) stopped the run, handled as a SIGTERM is; exit 130."""
+  exit_code = EXIT_INTERRUPTED
+  label = "interrupted"
 
 
 def fail(message: str) -> NoReturn:

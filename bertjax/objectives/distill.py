@@ -51,7 +51,7 @@ import flax.linen as nn
 from bertjax.core.errors import fail
 from bertjax.models.config import ModelConfig
 from bertjax.models.distill import DistillModel
-from bertjax.objective import Objective
+from bertjax.objective import Objective, moved
 from bertjax.objectives.distill_losses import distill_denominators, distillation_terms
 from bertjax.objectives.distill_settings import (SHAPE_FIELDS, Settings, init_layer_sources,
                                                  parse_layer_map)
@@ -187,6 +187,28 @@ class DistillationBase(Objective):
     if model.settings.student_init == "teacher_layers":
       boxed = copy_teacher(boxed, model.teacher.params, model.init_sources)
     return boxed
+
+  def about(self, config) -> str | None:
+    if not config.distill.get("soft_weight"):
+      return None
+    return ("distill: the loss holds soft_weight x T^2 x the teacher's entropy, which no student "
+            "lowers, so it hardly moves; what tells distillation works is soft_kl (0 when the "
+            "student matches the teacher) falling and agreement (the same top prediction) rising")
+
+  def reading(self, config, summary) -> str:
+    kl, kl_fell = moved(summary, "soft_kl", down=True)
+    agreement, rose = moved(summary, "agreement", down=False)
+    known = [ok for ok in (kl_fell, rose) if ok is not None]
+    if not known:
+      verdict = "one train row: nothing to compare yet"
+    elif all(known):
+      verdict = "distillation is working: the student moves toward the teacher"
+    elif not any(known):
+      verdict = ("distillation is not working: the student moves away from the teacher (check "
+                 "the teacher, the learning rate, distill.temperature or distill.student_init)")
+    else:
+      verdict = "mixed: one moves toward the teacher, the other away; train longer to tell"
+    return f"distill: {kl}, {agreement}: {verdict}"
 
   def forward(self, model: Distillation, params, batch, rng, deterministic):
     """(student outputs, teacher outputs) on a batch; the teacher is traced into the caller."""

@@ -20,7 +20,7 @@ import optax
 
 from bertjax.data.masking import Masking
 from bertjax.models.electra import ElectraPretrainingModel, generator_config
-from bertjax.objective import Objective, masked_lm_terms
+from bertjax.objective import Objective, masked_lm_terms, moved
 
 # ELECTRA's corruption of the selected tokens: ([MASK], random, unchanged).
 ELECTRA_REPLACE_PROBS = (0.85, 0.0, 0.15)
@@ -55,6 +55,25 @@ class Rtd(Objective):
   def denominators(self, batch):
     return {**super().denominators(batch),
             "tokens": jnp.maximum(jnp.sum(batch["attention_mask"].astype(jnp.float32)), 1.0)}
+
+  def about(self, config) -> str:
+    return (f"rtd: loss = the generator's MLM loss + {float(config.electra.disc_weight):g} x the "
+            "discriminator's loss (rtd_loss), so it can rise while the discriminator learns; "
+            "what should fall is rtd_loss, and rtd_accuracy should rise above "
+            "rtd_baseline_accuracy (always answering 'original')")
+
+  def reading(self, config, summary) -> str:
+    loss, fell = moved(summary, "rtd_loss", down=True)
+    last = summary.get("last_train") or {}
+    line = f"rtd: the discriminator's {loss}"
+    if fell is not None:
+      line += " (falling, as it should)" if fell else " (not falling: it is not learning)"
+    if "rtd_accuracy" in last and "rtd_baseline_accuracy" in last:
+      beats = last["rtd_accuracy"] > last["rtd_baseline_accuracy"]
+      line += (f"; rtd_accuracy {last['rtd_accuracy']:.4g} "
+               f"{'beats' if beats else 'does not beat yet'} always answering 'original' "
+               f"({last['rtd_baseline_accuracy']:.4g})")
+    return line
 
   def loss(self, model, params, batch, rng, denominators, deterministic):
     dropout_rng, sample_rng = jax.random.split(rng)

@@ -138,7 +138,7 @@ def run(s: Session, plan: Plan, params, tokenizer: pathlib.Path | None, override
     where = s.out / f"step_{j}"
     folder = folders.save_pruned(where / "pruned", cfg, params, tokenizer, {"step": j, **removed},
                                  task)
-    pruned = s.evaluate(cfg, params, where)
+    pruned = s.evaluate(cfg, params, where, step=j)
     tuned = None
     if plan.finetune_steps:
       summary, params = s.finetune(folder, where / "finetuned", plan.finetune_steps,

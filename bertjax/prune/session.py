@@ -84,10 +84,12 @@ class Session:
   def model_config(self) -> ModelConfig:
     return self.objective.model_config(self.config)
 
-  def evaluate(self, cfg: ModelConfig, params, where: pathlib.Path) -> dict[str, float]:
-    """The task's dev metrics of `params` (predictions written under `where`)."""
+  def evaluate(self, cfg: ModelConfig, params, where: pathlib.Path, step: int = 0
+               ) -> dict[str, float]:
+    """The task's dev metrics of `params` at pruning step `step`, which its lines name
+    (predictions written under `where`; no test-set predictions)."""
     context = eval_context.standalone(self.config, self.objective, cfg, self.data, where,
-                                      self.mesh)
+                                      self.mesh, step=step, total_steps=step + 1)
     metrics = self.objective.evaluate(self.config, params, context)
     if self.metric not in metrics:
       fail(f"--metric {self.metric} is not a dev metric of this task; choose one of "

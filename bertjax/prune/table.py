@@ -43,9 +43,9 @@ def markdown(rows: Sequence[dict], metric: str, command: str) -> str:
   return "\n".join(lines) + "\n"
 
 
-def plot(rows: Sequence[dict], metric: str, path: pathlib.Path, unstructured: bool) -> None:
+def plot(rows: Sequence[dict], metric: str, path: pathlib.Path, unstructured: bool) -> str:
   """Dev metric against the fraction of heads kept (or the sparsity): after pruning and after
-  the brief fine-tuning. Figure API only (no pyplot, nothing global)."""
+  the brief fine-tuning; returns its title. Figure API only (no pyplot, nothing global)."""
   fig = Figure(figsize=(6, 4), dpi=100)
   ax = fig.subplots()
   x = [r["sparsity"] if unstructured else r["heads_kept"] for r in rows]
@@ -58,11 +58,15 @@ def plot(rows: Sequence[dict], metric: str, path: pathlib.Path, unstructured: bo
   if not unstructured:
     ax.invert_xaxis()
   ax.grid(alpha=0.3)
+  kept = "the encoder's sparsity" if unstructured else "the fraction of heads kept"
+  title = f"pruning: dev {metric} against {kept} ({len(rows) - 1} steps from the model as given)"
+  ax.set_title(title, fontsize=10)
   ax.legend(loc="best")
   fig.tight_layout()
   png = io.BytesIO()
   fig.savefig(png, format="png")
   paths.replace_bytes(path, png.getvalue())
+  return title
 
 
 def write_all(out: pathlib.Path, rows: Sequence[dict], metric: str, command: str,

@@ -8,8 +8,9 @@ evaluation) and prints a plain line at most every `every_s` seconds of work, wha
   eval dev (step 300) batch 30/120 25% | 2.0 batches/s | ETA 45s
 
 Plain lines (never rewritten in place) read the same on a terminal and in a cluster job's log
-file. The rate counts from the first update, so compilation is not in it; a first update that
-took longer than `every_s` (compilation) says so. Training's rate is wall time, evaluations and
+file. The rate counts from the first update, so compilation is not in it, nor is a later one's
+(a new batch shape, the first evaluation: `compile_seconds`); a first update that took longer
+than `every_s` (compilation) says so. Training's rate is wall time, evaluations and
 checkpoints included, so its ETA is the wall time left. Training's line shows the loss of the
 last logged row (none before the first) and counts the steps queued, a few ahead of the devices:
 reading the current loss would make the devices wait at every line. The clock is injectable:
@@ -26,7 +27,34 @@ import sys
 import time
 from typing import Any, Callable, Mapping, TextIO
 
+from jax import monitoring
+
 EVERY_S = 10.0  # the default seconds of work between progress lines (config.progress_every_s)
+
+# JAX's compilation stages (jax.monitoring events): their time is not the pace of the pass.
+COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
+                  "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                  "/jax/core/compile/backend_compile_duration")
+_compiled_s = [0.0]
+_listening: list[bool] = []
+
+
+def compile_seconds() -> float:
+  """Seconds this process has spent compiling since the first call (on the real clock)."""
+  if not _listening:
+    def add(event: str, seconds: float, **kwargs) -> None:
+      del kwargs
+      if event in COMPILE_EVENTS:
+        _compiled_s[0] += seconds
+    monitoring.register_event_duration_secs_listener(add)
+    _listening.append(True)
+  return _compiled_s[0]
+
+
+def real_clock_compile_seconds(clock: Callable[[], float]) -> Callable[[], float] | None:
+  """`compile_seconds` for a pass timed on the real clock; an injected clock (a test's) times
+  nothing real, so none is taken from it."""
+  return compile_seconds if clock is time.monotonic else None
 
 
 def fmt_duration(seconds: float) -> str:
@@ -44,20 +72,26 @@ class Progress:
 
   def __init__(self, what: str, total: int | None, *, unit: str = "step",
                every_s: float = EVERY_S, clock: Callable[[], float] = time.monotonic,
-               stream: TextIO | None = None, enabled: bool = True):
+               stream: TextIO | None = None, enabled: bool = True,
+               excluded: Callable[[], float] | None = None):
     self.what, self.total, self.unit = what, total, unit
+    # Seconds so far not to count in the rate (`compile_seconds`: a new batch shape's or the
+    # first evaluation's compilation after the first step), so an ETA is the pace of the work.
+    self.excluded = excluded or (lambda: 0.0)
     self.every_s, self.clock, self.enabled = float(every_s), clock, enabled
     self.stream = stream
     self.lines: list[str] = []      # every line printed (what tests and callers read back)
     self._created = clock()
     self._last_line = self._created
-    self._first: tuple[int, float] | None = None  # (done, time) at the first update
+    self._first: tuple[int, float, float] | None = None  # (done, time, excluded) at the first
 
   def rate(self, done: int, now: float) -> float | None:
-    """Units per second since the first update, None before a second one."""
-    if self._first is None or done <= self._first[0] or now <= self._first[1]:
+    """Units per second since the first update (compilation since then not counted), None
+    before a second one."""
+    if self._first is None or done <= self._first[0]:
       return None
-    return (done - self._first[0]) / (now - self._first[1])
+    elapsed = now - self._first[1] - (self.excluded() - self._first[2])
+    return (done - self._first[0]) / elapsed if elapsed > 0 else None
 
   def update(self, done: int, fields: Callable[[], Mapping[str, float] | None] | None = None
              ) -> None:
@@ -67,7 +101,7 @@ class Progress:
     now = self.clock()
     first = self._first is None
     if first:
-      self._first = (done, now)
+      self._first = (done, now, self.excluded())
     finished = self.total is not None and done >= self.total
     due = now - self._last_line >= self.every_s
     if not self.enabled or not (due or (finished and not first and self.lines)):
@@ -122,11 +156,15 @@ def _shown(key: str, value: Any) -> bool:
 
 def end_table(summary: Mapping[str, Any], summary_path: str | pathlib.Path | None = None) -> str:
   """The lines printed when a run ends: one row per metric, with the whole run's first and last
-  logged train metrics and the last evaluation as columns; where the checkpoint is."""
+  logged train metrics, the last evaluation and the best (where another) as columns; where the
+  checkpoint and the best evaluation's parameters are."""
   columns = [(f"first train (step {summary.get('first_train_step', '?')})",
               summary.get("first_train")),
              (f"last train (step {summary.get('last_train_step', '?')})", summary.get("last_train")),
              (f"last eval (step {summary.get('last_eval_step', '?')})", summary.get("last_eval"))]
+  best_step = summary.get("best_eval_step")
+  if best_step is not None and best_step != summary.get("last_eval_step"):
+    columns.append((f"best eval (step {best_step})", summary.get("best_eval")))
   columns = [(title, values) for title, values in columns if values]
   keys: list[str] = []
   for _, values in columns:
@@ -146,6 +184,13 @@ def end_table(summary: Mapping[str, Any], summary_path: str | pathlib.Path | Non
       lines.append("  ".join([k.ljust(width), *cells]))
   else:
     lines.append("no metrics logged")
+  if summary.get("reading"):  # whether the objective's telling metrics moved as they should
+    lines.append(str(summary["reading"]))
+  metric, best = summary.get("best_metric"), summary.get("best_eval") or {}
+  if best_step is not None and metric in best:
+    where = (summary["best"] if summary.get("best") else
+             f"not kept (--config.best_metric={metric} keeps it in best/)")
+    lines.append(f"best: {metric} {_number(best[metric])} at step {best_step}: {where}")
   lines.append(f"checkpoint: {summary.get('checkpoint') or 'none'}")
   if summary_path is not None:
     lines.append(f"summary: {summary_path} (every row: metrics.jsonl)")

@@ -96,6 +96,25 @@ class RunRecord:
     return {"loss": f"{loss} (step {last})" if first == last
             else f"{loss} (mean of steps {first}-{last})"}
 
+  def window(self) -> dict | None:
+    """The current logging window's sums (steps trained since the last train row), as the
+    checkpoint's JSON carries them, so a run resumed from a step between two logging steps logs
+    the row over the same steps as an uninterrupted run; None when the window is empty."""
+    if not self.window_steps or self.sums is None:
+      return None
+    host = jax.device_get(self.sums)
+    return {"steps": self.window_steps,
+            "sums": {k: [[np.asarray(x).dtype.name, np.asarray(x).tolist()] for x in pair]
+                     for k, pair in host.items()}}
+
+  def resume_window(self, window: dict | None) -> None:
+    """Starts with a checkpoint's window (`window`) instead of an empty one."""
+    if not window:
+      return
+    self.sums = {k: tuple(jnp.asarray(np.asarray(value, dtype)) for dtype, value in pair)
+                 for k, pair in window["sums"].items()}
+    self.window_steps = int(window["steps"])
+
   def log(self, writer: MetricWriter, step: int, metrics) -> None:
     # One read: the window's sums, and the last step's learning_rate and grad_norm (summed over
     # the window, they are reported as of this step).

@@ -91,10 +91,27 @@ def _open_log(log: paths.Path) -> tuple[Any, paths.Path | None]:
                                 prefix="bertjax-sweep-log-"), log
 
 
+# Seconds between the lines a running point's progress is reported with.
+PROGRESS_EVERY_S = 30.0
+# The folder (in the environment of a local sweep's points) where points share their prepared
+# corpus and tokenizer, keyed by what determines them (bertjax/inputs.py).
+PREPARED_CACHE = "BERTJAX_PREPARED_CACHE"
+
+
+def _progress_line(text: str) -> str | None:
+  """The latest progress line of a point's output (a train or eval line), if any."""
+  lines = [l.strip() for l in text.replace("\r", "\n").splitlines()
+           if l.strip().startswith(("train step", "eval "))]
+  return lines[-1][:300] if lines else None
+
+
 def _run_logged(commands: list[list[str]], logs: list[paths.Path], stop: _Stop,
-                cwd: pathlib.Path | None) -> tuple[int, str]:
+                cwd: pathlib.Path | None, say: Callable[[str], None] | None = None,
+                env: dict[str, str] | None = None) -> tuple[int, str]:
   """Runs commands together, each appending its output to its log. Returns the exit code and
-  this run's last output line of the first command that failed (else of the first command)."""
+  this run's last output line of the first command that failed (else of the first command).
+  While they run, `say` gets the first command's latest progress line every PROGRESS_EVERY_S
+  seconds (when it printed a new one)."""
   procs, files, offsets = [], [], []
   try:
     for argv, log in zip(commands, logs):
@@ -106,14 +123,27 @@ def _run_logged(commands: list[list[str]], logs: list[paths.Path], stop: _Stop,
       offsets.append(f.tell())
       try:
         procs.append(subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=cwd,
-                                      stdin=subprocess.DEVNULL))
+                                      stdin=subprocess.DEVNULL,
+                                      env={**os.environ, **env} if env else None))
       except FileNotFoundError:
         for p in procs:  # the hosts already started cannot run without this one
           p.terminate()
           p.wait()
         fail(f"{argv[0]} not found; install it, or use --dry_run to print the commands")
       stop.procs = procs
-    codes = [p.wait() for p in procs]
+    codes, shown = [], None
+    for p in procs:
+      while True:
+        try:
+          codes.append(p.wait(timeout=PROGRESS_EVERY_S if say else None))
+          break
+        except subprocess.TimeoutExpired:
+          f = files[0][0]
+          f.seek(offsets[0])
+          line = _progress_line(f.read())
+          if line and line != shown:
+            say(line)
+            shown = line
     failing = next((i for i, c in enumerate(codes) if c != 0), 0)
     f = files[failing][0]
     f.seek(offsets[failing])
@@ -211,14 +241,16 @@ def _install(install: list[list[str]], local_dir: paths.Path) -> None:
 
 
 def _run_point(point: Point, entry: dict[str, Any], commands: list[list[str]],
-               logs: list[paths.Path], stop: _Stop, cwd, save: Callable[[], None]) -> str | None:
+               logs: list[paths.Path], stop: _Stop, cwd, save: Callable[[], None],
+               label: str = "", env: dict[str, str] | None = None) -> str | None:
   """Runs one point to its end, recording status, time and return code in `entry`; returns
-  the last line it printed."""
+  the last line it printed. Its progress is printed as it runs, after `label`."""
   entry.update(status="running", skipped=False, runs=entry["runs"] + 1)
   save()
   start = time.time()
+  say = lambda line: print(f"{label}{point.name}: {line}", flush=True)
   try:
-    code, line = _run_logged(commands, logs, stop, cwd=cwd)
+    code, line = _run_logged(commands, logs, stop, cwd=cwd, say=say, env=env)
   except KeyboardInterrupt:
     entry.update(status="interrupted", wall_s=entry["wall_s"] + time.time() - start)
     save()
@@ -279,8 +311,11 @@ def run_sweep(path: str, workdir: str | os.PathLike, dry_run: bool = False, tpu:
       point_dir = local_dir / point.name
       logs = [point_dir / "log.txt"] + [point_dir / f"log.{host_address(h)}.txt"
                                         for h in hosts[1:]]
+      # Local points share their prepared corpus and tokenizer (bertjax/inputs.py).
+      env = None if remote or paths.is_remote(local_dir) else {
+          PREPARED_CACHE: str(local_dir / ".prepared")}
       line = _run_point(point, entry, commands[point.name], logs, stop,
-                        None if remote else REPO, save)
+                        None if remote else REPO, save, label=f"[{i}/{len(todo)}] ", env=env)
       print(f"[{i}/{len(todo)}] {point.name}: {entry['status']} in {entry['wall_s']:.1f}s"
             + (f": {line}" if entry["status"] == "failed" else ""), flush=True)
       if stop.requested:

@@ -457,16 +457,35 @@ class SquadTask(base.TaskObjective):
     base.write_json(out_dir / "metrics.json", {"step": context.step, "version": version,
                                                **metrics})
     if version == "2.0":
-      base.announce(
-          f"step {context.step}: squad v2.0 dev exact {metrics['exact']:.2f} f1 "
-          f"{metrics['f1']:.2f} at null threshold {threshold:g}; tuned on dev: best f1 "
-          f"{metrics['best_f1']:.2f} at threshold {metrics['best_f1_thresh']:.4f} (set "
-          f"--config.null_score_diff_threshold to use it) -> {out_dir}")
+      answered = sum(bool(p) for p in predictions.values())
+      base.announce(f"step {context.step}: "
+                    + v2_headline(metrics, threshold, answered) + f" -> {out_dir}")
     else:
       base.announce(f"step {context.step}: squad v1.1 dev exact_match "
                     f"{metrics['exact_match']:.2f} f1 {metrics['f1']:.2f} "
                     f"({len(predictions)} questions) -> {out_dir}")
     return metrics
+
+
+def v2_headline(metrics: dict[str, float], threshold: float, answered: int) -> str:
+  """A SQuAD v2.0 evaluation in one line: its scores at the null threshold used (the default 0
+  said as such), how many questions got an answer (all predicted unanswerable said in words),
+  and the threshold that would have been best on dev, only where one beats answering none (the
+  official sweep reports 0 then: nothing was tuned)."""
+  total = int(metrics["total"])
+  used = f"null threshold {threshold:g}" + (" (the default, not tuned)" if threshold == 0 else "")
+  line = (f"squad v2.0 dev exact {metrics['exact']:.2f} f1 {metrics['f1']:.2f} at {used}; "
+          f"{answered} of {total} questions answered")
+  if not answered:
+    line += (" (every question predicted unanswerable: the model has not learned to answer "
+             "yet, or the threshold is too low)")
+  abstain = 100.0 * metrics.get("NoAns_total", 0) / total
+  if metrics.get("best_f1", abstain) > abstain:
+    line += (f"; best on dev: f1 {metrics['best_f1']:.2f} at threshold "
+             f"{metrics['best_f1_thresh']:.4f} (set --config.null_score_diff_threshold to use it)")
+  else:
+    line += (f"; no threshold beats answering none (f1 {abstain:.2f}), so none was tuned on dev")
+  return line
 
 
 def version_of(config) -> str:

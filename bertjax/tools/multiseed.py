@@ -27,7 +27,7 @@ import ml_collections
 import numpy as np
 
 from bertjax.core import paths
-from bertjax.core.errors import Preempted, fail
+from bertjax.core.errors import Interrupted, Preempted, fail
 from bertjax.trainer import train
 
 _log = logging.getLogger(__name__)
@@ -85,8 +85,10 @@ def run_seeds(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
       run_config.seeds = ()
     _log.info("seed %d -> %s", seed, workdir / f"seed_{seed}")
     summary = train.train_and_evaluate(run_config, workdir / f"seed_{seed}")
-    if str(summary.get("status", "")).startswith("preempted"):  # the later seeds wait for a rerun
-      raise Preempted(f"SIGTERM at step {summary['step']} of seed {seed}; checkpoint "
+    status = str(summary.get("status", ""))
+    if status.startswith(("preempted", "interrupted")):  # the later seeds wait for a rerun
+      stopped = Interrupted if status.startswith("interrupted") else Preempted
+      raise stopped(f"{'Ctrl-C' if stopped is Interrupted else 'SIGTERM'} at step {summary['step']} of seed {seed}; checkpoint "
                       f"{summary.get('checkpoint') or 'none'} saved; run the same command again "
                       "to go on")
     runs[str(seed)] = dict(summary.get("last_eval") or {})

@@ -1,7 +1,9 @@
-"""Result tables and plots of a sweep: `python -m bertjax.tools.report DIR [--metric NAME]`.
+"""Result tables and plots of a sweep or a run: `python -m bertjax.tools.report DIR [--metric NAME]`.
 
 DIR is a sweep workdir (launch.py --sweep; local or gs://...): its sweep.json lists the points;
-without one, every sub-folder holding a run is a point, its overrides read back from its name.
+without one, every sub-folder holding a run is a point, its overrides read back from its name
+(or, for names that are not `key=value,...`, the config.json settings that differ between them,
+so runs of several tasks are plotted apart). DIR may also be one run's workdir: its curves.
 Writes into DIR:
 
   report.md        one row per point (overrides, status, steps, wall time, tokens/s, and each dev
@@ -11,9 +13,11 @@ Writes into DIR:
   train_loss.png   the training loss per setting of the swept keys other than `seed`: the median
                    over its seeds at each logged step, a min-max band, each seed a thin line
                    (train_loss.json: the plotted arrays and the labels drawn).
+  dev_curve.png    the main dev metric at each evaluation, grouped as train_loss.png is.
   dev_vs_lr.png    the main dev metric at the last evaluation against the learning rate (ticks
                    1e-4, 3e-4, ...), per setting of the other swept keys: the median over seeds
-                   (line), a min-max band, each seed a dot (dev_vs_lr.json: the data and labels).
+                   (line), a min-max band, each seed a dot (dev_vs_lr.json: the data and labels);
+                   not for a single run.
 
 Dev metrics are the rows of metrics.jsonl with split "eval": "final" is the last evaluation,
 "best" the best over the run (lowest for losses and perplexities, highest otherwise). tokens/s
@@ -47,7 +51,8 @@ from bertjax.core import paths, run_files
 from bertjax.core.errors import doc_summary, fail, run_cli
 from bertjax.metrics import glue
 from bertjax.runtime import metric_writers
-from bertjax.tools.report_plots import plot_dev_vs_lr, plot_train_loss, setting_text
+from bertjax.tools.report_plots import (plot_dev_curve, plot_dev_vs_lr, plot_train_loss,
+                                        setting_text)
 
 SEED_KEYS = ("seed",)
 # Counters an evaluation logs next to its metrics: not metrics to compare.
@@ -68,6 +73,7 @@ class PointResult:
   train_loss: list[float]
   final: dict[str, float]           # the last evaluation's metrics
   best: dict[str, float]            # each metric's best value over evaluations
+  evals: list[tuple[int, dict[str, float]]] = dataclasses.field(default_factory=list)
 
   @property
   def task(self) -> str | None:
@@ -118,10 +124,12 @@ def _log_last_line(point_dir: paths.Path) -> str | None:
   return sweep_lib.last_line(text)
 
 
-def load_point(sweep_dir: paths.Path, entry: dict[str, Any]) -> PointResult:
-  """One point's results from its folder and its sweep.json entry."""
+def load_point(sweep_dir: paths.Path, entry: dict[str, Any],
+               point_dir: paths.Path | None = None) -> PointResult:
+  """One point's results from its folder (sweep_dir/name unless given) and its sweep.json
+  entry."""
   name = entry["name"]
-  point_dir = sweep_dir / name
+  point_dir = point_dir or sweep_dir / name
   rows = metric_writers.read_metrics(point_dir)
   train = [r for r in rows if r.get("split") == "train" and r.get("loss") is not None]
   evals = [r for r in rows if r.get("split") == "eval"]
@@ -153,24 +161,56 @@ def load_point(sweep_dir: paths.Path, entry: dict[str, Any]) -> PointResult:
       last_line=last_line, steps=steps, wall_s=entry.get("wall_s"),
       tokens_per_s=statistics.median(speeds) if speeds else None, config=config,
       train_steps=[int(r["step"]) for r in train], train_loss=[float(r["loss"]) for r in train],
-      final=final, best=best)
+      final=final, best=best,
+      evals=[(int(r["step"]), {k: v for k, v in r.items() if _is_metric(k, v)}) for r in evals])
+
+
+RUN_FILES = ("config.json", "log.txt", metric_writers.METRICS, metric_writers.METRICS_DIR)
+
+
+def is_run(folder: paths.Path) -> bool:
+  """Whether `folder` holds one run (a training workdir) rather than a sweep's points."""
+  return any((folder / f).exists() for f in RUN_FILES)
 
 
 def load_points(sweep_dir: str | pathlib.Path) -> list[PointResult]:
+  """The points of a sweep folder; a run's own workdir is a sweep of one point. Folders of runs
+  without sweep.json whose names are not `key=value,...`: each point's swept keys are the
+  settings of its config.json that differ between them (the task of runs of several tasks), so
+  runs of different settings are never taken for seeds of one."""
   sweep_dir = paths.as_path(sweep_dir)  # local or remote (gs://...)
   if not sweep_dir.is_dir():
-    fail(f"sweep folder {sweep_dir} not found; pass the --workdir of a sweep")
+    fail(f"sweep folder {sweep_dir} not found; pass the --workdir of a sweep or of a run")
   record = run_files.read_json(sweep_dir / "sweep.json")
   entries = _entries(sweep_dir, record.get("points")) if record else []
+  if not entries and is_run(sweep_dir):
+    return [load_point(sweep_dir, {"name": sweep_dir.name, "overrides": {}}, sweep_dir)]
   if not entries:
     entries = [{"name": d.name, "overrides": _overrides_from_name(d.name)}
-               for d in sorted(sweep_dir.iterdir())
-               if d.is_dir() and any((d / f).exists() for f in (
-                   "config.json", "log.txt", metric_writers.METRICS, metric_writers.METRICS_DIR))]
-  if not entries:
-    fail(f"{sweep_dir} holds no sweep.json and no run folders; run a sweep into it first "
-         f"(python launch.py --sweep experiments/<name>.py --workdir {sweep_dir})")
+               for d in sorted(sweep_dir.iterdir()) if d.is_dir() and is_run(d)]
+    if not entries:
+      fail(f"{sweep_dir} holds no sweep.json, no run folders and no run; run a sweep into it "
+           f"first (python launch.py --sweep experiments/<name>.py --workdir {sweep_dir}) or "
+           "pass a run's --workdir")
+    if not all(e["overrides"] for e in entries):
+      configs = [_flat(run_files.read_json(sweep_dir / e["name"] / "config.json") or {})
+                 for e in entries]
+      differing = sorted(k for k in set().union(*configs)
+                         if len({repr(c.get(k)) for c in configs}) > 1)
+      for e, c in zip(entries, configs):
+        e["overrides"] = {**{k: c.get(k) for k in differing}, **e["overrides"]}
   return [load_point(sweep_dir, e) for e in entries]
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+  """{"model": {"hidden_size": 32}} -> {"model.hidden_size": 32}."""
+  out = {}
+  for k, v in config.items():
+    if isinstance(v, dict):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[prefix + k] = v
+  return out
 
 
 # The types of the sweep.json entry fields the report reads (bertjax/sweep/runner.py writes them).
@@ -359,7 +399,7 @@ def render_markdown(sweep_dir: paths.Path, points: Sequence[PointResult], metric
   if metric in metrics:  # the main metric first
     metrics.remove(metric)
     metrics.insert(0, metric)
-  lines = [f"# Sweep report: {sweep_dir}", ""]
+  lines = [f"# {'Run' if is_run(sweep_dir) else 'Sweep'} report: {sweep_dir}", ""]
   counts = {s: sum(p.status == s for p in points) for s in sorted({p.status for p in points})}
   lines.append(f"{len(points)} points: " + ", ".join(f"{n} {s}" for s, n in counts.items())
                + (f". Main dev metric: `{metric}`" + (f", {scope}" if scope else "") + "."
@@ -419,20 +459,25 @@ def write_report(sweep_dir: str | pathlib.Path, metric: str | None = None) -> di
   text = render_markdown(sweep_dir, points, metric, groups, best, glue_result, scope)
   paths.replace_text(sweep_dir / "report.md", text)
   plot_train_loss(points, sweep_dir / "train_loss.png")
-  plot_dev_vs_lr(points, metric, sweep_dir / "dev_vs_lr.png", scope,
-                 lower_is_better(metric or ""))
+  plot_dev_curve(points, metric, sweep_dir / "dev_curve.png", scope, lower_is_better(metric or ""))
+  if not is_run(sweep_dir):  # one run: one learning rate, no curve against it
+    plot_dev_vs_lr(points, metric, sweep_dir / "dev_vs_lr.png", scope,
+                   lower_is_better(metric or ""))
   return {"points": points, "metric": metric, "scope": scope, "seed_groups": groups,
           "best": best, "glue": glue_result, "markdown": text}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=doc_summary(__doc__))
-  parser.add_argument("sweep_dir", help="the --workdir of a sweep")
-  parser.add_argument("--metric", help="the dev metric to plot against the learning rate")
+  parser.add_argument("sweep_dir", help="the --workdir of a sweep, a folder of runs or one run")
+  parser.add_argument("--metric", help="the dev metric to plot against the steps and the "
+                      "learning rate")
   args = parser.parse_args(argv)
   report = write_report(args.sweep_dir, args.metric)
   print(report["markdown"])
-  print(f"wrote {paths.as_path(args.sweep_dir) / 'report.md'}, train_loss.png, dev_vs_lr.png")
+  where = paths.as_path(args.sweep_dir)
+  print(f"wrote {where / 'report.md'}, train_loss.png, dev_curve.png"
+        + ("" if is_run(where) else ", dev_vs_lr.png"))
 
 
 if __name__ == "__main__":

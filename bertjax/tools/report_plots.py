@@ -70,32 +70,62 @@ def plot_train_loss(points: Sequence[Any], path: paths.Path) -> dict[str, Any]:
   """Per setting, the median training loss over its seeds at each logged step (the steps every
   seed logged) with a min–max band; each seed a thin line. path.json: every point's curve and
   each setting's aggregate."""
+  return _plot_curves(points, lambda p: (p.train_steps, p.train_loss), "loss", path,
+                      "training loss (mean of the logged window)", "training loss",
+                      "no training metrics yet")
+
+
+def plot_dev_curve(points: Sequence[Any], metric: str | None, path: paths.Path,
+                   scope: str = "", lower_is_better: bool = False) -> dict[str, Any]:
+  """The dev `metric` at each evaluation step, per setting as `plot_train_loss` draws the loss."""
+  def curve(p):
+    rows = [(step, row[metric]) for step, row in p.evals if metric in row]
+    return [s for s, _ in rows], [v for _, v in rows]
+  better = "lower" if lower_is_better else "higher"
+  return _plot_curves(points, curve, metric or "metric", path,
+                      f"dev {metric} ({better} is better)" if metric else "dev metric",
+                      f"dev {metric}{f', {scope}' if scope else ''}" if metric else "dev metric",
+                      "no evaluation yet")
+
+
+def _plot_curves(points: Sequence[Any], curve, key: str, path: paths.Path, ylabel: str,
+                 what: str, empty: str) -> dict[str, Any]:
+  """Per setting (points equal but for the seed), the median of `curve(point)` (steps, values)
+  over its seeds at each step every seed has, a min–max band and each seed a thin line; a
+  setting of one point is that point's curve (labelled with the setting, or the run's name)."""
   fig, ax = _figure()
   curves, series, groups = [], [], {}
   for p in points:
-    if p.train_steps:
-      curves.append({"point": p.name, "steps": p.train_steps, "loss": p.train_loss})
-      groups.setdefault(p.setting, []).append(p)
+    steps, values = curve(p)
+    if steps:
+      curves.append({"point": p.name, "steps": steps, key: values})
+      groups.setdefault(p.setting, []).append((p, steps, values))
   for setting, members in groups.items():
-    steps = sorted(set.intersection(*(set(m.train_steps) for m in members)))
-    by_step = [dict(zip(m.train_steps, m.train_loss)) for m in members]
-    stats = [_spread([losses[s] for losses in by_step]) for s in steps]
-    label = f"{setting_text(setting)}: median of {_seeds(len(members))}"
+    steps = sorted(set.intersection(*(set(m[1]) for m in members)))
+    by_step = [dict(zip(m[1], m[2])) for m in members]
+    stats = [_spread([values[s] for values in by_step]) for s in steps]
+    if len(members) == 1 and not setting:
+      label = members[0][0].name
+    else:
+      label = f"{setting_text(setting)}: median of {_seeds(len(members))}"
     line, = ax.plot(steps, [s["median"] for s in stats], label=label, linewidth=2)
     if len(members) > 1:
       ax.fill_between(steps, [s["min"] for s in stats], [s["max"] for s in stats],
                       color=line.get_color(), alpha=0.2, linewidth=0)
-      for m in members:
-        ax.plot(m.train_steps, m.train_loss, color=line.get_color(), linewidth=0.6, alpha=0.5)
-    series.append({"label": label, "points": [m.name for m in members], "steps": steps,
+      for _, m_steps, m_values in members:
+        ax.plot(m_steps, m_values, color=line.get_color(), linewidth=0.6, alpha=0.5)
+    series.append({"label": label, "points": [m[0].name for m in members], "steps": steps,
                    **{k: [s[k] for s in stats] for k in ("median", "min", "max", "n")}})
   ax.set_xlabel("step")
-  ax.set_ylabel("training loss (mean of the logged window)")
-  ax.set_title(f"training loss: {AGGREGATE}; thin lines: single seeds")
+  ax.set_ylabel(ylabel)
+  if len(points) == 1:
+    ax.set_title(f"{what}: {points[0].name}")
+  else:
+    ax.set_title(f"{what}: {AGGREGATE}; thin lines: single seeds")
   if series:
     ax.legend(fontsize=8, loc="best", framealpha=0.8)
   else:
-    ax.text(0.5, 0.5, "no training metrics yet", ha="center", transform=ax.transAxes)
+    ax.text(0.5, 0.5, empty, ha="center", transform=ax.transAxes)
   return _save(fig, ax, path, {"curves": curves, "series": series})
 
 

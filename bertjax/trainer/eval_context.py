@@ -21,7 +21,7 @@ import numpy as np
 
 from bertjax.core import paths
 from bertjax.runtime import sharding
-from bertjax.runtime.progress import EVERY_S, Progress
+from bertjax.runtime.progress import EVERY_S, Progress, real_clock_compile_seconds
 from bertjax.runtime.run_record import add_metrics, summarize
 from bertjax.trainer import run_plan
 
@@ -50,7 +50,8 @@ class EvalContext:
   def progress(self, what: str, total: int | None, unit: str = "batch") -> Progress:
     """Progress lines of an evaluation pass (bertjax/runtime/progress.py); process 0 prints them."""
     return Progress(what, total, unit=unit, every_s=self.progress_every_s, clock=self.clock,
-                    enabled=jax.process_index() == 0)
+                    enabled=jax.process_index() == 0,
+                    excluded=real_clock_compile_seconds(self.clock))
 
   def predict(self, params, batch) -> dict[str, np.ndarray]:
     """`predict_step` on one host batch, gathered back to host numpy arrays."""

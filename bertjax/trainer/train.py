@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from bertjax.core import paths
+from bertjax.core import paths, run_files
 from bertjax.data.tokenizers import CONFIG_FILE as TOKENIZER_MARK  # written last by its save
 from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
@@ -34,9 +34,10 @@ from bertjax.objective import Schedule
 from bertjax.registry import get_objective
 from bertjax.runtime import (checkpoints, divergence, freezing, optim, prefetch, sharding,
                              step_memory, workdir as workdir_lib)
+from bertjax.runtime import metric_writers
 from bertjax.runtime.metric_writers import MetricWriter
 from bertjax.runtime.preemption import Preemption
-from bertjax.runtime.progress import EVERY_S, Progress
+from bertjax.runtime.progress import EVERY_S, Progress, real_clock_compile_seconds
 from bertjax.runtime.run_record import RunRecord
 from bertjax.tasks import base as task_base
 from bertjax.trainer import run_plan
@@ -226,6 +227,24 @@ def setup(config, objective, model_cfg: ModelConfig, mesh, schedule: Schedule | 
   return run, state
 
 
+def _best_eval(config, objective, workdir: paths.Path, best: checkpoints.BestKeeper) -> dict:
+  """summary.json's best evaluation of the whole run: best/'s (best_metric), else the best by
+  the objective's main metric over metrics.jsonl (its parameters not kept)."""
+  kept = run_files.read_json(best.dir / "best.json") if best.metric else None
+  if kept and isinstance(kept.get("metrics"), dict):
+    return {"best_eval": kept["metrics"], "best_eval_step": kept.get("step"),
+            "best_metric": kept.get("metric"), "best": str(best.dir)}
+  metric = objective.main_metric(config)
+  rows = [r for r in metric_writers.read_metrics(workdir)
+          if r.get("split") == "eval" and isinstance(r.get(metric), (int, float))]
+  if not rows:
+    return {}
+  lower = "loss" in metric or "perplexity" in metric or metric.endswith("_kl")
+  row = (min if lower else max)(rows, key=lambda r: r[metric])
+  return {"best_eval": {k: v for k, v in row.items() if k not in ("step", "split")},
+          "best_eval_step": row["step"], "best_metric": metric, "best": None}
+
+
 def _resolved(config, model_cfg: ModelConfig | None, schedule: Schedule | None = None) -> dict:
   """What config.json records: the config with the schedule run (`schedule`: the run's plan; a
   fine-tuning task derives it) and the model actually trained (fine-tuning takes init_from's
@@ -274,7 +293,9 @@ def check_step_memory(s: Setup, state: TrainState, device_batch) -> str:
     compiled = s.train_step.lower(state, device_batch).compile()
   line = step_memory.check_fits(compiled, jax.local_devices()[0])
   logging.info(line)
-  if jax.process_index() == 0:
+  # Once: the log's line where a handler shows it (launch.py's), else printed.
+  shown = logging.getLogger(__name__).isEnabledFor(logging.INFO) and logging.getLogger().handlers
+  if jax.process_index() == 0 and not shown:
     print(line, file=sys.stderr, flush=True)
   return line
 
@@ -294,7 +315,8 @@ def _train_loop(plan: run_plan.RunPlan, s: Setup, state: TrainState, ckpt, write
   batches = prefetch.DevicePrefetch(data.train, lambda b: sharding.shard_batch(b, s.mesh),
                                     config.get("prefetch_batches", 2))
   lines = Progress("train", total_steps, every_s=config.get("progress_every_s", EVERY_S),
-                   clock=clock, enabled=jax.process_index() == 0)
+                   clock=clock, enabled=jax.process_index() == 0,
+                   excluded=real_clock_compile_seconds(clock))
   while step < total_steps:
     step += 1
     quiet = not reads_devices(config, plan.schedule, step, record.compiling)
@@ -318,19 +340,44 @@ def _train_loop(plan: run_plan.RunPlan, s: Setup, state: TrainState, ckpt, write
         record.t_log += time.time() - t_eval  # evaluation time is not training time
       if step % config.checkpoint_every == 0 or step == total_steps:
         record.watch.check_checkpoint(step, state.params)
-        ckpt.save(step, state, batches.get_state(), force=True)
+        ckpt.save(step, state, _data_state(batches, record), force=True)
       ckpt.poll()  # the digest of an asynchronous save that finished meanwhile
     if preemption.requested:  # outside the guard: a preemption checkpoint may come at any step
       record.watch.check_checkpoint(step, state.params)
-      ckpt.save(step, state, batches.get_state(), force=True)
-      stop_reason = PREEMPTED
+      ckpt.save(step, state, _data_state(batches, record), force=True)
+      stop_reason = stopped_status(preemption)
       break
   return state, step, stop_reason
+
+
+# The key of the checkpoint's JSON item (the input pipeline's state) that carries the train
+# metrics of the steps since the last logged row (RunRecord.window).
+WINDOW = "train_window"
+
+
+def _data_state(batches, record: RunRecord) -> dict:
+  window = record.window()
+  return {**batches.get_state(), WINDOW: window} if window else batches.get_state()
+
+
+def _pipeline_state(set_state: Callable[[dict], None], windows: list) -> Callable[[dict], None]:
+  """The restore's setter of the input pipeline's state: the logging window taken out first
+  (into `windows`)."""
+  def set_pipeline(state: dict) -> None:
+    windows.append(state.pop(WINDOW, None))
+    set_state(state)
+  return set_pipeline
 
 
 # Where a SIGTERM before the first step stops a run: nothing of this process to save.
 STARTING = "starting, before this process trained a step (nothing half-written is kept)"
 PREEMPTED = "preempted (SIGTERM): checkpoint saved"
+INTERRUPTED = "interrupted (Ctrl-C): checkpoint saved"
+
+
+def stopped_status(preemption: Preemption) -> str:
+  """summary.json's status of a run a SIGTERM or a Ctrl-C stopped after its checkpoint."""
+  return INTERRUPTED if preemption.name == "Ctrl-C" else PREEMPTED
 
 
 CHECKING = "checking the settings (nothing was written)"
@@ -380,6 +427,9 @@ def _train_and_evaluate(plan: run_plan.RunPlan, settings: workdir_lib.Settings, 
   config, workdir, objective, data = plan.config, plan.workdir, plan.objective, plan.data
   total_steps, eval_every = plan.schedule.total_steps, plan.schedule.eval_every
   logging.info("model: %s parameters", f"{s.num_params:,}")
+  about = objective.about(config)  # what its headline loss sums, where that misleads
+  if about:
+    task_base.announce(about)
   if s.partition.frozen_any:
     logging.info(s.partition.describe(state.params))
 
@@ -388,8 +438,10 @@ def _train_and_evaluate(plan: run_plan.RunPlan, settings: workdir_lib.Settings, 
                                   async_save=config.async_checkpointing)
   try:
     with preemption.abandoning(STARTING):
+      windows = []
       restored = ckpt.restore_latest(
-          _abstract_with_shardings(s.abstract_state, s.state_shardings), data.train.set_state)
+          _abstract_with_shardings(s.abstract_state, s.state_shardings),
+          _pipeline_state(data.train.set_state, windows))
       step0 = 0
       if restored is not None:
         step0, state, _ = restored
@@ -423,6 +475,7 @@ def _train_and_evaluate(plan: run_plan.RunPlan, settings: workdir_lib.Settings, 
     record = RunRecord.resumed(writer.resume_at(step0), divergence.Watch(
         config.get("nonfinite_policy", "stop"), int(jax.device_get(state.step)),
         config.learning_rate, plan.model_cfg.dtype))
+    record.resume_window(windows[-1] if restored is not None and windows else None)
     state, step, stop_reason = _train_loop(
         plan, s, state, ckpt, writer, run_eval, record, clock, preemption,
         started=lambda step: settings.record(step0, _resolved(config, plan.model_cfg,
@@ -435,12 +488,13 @@ def _train_and_evaluate(plan: run_plan.RunPlan, settings: workdir_lib.Settings, 
     ckpt.close()
   writer.close()
   if preemption.requested:  # since the loop (the last writes, the last save's end): all is saved
-    stop_reason = PREEMPTED
+    stop_reason = stopped_status(preemption)
   summary = {"workdir": str(workdir), "step": step, "status": stop_reason,
              "checkpoint": str(ckpt.directory / str(ckpt.latest_step())) if ckpt.latest_step() else None,
              "first_train": record.first, "last_train": record.last,
              "last_eval": record.last_eval, "first_train_step": record.first_step,
              "last_train_step": record.last_step, "last_eval_step": record.last_eval_step,
-             "num_params": int(s.num_params)}
+             "num_params": int(s.num_params), **_best_eval(config, objective, workdir, best)}
+  summary["reading"] = objective.reading(config, summary)
   paths.replace_text(workdir / "summary.json", json.dumps(summary, indent=2, default=str))
   return summary
