@@ -144,6 +144,11 @@ def plans(source: Source, include: Iterable[str] = ()) -> dict[str, Plan]:
   """Subfolder ("" for OUT itself) -> what to write there; fails before anything is written."""
   names = _check_include(include, source)
   c = source.converted
+  # What no Hugging Face config can hold (a pruned ModernBERT, ...) fails in one line here,
+  # before any tensor is laid out for a class it does not fit.
+  for cfg in (c.config, c.generator.config if c.generator is not None else None):
+    if cfg is not None:
+      model_config_to_hf_config(cfg)
   if source.task is not None:
     return {"": _task_plan(source)}
   if c.generator is None:
