@@ -36,20 +36,16 @@ from bertjax.config import config_checks
 from bertjax.core import paths
 from bertjax.core.errors import fail
 from bertjax.data import tokenizers
-from bertjax.models.config import ModelConfig
+from bertjax.models.config import RUN_FIELDS, ModelConfig
 from bertjax.objective import Objective, Schedule
 from bertjax.runtime import checkpoints
 
 _log = logging.getLogger(__name__)
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-# Settings of `config.model` that still apply when the architecture comes from init_from: they
-# change how the encoder is trained or computed, not which parameters it has.
-# ModernBERT's task head reads `classifier_pooling` and `classifier_dropout` (no parameter
-# depends on them): the run's choice, as transformers' config decides them at fine-tuning.
-RUN_SETTINGS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout_impl", "dtype",
-                "remat", "remat_policy", "kernels", "kernel_overrides",
-                "attention_dropout_kernel", "classifier_pooling", "classifier_dropout")
+# Settings of `config.model` that still apply when the architecture comes from init_from
+# (bertjax/models/config.py says which and why; the run-start checks refuse any other given).
+RUN_SETTINGS = RUN_FIELDS
 REPO = pathlib.Path(__file__).resolve().parent.parent.parent
 
 
