@@ -160,10 +160,11 @@ def check_init_from_model(config, objective) -> None:
   fine-tuning trains init_from's model, so a `--config.model.*` setting given (other than
   RUN_FIELDS, which apply to it) must agree with it, where it would otherwise be dropped."""
   path = config.get("init_from")
-  if not path:
+  records = [n for n in ("model.json", "config.json") if path and (paths.as_path(path) / n).is_file()]
+  if not records:  # no init_from, or one without a record: the model's reader says so, if needed
     return
   fields = checkpoints.load_model_config(path)
-  record = "model.json" if (paths.as_path(path) / "model.json").is_file() else "config.json"
+  record = records[0]
   theirs = fields.get("architecture", "bert")
   if not model_from_checkpoint(config, objective):
     ours = config.model.architecture
