@@ -69,12 +69,13 @@ INERT_DEFAULTS = {"freeze.encoder": False, "freeze.train_top_layers": 0,
 _SHOWN = 6  # changed keys shown with their values in a refusal
 # What makes a run another run (what it trains, on which task, which parameters it has): listed
 # first in a refusal, and a change to one is not offered `allow_changed_settings` (a new workdir
-# with init_from is the fix).
-DECISIVE = ("objective", "task", "model.architecture", "model.vocab_size", "model.hidden_size",
-            "model.num_hidden_layers", "model.num_attention_heads", "model.intermediate_size",
-            "model.max_position_embeddings", "model.type_vocab_size", "model.embedding_size",
-            "model.num_hidden_groups", "model.pruned_heads", "model.use_pooler",
-            "model.scan_layers", "data.corpus", "data.tokenizer", "data_dir")
+# with init_from is the fix). The data's sources come next (a moved folder may be the same data).
+OTHER_RUN = ("objective", "task", "model.architecture", "model.vocab_size", "model.hidden_size",
+             "model.num_hidden_layers", "model.num_attention_heads", "model.intermediate_size",
+             "model.max_position_embeddings", "model.type_vocab_size", "model.embedding_size",
+             "model.num_hidden_groups", "model.pruned_heads", "model.use_pooler",
+             "model.scan_layers")
+DECISIVE = OTHER_RUN + ("data.corpus", "data.tokenizer", "data_dir")
 
 _held: set[str] = set()  # the locks this process holds (a pid of ours in a lock may be a past run's)
 
@@ -297,7 +298,7 @@ class Settings:
     if len(keys) > _SHOWN:
       rest = keys[_SHOWN:]
       shown.append(f"and {len(rest)} more: {', '.join(rest[:10])}{', ...' if len(rest) > 10 else ''}")
-    other_run = [k for k in keys if k in DECISIVE]
+    other_run = [k for k in keys if k in OTHER_RUN]
     new_run = (f"to train from its weights, use a new --workdir with --config.init_from="
                f"{self.workdir}")
     if other_run:
