@@ -136,3 +136,19 @@ def test_round_trip_through_hugging_face(trained, tmp_path, data_dir, kind):
   jax.tree.map(np.testing.assert_array_equal, tuned, start)
   assert json.loads((tmp_path / "finetuned" / "config.json").read_text())["model"][
       "hidden_size"] == TINY["model.hidden_size"]
+
+
+def test_one_registry_of_tokenizer_files(tmp_path):
+  """Loading, from-hf's copy and to-hf's export read the same table: a sentencepiece model under
+  any name transformers gives it loads as the one bertjax saved (was: spm.model only)."""
+  from bertjax.convert import hf_tokenizer  # pylint: disable=g-import-not-at-top
+  assert convert.TOKENIZER_FILES == tokenizers.TOKENIZER_FILES
+  saved = tokenizers.train_sentencepiece(_sample_lines(800), tmp_path / "ours", vocab_size=300,
+                                         lowercase=True, num_threads=1)
+  for names in tokenizers.KIND_FILES["sentencepiece"]:
+    folder = tmp_path / names[0]
+    folder.mkdir()
+    (folder / names[0]).write_bytes((tmp_path / "ours" / tokenizers.SPM_FILE).read_bytes())
+    loaded = tokenizers.load_tokenizer(folder)
+    assert loaded.fingerprint() == saved.fingerprint() and loaded.lowercase, names
+    assert hf_tokenizer.copy_files(folder, tmp_path / f"copy_{names[0]}") == [names[0]]
