@@ -12,9 +12,12 @@ then distil a 2-layer student from it (DistilBERT's recipe), then distil on a GL
   python launch.py --config configs/distill.py:task=sst2,runlocal --workdir runs/sst2_student \
       --config.distill.teacher=runs/sst2_teacher --config.init_from=runs/student
 
-DistilBERT from bert-base (Sanh et al., 2019), on a corpus prepared with BERT's vocabulary:
+DistilBERT from bert-base (Sanh et al., 2019), on a corpus prepared with BERT's vocabulary
+(from-hf reads a local folder: download the checkpoint first, which needs huggingface_hub):
 
-  python -m bertjax.convert from-hf --model-dir bert-base-uncased --workdir runs/bert-base-uncased
+  huggingface-cli download bert-base-uncased --local-dir hf/bert-base-uncased
+  python -m bertjax.convert from-hf --model-dir hf/bert-base-uncased \
+      --workdir runs/bert-base-uncased
   python launch.py \
       --config configs/distill.py:student=distilbert --workdir runs/distilbert \
       --config.distill.teacher=runs/bert-base-uncased --config.data_dir=PREPARED

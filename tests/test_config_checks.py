@@ -336,10 +336,10 @@ def test_fine_tuning_checks_max_seq_length_against_init_froms_positions(tmp_path
   model = ModelConfig(vocab_size=200, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                       intermediate_size=64, max_position_embeddings=128).to_dict()
   (init_from / "config.json").write_text(json.dumps({"model": model}))
-  config = config_lib.load_config_file(str(REPO / "configs/glue.py:task=sst2,runlocal"))
-  # config.model would allow 512 positions; the model trained is init_from's, with 128.
-  config_lib.apply_overrides(config, [f"init_from='{init_from}'", "max_seq_length=256",
-                                      "model.max_position_embeddings=512"])
+  config = config_lib.load_config_file(str(REPO / "configs/glue.py:task=sst2"))
+  # config.model (bert-base) would allow 512 positions; the model trained is init_from's, with
+  # 128. (A --config.model.max_position_embeddings given with init_from is refused itself.)
+  config_lib.apply_overrides(config, [f"init_from='{init_from}'", "max_seq_length=256"])
   with pytest.raises(UserError, match=re.escape(f"exceeds the 128 positions of the model of "
                                                 f"init_from={init_from}; fix: "
                                                 "--config.max_seq_length=128")):

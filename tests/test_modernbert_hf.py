@@ -206,7 +206,9 @@ def test_trained_run_goes_to_transformers_and_back_with_equal_outputs(tmp_path):
   for name in ("train.tsv", "dev.tsv"):
     (root / "RTE" / name).symlink_to(data / "glue" / "RTE" / name)
   config = load_config("configs/glue.py:task=rte,runlocal", **{
-      **RUN, "data_dir": str(root), "init_from": str(tmp_path / "init"),
+      # The model is init_from's: model settings other than its own are refused (issue 41).
+      **{k: v for k, v in RUN.items() if not k.startswith("model.")},
+      "data_dir": str(root), "init_from": str(tmp_path / "init"),
       "model.classifier_pooling": "mean", "max_train_examples": 32, "total_steps": 3,
       "batch_size": 8, "eval_batch_size": 32, "max_seq_length": 48, "eval_every": 3,
       "learning_rate": 1e-2, "best_metric": ""})

@@ -178,10 +178,36 @@ def test_long_refusals_are_cut(tmp_path):
     workdir_lib.Settings(tmp_path, allow_changes=False).check(new)
   message = str(e.value)
   # 22 changed keys: hidden_dropout_prob, hidden_size (gone), k00..k19 (new): 6 shown in full.
-  assert "model.hidden_size 8 -> (absent); model.k00" in message
+  # What makes it another run comes first (model.hidden_size), then the rest in order.
+  assert message.split(": ", 1)[1].startswith(
+      "model.hidden_size 8 -> (absent); model.hidden_dropout_prob 0.1 -> (absent); model.k00")
   assert "; and 16 more: model.k04, model.k05" in message and "model.k13, ...; resume" in message
   assert "model.k00 (absent) -> [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, ...; model.k01" in message
   assert len(message) < 1200
+
+
+def test_what_makes_another_run_comes_first_with_its_fix(tmp_path):
+  """Issue 41: a workdir of another config listed its changed keys alphabetically (the decisive
+  objective hidden in "and 5 more") and offered only allow_changed_settings; it names the
+  decisive keys first and the fix, a new workdir with init_from (seen failing on dd89774)."""
+  new = record(tmp_path, objective="glue", batch_size=64, learning_rate=1e-3, max_seq_length=64,
+               masking={"rate": 0.2}, data={"eval_documents": 4}, eval_batches=3)
+  (tmp_path / "config.json").write_text(json.dumps({**json.loads(
+      (tmp_path / "config.json").read_text()), "objective": "mlm"}))
+  with pytest.raises(UserError) as e:
+    workdir_lib.Settings(tmp_path, allow_changes=False).check(new)
+  message = str(e.value)
+  assert message.startswith(f"{tmp_path} holds a run trained with other settings: objective "
+                            '"mlm" -> "glue"; '), message
+  assert message.endswith(f"as objective makes this another run, to train from its weights, use "
+                          f"a new --workdir with --config.init_from={tmp_path}"), message
+  assert "allow_changed_settings" not in message
+  # Settings of the same run: resume as recorded, a new workdir, or change them anyway.
+  with pytest.raises(UserError) as e:
+    workdir_lib.Settings(tmp_path, allow_changes=False).check(
+        {**new, "objective": "mlm", "batch_size": 8})
+  assert (f"; to train from its weights, use a new --workdir with --config.init_from={tmp_path}; "
+          "or add --config.allow_changed_settings=True to change them") in str(e.value)
 
 
 def test_allowed_changes_are_recorded(tmp_path, caplog):

@@ -4,6 +4,8 @@ The trainer reaches them through its run plan (bertjax/trainer/run_plan.py `plan
 order:
   `check_settings`  the config alone (every numeric setting's range), the workdir and init_from
                     paths: before the objective, the mesh or the workdir exist;
+  `check_init_from_model`  init_from's architecture against the run's, and every
+                    `--config.model.*` given against init_from's model where that is what trains;
   `check_run`       the mesh and the model actually trained (fine-tuning takes init_from's
                     architecture): the batch against the data-parallel size and accumulation,
                     mesh axes against heads and hidden sizes, max_seq_length against the position
@@ -21,22 +23,23 @@ exit status 2, one line).
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 import pathlib
 
 import jax
 
-from bertjax.config import config_rules
+from bertjax.config import config_lib, config_rules
 from bertjax.core import paths
-from bertjax.runtime import sharding
+from bertjax.runtime import checkpoints, sharding
 # The table of allowed values (bertjax/config/config_rules.py); its names are also read from here.
 from bertjax.config.config_rules import (AT_LEAST_1, CHOICES, NON_NEGATIVE, OPEN_UNIT, POSITIVE,
                                          PROBABILITY, RULES, Range, SHARE, UNIT)
 from bertjax.core.errors import fail
 from bertjax.data import batch_warmup, instances, masking, packing, tokenizers
 from bertjax.models import features
-from bertjax.models.config import ModelConfig
+from bertjax.models.config import RUN_FIELDS, ModelConfig
 
 _MISSING = object()
 
@@ -149,6 +152,42 @@ def check_init_from(config) -> None:
   if not ((folder / "params").is_dir() or (folder / "checkpoints").is_dir()):
     fail(f"init_from={path} holds neither params/ (a converted checkpoint) nor checkpoints/ (a "
          "training workdir); fix: run `python -m bertjax.convert from-hf` or point at a workdir")
+
+
+def check_init_from_model(config, objective) -> None:
+  """init_from's model against the run's, before anything is prepared: pretraining trains
+  config.model and starts it from what of init_from fits, so their architectures must agree;
+  fine-tuning trains init_from's model, so a `--config.model.*` setting given (other than
+  RUN_FIELDS, which apply to it) must agree with it, where it would otherwise be dropped."""
+  path = config.get("init_from")
+  records = [n for n in ("model.json", "config.json") if path and (paths.as_path(path) / n).is_file()]
+  if not records:  # no init_from, or one without a record: the model's reader says so, if needed
+    return
+  fields = checkpoints.load_model_config(path)
+  record = records[0]
+  theirs = fields.get("architecture", "bert")
+  if not model_from_checkpoint(config, objective):
+    ours = config.model.architecture
+    if ours != theirs:
+      fail(f"init_from={path} holds a {theirs} model but this run pretrains "
+           f"model.architecture={ours!r}: almost none of its weights would fit, and the rest would "
+           f"start fresh; fix: pretrain a {theirs} model (--config.model.architecture={theirs} "
+           f"with the sizes in its {record}), or an init_from of architecture {ours}")
+    return
+  default = ModelConfig()
+  given = sorted(k.removeprefix("model.") for k in config_lib.overridden(config)
+                 if k.startswith("model.") and k.removeprefix("model.") not in RUN_FIELDS)
+  differ = []
+  for key in given:
+    want = fields.get(key, getattr(default, key, None))
+    if json.dumps(config.model[key], default=str) != json.dumps(want, default=str):
+      differ.append(f"model.{key}={config.model[key]!r} (init_from's: {want!r})")
+  if differ:
+    fail(f"{'; '.join(differ)}: fine-tuning trains the model of init_from={path} as its "
+         f"{record} describes it, so {'this setting' if len(differ) == 1 else 'these settings'} "
+         f"would be dropped; fix: drop {', '.join('--config.' + d.split('=')[0] for d in differ)} "
+         "(only dropout, dtype, remat, kernel and classifier-pooling settings apply to it), or "
+         "fine-tune another init_from")
 
 
 def check_settings(config, workdir=None) -> None:

@@ -8,6 +8,7 @@ silently adding a field; values are parsed to the type the field already has.
 from __future__ import annotations
 
 import ast
+import copy
 import difflib
 import importlib.util
 import json
@@ -94,8 +95,27 @@ def _looks_literal(text: str) -> bool:
     return False
 
 
+# Where a config keeps the keys its overrides set: an attribute of the object, outside its
+# fields, so config.json, the workdir comparison and `to_dict` never see it.
+_SET_KEYS = "_bertjax_overridden"
+
+
+def overridden(config: ml_collections.ConfigDict) -> frozenset[str]:
+  """The keys `apply_overrides` set on `config` (the command line's `--config.key=value`): the
+  run-start checks tell a setting the user gave from one the config file holds."""
+  return frozenset(getattr(config, _SET_KEYS, None) or ())
+
+
+def copy_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A deep copy of `config` that keeps the record of its overridden keys."""
+  new = copy.deepcopy(config)
+  object.__setattr__(new, _SET_KEYS, overridden(config))
+  return new
+
+
 def apply_overrides(config: ml_collections.ConfigDict, overrides: Iterable[str]) -> None:
-  """Applies `key.sub=value` strings (with or without a leading `--config.`) in place."""
+  """Applies `key.sub=value` strings (with or without a leading `--config.`) in place; the keys
+  set are recorded (`overridden`)."""
   valid = _all_keys(config)
   for item in overrides:
     item = item.removeprefix("--").removeprefix("config.")
@@ -116,6 +136,7 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Iterable[str])
         node[leaf] = value
     except (TypeError, KeyError, ValueError) as e:
       fail(f"cannot set config key {key!r} to {text!r}: {e}")
+    object.__setattr__(config, _SET_KEYS, overridden(config) | {key})
 
 
 def to_json(config: ml_collections.ConfigDict) -> str:

@@ -16,17 +16,18 @@ import os
 import pathlib
 from typing import Any, Callable, Iterable
 
-from safetensors.numpy import save_file
+from safetensors.numpy import save
 
 from bertjax.convert.hf_configs import (HEAD_ORDER, HF_CLASSES, POOLER_CLASSES, TASK_CLASSES,
                                         model_config_to_hf_config)
-from bertjax.convert.hf_tokenizer import write_hf_tokenizer
+from bertjax.convert.hf_tokenizer import load_for_export, write_hf_tokenizer
 from bertjax.convert.names import (encoder_entries, head_entries, params_to_hf,
                                    roberta_classifier_dense, task_head_entries)
 from bertjax.convert.sources import Source, read_source
 from bertjax.convert.workdirs import Converted, check_target, staging_dir
 from bertjax.core import paths
 from bertjax.core.errors import fail
+from bertjax.data import tokenizers
 
 PathLike = str | os.PathLike
 NEVER_TRAINED = "never trained (initialized fresh by from-hf)"
@@ -143,6 +144,11 @@ def plans(source: Source, include: Iterable[str] = ()) -> dict[str, Plan]:
   """Subfolder ("" for OUT itself) -> what to write there; fails before anything is written."""
   names = _check_include(include, source)
   c = source.converted
+  # What no Hugging Face config can hold (a pruned ModernBERT, ...) fails in one line here,
+  # before any tensor is laid out for a class it does not fit.
+  for cfg in (c.config, c.generator.config if c.generator is not None else None):
+    if cfg is not None:
+      model_config_to_hf_config(cfg)
   if source.task is not None:
     return {"": _task_plan(source)}
   if c.generator is None:
@@ -154,7 +160,33 @@ def plans(source: Source, include: Iterable[str] = ()) -> dict[str, Plan]:
 def _write(plan: Plan, out: pathlib.Path) -> None:
   out.mkdir(parents=True, exist_ok=True)
   paths.replace_text(out / "config.json", json.dumps(plan.config, indent=2, sort_keys=True) + "\n")
-  save_file(plan.tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+  # Through paths.replace_bytes, as every file written: whole or not at all, and with the mode
+  # open() gives (safetensors' own save_file leaves it private, 0600).
+  paths.replace_bytes(out / "model.safetensors", save(plan.tensors, metadata={"format": "pt"}))
+
+
+# The special-token ids a transformers config carries, by model type (its class's defaults name
+# the published tokenizer's ids: ModernBERT's 50281..50283 lie outside a smaller vocabulary).
+_TOKEN_ID_KEYS = {"modernbert": ("cls_token_id", "sep_token_id", "bos_token_id", "eos_token_id"),
+                  "roberta": ("bos_token_id", "eos_token_id"),
+                  "albert": ("bos_token_id", "eos_token_id")}
+
+
+def _special_token_ids(config: dict[str, Any], tok: tokenizers.Tokenizer | None) -> None:
+  """Sets config's special-token ids to the exported tokenizer's ([CLS]/<s> begins a sequence,
+  [SEP]/</s> ends it); without a tokenizer, ids the class would default to a token outside the
+  vocabulary are written as null."""
+  keys = _TOKEN_ID_KEYS.get(config["model_type"], ())
+  if tok is not None:
+    ids = {"cls_token_id": tok.cls_id, "bos_token_id": tok.cls_id, "sep_token_id": tok.sep_id,
+           "eos_token_id": tok.sep_id}
+    config.update({k: ids[k] for k in keys})
+    return
+  defaults = {"cls_token_id": 50281, "bos_token_id": 50281, "sep_token_id": 50282,
+              "eos_token_id": 50282} if config["model_type"] == "modernbert" else {}
+  for k in keys:
+    if config.get(k, defaults.get(k, -1)) >= config["vocab_size"]:
+      config[k] = None
 
 
 def _max_length(config: dict[str, Any]) -> int:
@@ -174,14 +206,18 @@ def convert_to_hf(workdir: PathLike, output: PathLike, step: int | None = None,
   """
   out = check_target(output, "--output")
   source = read_source(workdir, step)
+  tok = load_for_export(source.tokenizer) if source.tokenizer is not None else None
   todo = plans(source, include)
+  for plan in todo.values():
+    _special_token_ids(plan.config, tok)
   with staging_dir(out) as tmp:
     token_files = []
     for sub, plan in todo.items():
       _write(plan, tmp / sub)
-      if source.tokenizer is not None:
+      if tok is not None:
         token_files = write_hf_tokenizer(source.tokenizer, tmp / sub, _max_length(plan.config),
-                                         plan.config["model_type"])
+                                         plan.config["model_type"], tok)
+        tokenizers.load_checked(tmp / sub)  # what was written reads back
   what = f"{source.kind} folder" + (f" at step {source.step}" if source.step is not None else "")
   log(f"exported the {what} {source.path}")
   for sub, plan in todo.items():

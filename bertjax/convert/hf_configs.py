@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from bertjax.core.errors import fail
+from bertjax.data import tokenizers
 from bertjax.models.config import ACTIVATIONS, ModelConfig
 
 
 HF_MODEL_TYPES = ("bert", "roberta", "albert", "electra", "modernbert")
-TOKENIZER_FILES = ("vocab.txt", "vocab.json", "merges.txt", "spiece.model", "tokenizer.json",
-                   "tokenizer_config.json", "special_tokens_map.json")
+# Every tokenizer file name bertjax reads, ours and transformers' (one table: the tokenizers'
+# KIND_FILES, which loading reads too).
+TOKENIZER_FILES = tokenizers.TOKENIZER_FILES
 ELECTRA_PARTS = ("discriminator", "generator", "both")
 
 # Values transformers' config classes use for keys a config.json leaves out (save_pretrained

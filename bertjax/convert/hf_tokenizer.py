@@ -40,7 +40,8 @@ def is_bertjax_tokenizer(src: pathlib.Path) -> bool:
 
 
 def copy_files(src: pathlib.Path, dst: pathlib.Path) -> list[str]:
-  """Copies the Hugging Face tokenizer files found in `src`; returns their names."""
+  """Copies the tokenizer files found in `src` (tokenizers.TOKENIZER_FILES); returns their
+  names."""
   copied = []
   for name in TOKENIZER_FILES:
     if (src / name).is_file():
@@ -50,6 +51,49 @@ def copy_files(src: pathlib.Path, dst: pathlib.Path) -> list[str]:
   return copied
 
 
+def missing_vocabulary(src: pathlib.Path) -> str | None:
+  """Why a Hugging Face folder's tokenizer files are incomplete (settings files without the
+  vocabulary they describe), None when they are complete or absent."""
+  present = [n for n in TOKENIZER_FILES if (src / n).is_file()]
+  if not present or tokenizers.kind_files(src) is not None:
+    return None
+  try:
+    cls = json.loads((src / tokenizers.CONFIG_FILE).read_text(encoding="utf-8")).get(
+        "tokenizer_class", "")
+  except (OSError, ValueError, AttributeError):
+    cls = ""
+  # The fast classes read tokenizer.json; the others name their vocabulary in KIND_FILES.
+  wanted = (tokenizers.TOKENIZER_JSON if cls in ("", "PreTrainedTokenizerFast")
+            or cls.endswith("Fast") else tokenizers.expected_files())
+  return (f"{src} has {', '.join(present)} but no {wanted}"
+          + (f" ({tokenizers.CONFIG_FILE} names {cls})" if cls else ""))
+
+
+def check_import(src: pathlib.Path) -> str | None:
+  """A Hugging Face folder's tokenizer files, checked before `from-hf` copies them: damaged
+  ones fail (one line); incomplete ones are not copied and the returned warning says so."""
+  missing = missing_vocabulary(src)
+  if missing:
+    return (f"warning: {missing}, so the converted folder gets no tokenizer: copy the missing "
+            "file into the model folder and convert again, or give --config.data.tokenizer "
+            "when training from it")
+  if tokenizers.kind_files(src) is not None:
+    tokenizers.load_checked(src, again="download or save the model folder again")
+  return None
+
+
+def load_for_export(src: pathlib.Path) -> tokenizers.Tokenizer:
+  """The tokenizer of a model folder's tokenizer/, every file checked: `to-hf` never writes a
+  tokenizer transformers cannot load."""
+  missing = missing_vocabulary(src)
+  if missing:
+    fail(f"{missing}: transformers could not load the exported tokenizer; copy the file there "
+         f"or delete {src} to export the model alone")
+  return tokenizers.load_checked(
+      src, again=f"copy {src} again from where it was written (the run, or the Hugging Face "
+                 "folder it was converted from)")
+
+
 def _specials(tok: tokenizers.Tokenizer) -> dict[str, str]:
   ids = {"unk_token": tok.unk_id, "sep_token": tok.sep_id, "pad_token": tok.pad_id,
          "cls_token": tok.cls_id, "mask_token": tok.mask_id}
@@ -57,11 +101,12 @@ def _specials(tok: tokenizers.Tokenizer) -> dict[str, str]:
 
 
 def write_hf_tokenizer(src: pathlib.Path, out: pathlib.Path, max_length: int,
-                       model_type: str = "") -> list[str]:
-  """Writes the tokenizer of folder `src` into `out` for transformers; returns the file names."""
+                       model_type: str = "", tok: tokenizers.Tokenizer | None = None) -> list[str]:
+  """Writes the tokenizer of folder `src` (`tok`, loaded from it) into `out` for transformers;
+  returns the file names."""
   if not is_bertjax_tokenizer(src):
     return copy_files(src, out)
-  tok = tokenizers.load_tokenizer(src)
+  tok = tok or tokenizers.load_tokenizer(src)
   specials = _specials(tok)
   config: dict[str, Any] = {"model_max_length": max_length, **specials,
                             "clean_up_tokenization_spaces": False}
@@ -69,12 +114,12 @@ def write_hf_tokenizer(src: pathlib.Path, out: pathlib.Path, max_length: int,
     config["model_input_names"] = ["input_ids", "attention_mask"]
   out.mkdir(parents=True, exist_ok=True)
   if tok.kind == "sentencepiece":
-    paths.copy_file(src / tokenizers.SPM_FILE, out / "spiece.model")
+    paths.copy_file(src / tokenizers.SPM_FILE, out / tokenizers.HF_SPM_FILE)
     # Lower-casing, if any, is inside the model's own normalizer; it keeps accents.
     config.update(tokenizer_class="AlbertTokenizer", do_lower_case=False, keep_accents=True,
                   remove_space=True, bos_token=specials["cls_token"],
                   eos_token=specials["sep_token"])
-    files = ["spiece.model"]
+    files = [tokenizers.HF_SPM_FILE]
   else:
     backend = tok.backend()
     cls, sep = specials["cls_token"], specials["sep_token"]

@@ -72,7 +72,10 @@ def _read_torch_bin(path: pathlib.Path) -> dict[str, np.ndarray]:
 def read_hf_config(model_dir: PathLike) -> dict[str, Any]:
   d = pathlib.Path(model_dir)
   if not d.is_dir():
-    fail(f"model directory {d} not found; pass --model-dir a Hugging Face model folder")
+    hub = f"huggingface-cli download {model_dir} --local-dir {d.name}"
+    fail(f"model directory {d} not found; from-hf takes only a local folder (config.json + "
+         f"model.safetensors), not a Hugging Face hub name: download one first ({hub}, or "
+         "save_pretrained it from transformers) and pass that folder to --model-dir")
   path = d / "config.json"
   if not path.is_file():
     fail(f"{path} not found; --model-dir must be a Hugging Face model folder (config.json and "

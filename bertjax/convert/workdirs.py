@@ -212,6 +212,9 @@ def convert_from_hf(model_dir: PathLike, workdir: PathLike, part: str | None = N
   remote)."""
   out = check_target(workdir, "--workdir")
   src = _local_copy(model_dir)
+  tok_src = src / "discriminator" if part == "both" else src
+  # Damaged tokenizer files fail here, before anything is written; incomplete ones are left out.
+  warning = hf_tokenizer.check_import(tok_src) if tok_src.is_dir() else None
   c = load_hf(src, part)
   params = dict(c.params)
   meta = {**_model_entry(c), "hf_model_type": c.hf_model_type, "part": c.part,
@@ -221,8 +224,7 @@ def convert_from_hf(model_dir: PathLike, workdir: PathLike, part: str | None = N
     meta["generator"] = _model_entry(c.generator)
   with staging_dir(out) as tmp:
     _save_params(tmp / "params", params)
-    tok_src = src / "discriminator" if c.part == "both" else src
-    copied = hf_tokenizer.copy_files(tok_src, tmp / "tokenizer")
+    copied = [] if warning else hf_tokenizer.copy_files(tok_src, tmp / "tokenizer")
     paths.replace_text(tmp / "model.json", json.dumps(meta, indent=2) + "\n")
   # The heads read from the checkpoint; those initialized fresh have a line of their own below.
   read = [h for h in c.heads if h not in c.missing]
@@ -242,6 +244,8 @@ def convert_from_hf(model_dir: PathLike, workdir: PathLike, part: str | None = N
       shown = ", ".join(conv.ignored[:5]) + (", ..." if len(conv.ignored) > 5 else "")
       log(f"{name}ignored {len(conv.ignored)} tensor(s) bertjax does not use: {shown}")
   log(f"tokenizer files: {', '.join(copied) if copied else 'none found'}")
+  if warning:
+    log(warning)
   return c
 
 

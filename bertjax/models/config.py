@@ -32,6 +32,13 @@ MODERNBERT_FIELDS = ("norm_eps", "global_rope_theta", "local_rope_theta",
                      "initializer_cutoff_factor", "attention_dropout", "embedding_dropout",
                      "mlp_dropout", "classifier_dropout")
 CLASSIFIER_POOLINGS = ("cls", "mean")
+# Fields that still apply when the architecture comes from a checkpoint (a fine-tuning run's
+# init_from): they change how the encoder is trained or computed, not which parameters it has.
+# ModernBERT's task head reads `classifier_pooling` and `classifier_dropout` (no parameter
+# depends on them): the run's choice, as transformers' config decides them at fine-tuning.
+RUN_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout_impl", "dtype",
+              "remat", "remat_policy", "kernels", "kernel_overrides", "attention_dropout_kernel",
+              "classifier_pooling", "classifier_dropout")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 

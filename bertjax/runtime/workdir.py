@@ -67,6 +67,15 @@ INERT_DEFAULTS = {"freeze.encoder": False, "freeze.train_top_layers": 0,
                   "model.attention_dropout_kernel": "auto",
                   "model.dropout_impl": "auto", "model.kernel_overrides": ""}
 _SHOWN = 6  # changed keys shown with their values in a refusal
+# What makes a run another run (what it trains, on which task, which parameters it has): listed
+# first in a refusal, and a change to one is not offered `allow_changed_settings` (a new workdir
+# with init_from is the fix). The data's sources come next (a moved folder may be the same data).
+OTHER_RUN = ("objective", "task", "model.architecture", "model.vocab_size", "model.hidden_size",
+             "model.num_hidden_layers", "model.num_attention_heads", "model.intermediate_size",
+             "model.max_position_embeddings", "model.type_vocab_size", "model.embedding_size",
+             "model.num_hidden_groups", "model.pruned_heads", "model.use_pooler",
+             "model.scan_layers")
+DECISIVE = OTHER_RUN + ("data.corpus", "data.tokenizer", "data_dir")
 
 _held: set[str] = set()  # the locks this process holds (a pid of ours in a lock may be a past run's)
 
@@ -282,15 +291,24 @@ class Settings:
     self.changed, self.forced = changed, sorted(refused)
 
   def _refusal(self, changed: dict, refused: dict) -> str:
-    keys = sorted(refused)
+    rank = lambda k: (DECISIVE.index(k) if k in DECISIVE else len(DECISIVE), k)
+    keys = sorted(refused, key=rank)
     shown = [f"{k} {_short(changed[k][0])} -> {_short(changed[k][1])}"
              + (f" ({refused[k]})" if refused[k] else "") for k in keys[:_SHOWN]]
     if len(keys) > _SHOWN:
       rest = keys[_SHOWN:]
       shown.append(f"and {len(rest)} more: {', '.join(rest[:10])}{', ...' if len(rest) > 10 else ''}")
+    other_run = [k for k in keys if k in OTHER_RUN]
+    new_run = (f"to train from its weights, use a new --workdir with --config.init_from="
+               f"{self.workdir}")
+    if other_run:
+      return (f"{self.workdir} holds a run trained with other settings: {'; '.join(shown)}; "
+              f"resume with the settings in {self.workdir / 'config.json'}, or, as "
+              f"{', '.join(other_run[:3])} make{'s' if len(other_run) == 1 else ''} this another "
+              f"run, {new_run}")
     return (f"{self.workdir} holds a run trained with other settings: {'; '.join(shown)}; resume "
-            f"with the settings in {self.workdir / 'config.json'}, use another --workdir, or add "
-            f"--config.{OVERRIDE}=True to change them anyway (recorded in "
+            f"with the settings in {self.workdir / 'config.json'}; {new_run}; or add "
+            f"--config.{OVERRIDE}=True to change them in this run anyway (recorded in "
             f"{self.workdir / CHANGES})")
 
   def record(self, step: int, resolved: dict | None = None) -> None:

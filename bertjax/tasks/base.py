@@ -36,20 +36,16 @@ from bertjax.config import config_checks
 from bertjax.core import paths
 from bertjax.core.errors import fail
 from bertjax.data import tokenizers
-from bertjax.models.config import ModelConfig
+from bertjax.models.config import RUN_FIELDS, ModelConfig
 from bertjax.objective import Objective, Schedule
 from bertjax.runtime import checkpoints
 
 _log = logging.getLogger(__name__)
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-# Settings of `config.model` that still apply when the architecture comes from init_from: they
-# change how the encoder is trained or computed, not which parameters it has.
-# ModernBERT's task head reads `classifier_pooling` and `classifier_dropout` (no parameter
-# depends on them): the run's choice, as transformers' config decides them at fine-tuning.
-RUN_SETTINGS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout_impl", "dtype",
-                "remat", "remat_policy", "kernels", "kernel_overrides",
-                "attention_dropout_kernel", "classifier_pooling", "classifier_dropout")
+# Settings of `config.model` that still apply when the architecture comes from init_from
+# (bertjax/models/config.py says which and why; the run-start checks refuse any other given).
+RUN_SETTINGS = RUN_FIELDS
 REPO = pathlib.Path(__file__).resolve().parent.parent.parent
 
 
@@ -219,8 +215,8 @@ def open_tfds(name: str, split: str, data_dir: str | None):
   absl_logger = logging.getLogger("absl")
   level = absl_logger.level
   absl_logger.setLevel(logging.ERROR)  # tfds logs multi-line notes while probing folders
-  build = (f"build it with `tfds build {name} --file_format array_record` (or set "
-           "--config.data_dir to local files in the official format)")
+  build = (f"build it with `tfds build {name} --file_format array_record`, or set "
+           f"--config.data_dir to local files in the official format ({data_folder_hint()})")
   try:
     return tfds.data_source(name, split=split, data_dir=data_dir or None, download=False)
   except tfds.core.registered.DatasetNotFoundError:
@@ -251,12 +247,24 @@ def resolve_file(config, name: str, default: str) -> pathlib.Path:
   return path
 
 
+def shared_data_root() -> pathlib.Path:
+  """The project's shared data folder: BERTJAX_DATA, else ../shared/data beside the repo."""
+  return pathlib.Path(os.environ.get("BERTJAX_DATA", REPO.parent / "shared" / "data"))
+
+
 def shared_data_dir(*parts: str) -> str:
-  """The project's test data folder (BERTJAX_DATA, else ../shared/data) joined with `parts`,
-  or "" when it is absent: configs' runlocal variants default to it so they run out of the box."""
-  root = pathlib.Path(os.environ.get("BERTJAX_DATA", REPO.parent / "shared" / "data"))
-  path = root.joinpath(*parts)
+  """The shared data folder (`shared_data_root`) joined with `parts`, or "" when it is absent:
+  configs' runlocal variants default to it so they run out of the box."""
+  path = shared_data_root().joinpath(*parts)
   return str(path) if path.exists() else ""
+
+
+def data_folder_hint() -> str:
+  """What every missing-data message adds: where the runlocal variants look for their data."""
+  root = shared_data_root()
+  state = "" if root.is_dir() else ", which does not exist"
+  return (f"the runlocal variants read the shared data folder, BERTJAX_DATA (now {root}{state}): "
+          "set BERTJAX_DATA to that folder")
 
 
 # ---------------------------------------------------------------------------------------------

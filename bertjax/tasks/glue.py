@@ -91,7 +91,8 @@ def read_rows(config, spec: Split, split: str, required: bool) -> list[dict[str,
     if path is None:
       if required:
         fail(f"GLUE {spec.task} {split} file not found (tried {' and '.join(tried)}); set "
-             f"--config.data_dir to glue_data/ or glue_data/{glue.get_task(spec.task).glue_dir}/")
+             f"--config.data_dir to glue_data/ or glue_data/{glue.get_task(spec.task).glue_dir}/ "
+             f"({base.data_folder_hint()})")
       base.announce(f"glue {spec.task}: no {split} file ({tried[0]}); no {split} predictions")
       return None
     return glue.read_glue_tsv(path, spec.task, split)

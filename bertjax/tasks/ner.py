@@ -61,7 +61,8 @@ def read_sentences(config, task: str, split: str,
     if not path.is_file():
       if required:
         fail(f"CoNLL-2003 {split} file not found: {path}; set --config.data_dir (and "
-             f"--config.{split}_file) to CoNLL-2003 files (token POS chunk NER)")
+             f"--config.{split}_file) to CoNLL-2003 files (token POS chunk NER) "
+             f"({base.data_folder_hint()})")
       return None
     out = []
     for s in ner_eval.read_conll(path):

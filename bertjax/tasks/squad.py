@@ -68,7 +68,7 @@ def read_examples(config, split: str) -> tuple[list[dict[str, Any]], str]:
     path = base.resolve_file(config, config.get(key, ""), f"{stem}-v{version}.json")
     if not path.is_file():
       fail(f"SQuAD {split} file not found: {path}; set --config.data_dir (and "
-           f"--config.{key}) to the official SQuAD v{version} json")
+           f"--config.{key}) to the official SQuAD v{version} json ({base.data_folder_hint()})")
     _, examples = squad_eval.read_squad(path, version=version)
     if not examples:
       fail(f"{path} has no questions; pass a SQuAD v{version} {split} file with questions")

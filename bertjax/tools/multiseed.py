@@ -16,7 +16,6 @@ std is the sample standard deviation (ddof=1; 0 for a single seed). A metric a r
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import math
@@ -26,6 +25,7 @@ from typing import Any, Mapping, Sequence
 import ml_collections
 import numpy as np
 
+from bertjax.config import config_lib
 from bertjax.core import paths
 from bertjax.core.errors import Interrupted, Preempted, fail
 from bertjax.trainer import train
@@ -79,7 +79,7 @@ def run_seeds(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
   runs: dict[str, dict[str, Any]] = {}
   for seed in seeds:
     # A fresh copy per seed: every run starts from the same experiment config.
-    run_config = copy.deepcopy(config)
+    run_config = config_lib.copy_config(config)  # keeps which keys were overridden
     run_config.seed = seed
     if "seeds" in run_config:
       run_config.seeds = ()

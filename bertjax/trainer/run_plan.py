@@ -67,9 +67,10 @@ def plan(config, workdir: paths.Path, objective_of: Callable[[Any], Any],
   """Checks `config` for a run in `workdir` and returns its plan, in two phases.
 
   Phase 1, under `checking` (before anything is created, prepared or written): the config alone
-  and the paths (`check_settings`); then the objective (`objective_of(config)`), the mesh and the
-  model trained; the batch, accumulation, mesh and positions against them (`check_run`); what
-  the objective asks of the data (`check_objective`).
+  and the paths (`check_settings`); then the objective (`objective_of(config)`) and init_from's
+  model against the run's (`check_init_from_model`), the mesh and the model trained; the batch,
+  accumulation, mesh and positions against them (`check_run`); what the objective asks of the
+  data (`check_objective`).
   Then `prepare(objective, model_cfg)` prepares the inputs (the trainer makes and holds the
   workdir first, and checks a resumed run's settings).
   Phase 2, which needs the prepared inputs: the objective's schedule and the data against the
@@ -78,6 +79,7 @@ def plan(config, workdir: paths.Path, objective_of: Callable[[Any], Any],
   with checking:
     config_checks.check_settings(config, workdir)
     objective = objective_of(config)
+    config_checks.check_init_from_model(config, objective)
     mesh = sharding.make_mesh(config.mesh_shape)
     model_cfg = objective.model_config(config)  # trained: fine-tuning takes init_from's
     accum = config_checks.check_run(config, objective, model_cfg, mesh, workdir)

@@ -27,6 +27,43 @@ TOKENIZER_JSON = "tokenizer.json"
 
 KINDS = ("sentencepiece", "wordpiece", "bpe", "json")
 
+# Every file a tokenizer folder may hold, ours and the names transformers writes for the kinds we
+# read: the one table that loading (which kind a folder holds), `convert from-hf` (what it copies)
+# and `convert to-hf` (what it writes) share. For each kind, the sets of files that make it, ours
+# first; kinds in the order a folder is read when it holds several (a transformers BERT folder
+# has vocab.txt and tokenizer.json: its WordPiece vocabulary is read).
+HF_SPM_FILE = "spiece.model"  # AlbertTokenizer's name for a sentencepiece model
+KIND_FILES: dict[str, tuple[tuple[str, ...], ...]] = {
+    "sentencepiece": ((SPM_FILE,), (HF_SPM_FILE,), ("sentencepiece.bpe.model",)),
+    "bpe": ((BPE_VOCAB, BPE_MERGES),),
+    "wordpiece": ((WORDPIECE_VOCAB,),),
+    "json": ((TOKENIZER_JSON,),),
+}
+# transformers' settings files beside them (ours is tokenizer_config.json with a "kind").
+SPECIAL_TOKENS_MAP = "special_tokens_map.json"
+SETTINGS_FILES = (CONFIG_FILE, SPECIAL_TOKENS_MAP, "added_tokens.json")
+TOKENIZER_FILES = tuple(dict.fromkeys(
+    [name for sets in KIND_FILES.values() for names in sets for name in names]
+    + list(SETTINGS_FILES)))
+
+
+def kind_files(directory: str | os.PathLike, kind: str | None = None
+               ) -> tuple[str, tuple[pathlib.Path, ...]] | None:
+  """(kind, its files) of the first complete set of `kind`'s files (any kind: in KIND_FILES'
+  order) in `directory`; None when there is none."""
+  directory = pathlib.Path(directory)
+  for k in ((kind,) if kind else KIND_FILES):
+    for names in KIND_FILES[k]:
+      if all((directory / n).is_file() for n in names):
+        return k, tuple(directory / n for n in names)
+  return None
+
+
+def expected_files(kind: str | None = None) -> str:
+  """The files `kind` (every kind: None) is read from, for messages."""
+  sets = [" + ".join(names) for k in ((kind,) if kind else KIND_FILES) for names in KIND_FILES[k]]
+  return ", ".join(sets[:-1]) + " or " + sets[-1] if len(sets) > 1 else sets[0]
+
 # The reserved sentencepiece ids, in order: trained models put these at ids 0..4.
 SPM_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 BERT_SPECIALS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}

@@ -19,16 +19,21 @@ _TOO_LOW = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) v
 
 
 class SentencePieceTokenizer(Tokenizer):
-  """A sentencepiece model (unigram or BPE) whose ids 0..4 are [PAD] [UNK] [CLS] [SEP] [MASK]."""
+  """A sentencepiece model (unigram or BPE) whose ids 0..4 are [PAD] [UNK] [CLS] [SEP] [MASK]
+  (a transformers model's may name other pieces: `specials`, {"pad", "unk", "cls", "sep",
+  "mask"} -> piece, as its tokenizer_config.json does)."""
 
   kind = "sentencepiece"
 
-  def __init__(self, model_proto: bytes, lowercase: bool = False):
+  def __init__(self, model_proto: bytes, lowercase: bool = False,
+               specials: dict[str, str] | None = None):
     self._proto = model_proto
     self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
     self.lowercase = lowercase
+    default = dict(zip(("pad", "unk", "cls", "sep", "mask"), SPM_SPECIALS))
+    self.specials = {**default, **(specials or {})}
     ids = {}
-    for name, piece in zip(("pad", "unk", "cls", "sep", "mask"), SPM_SPECIALS):
+    for name, piece in self.specials.items():
       i = self._sp.piece_to_id(piece)
       # piece_to_id answers unk_id for unknown pieces, so check the piece really is there.
       if self._sp.id_to_piece(i) != piece:
@@ -38,12 +43,16 @@ class SentencePieceTokenizer(Tokenizer):
     self.pad_id, self.unk_id = ids["pad"], ids["unk"]
     self.cls_id, self.sep_id, self.mask_id = ids["cls"], ids["sep"], ids["mask"]
 
+  def folds_case(self) -> bool:
+    """Whether the model's own normalizer lower-cases (trained with `lowercase`)."""
+    return self._sp.normalize("A") == self._sp.normalize("a")
+
   def __getstate__(self) -> dict:
     # The processor is a C++ object; rebuild it from the serialized model instead of pickling it.
-    return {"proto": self._proto, "lowercase": self.lowercase}
+    return {"proto": self._proto, "lowercase": self.lowercase, "specials": self.specials}
 
   def __setstate__(self, state: dict) -> None:
-    self.__init__(state["proto"], state["lowercase"])
+    self.__init__(state["proto"], state["lowercase"], state.get("specials"))
 
   def encode(self, text: str) -> list[int]:
     return self._sp.encode(text, out_type=int)
@@ -100,7 +109,8 @@ class SentencePieceTokenizer(Tokenizer):
     paths.replace_bytes(directory / SPM_FILE, self._proto)
 
   def _config(self) -> dict:
-    return {}
+    default = dict(zip(("pad", "unk", "cls", "sep", "mask"), SPM_SPECIALS))
+    return {} if self.specials == default else {"specials": self.specials}
 
 
 def train_sentencepiece(sentences: Iterable[str], output_dir: str | os.PathLike | None,
