@@ -176,10 +176,15 @@ def main(argv=None):
     with preemption.abandoning("loading the config (nothing was written)"):
       config = args.config  # loaded and locked by the --config flag
       config_lib.apply_overrides(config, overrides)
+      if distributed.requested_processes() > 1 and not config.get("distributed"):
+        fail(f"JAX_NUM_PROCESSES={distributed.requested_processes()} asks for several processes; "
+             "add --config.distributed=True to the command of every process")
       if config.get("distributed"):
-        # On Cloud TPU every setting is discovered; on GPU hosts set the coordinator address,
-        # process count and id through JAX's environment variables (see experiments/README.md).
-        jax.distributed.initialize(**distributed.jax_distributed_kwargs())
+        # On Cloud TPU every setting is discovered; on GPU hosts and bertjax.tools.multihost the
+        # coordinator address, process count and id come in JAX's environment variables (see
+        # experiments/README.md). One run, one config: the processes compare theirs.
+        distributed.initialize()
+        distributed.check_same_config(config)
     if config.get("seeds"):  # several seeds: one run each into WORKDIR/seed_<n>
       summary = multiseed.run_seeds(config, args.workdir)
     else:
