@@ -189,7 +189,8 @@ def main(argv=None):
       summary = multiseed.run_seeds(config, args.workdir)
     else:
       summary = train.train_and_evaluate(config, args.workdir)
-    print(end_lines(summary, args.workdir), flush=True)
+    if jax.process_index() == 0:  # the other processes of a multi-host run wrote nothing
+      print(end_lines(summary, args.workdir), flush=True)
   if str(summary.get("status", "")).startswith("preempted") or preemption.requested:
     print(preempted_line(summary), file=sys.stderr, flush=True)
     sys.exit(EXIT_PREEMPTED)  # a checkpoint was saved: the same command goes on

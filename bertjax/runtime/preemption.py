@@ -6,14 +6,22 @@ compiling, restoring, the evaluation passes after the last step) runs inside `ab
 SIGTERM there raises `Preempted` at once, whose one line says where the run stopped and how to go
 on (exit 75 through `errors.run_cli`). Everything else (training steps, checkpoint and best/
 saves, metric rows) is deferred: a SIGTERM only sets `requested`, which the training loop reads
-after each step to save a checkpoint and stop.
+after each step (`stop_at`) to save a checkpoint and stop.
+
+In a run of several processes SIGTERM is JAX's (its preemption notifier, installed by
+jax.distributed.initialize): one process receiving it stops every process at the same step, each
+saving its part of one checkpoint (`stop_at`); before the loop it is not acted on until then.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 from typing import Iterator
+
+import jax
+from jax.experimental import multihost_utils
 
 from bertjax.core.errors import Preempted
 
@@ -29,8 +37,15 @@ class Preemption:
     self._abandon = False
     self._raised = False  # one Preempted at most: the clean-up it unwinds runs undisturbed
     self._previous = None
+    self._runtime_sigterm = False
+    self._passed_on = False
 
   def __enter__(self) -> "Preemption":
+    # Several processes joined by JAX's distributed runtime: its preemption notifier holds SIGTERM
+    # and tells every process, which stop together at `stop_at`'s sync point.
+    self._runtime_sigterm = jax.distributed.is_initialized()
+    if self._runtime_sigterm:
+      return self
     try:
       self._previous = signal.signal(signal.SIGTERM, self._handle)
     except ValueError:  # not the main thread: preemption handling is the caller's business
@@ -40,6 +55,22 @@ class Preemption:
   def __exit__(self, *exc):
     if self._previous is not None:
       signal.signal(signal.SIGTERM, self._previous)
+
+  def stop_at(self, step: int) -> bool:
+    """Whether the training loop saves `step` and stops (it asks after every step). One process:
+    when a SIGTERM came. Several: at the step JAX's preemption sync point names, the same in
+    every process, once any of them received SIGTERM (`jax.experimental.multihost_utils.
+    reached_preemption_sync_point`; a request this process's own handler took is passed on to
+    it)."""
+    if not getattr(self, "_runtime_sigterm", False):
+      return self.requested
+    if self.requested and not self._passed_on:
+      self._passed_on = True
+      os.kill(os.getpid(), signal.SIGTERM)  # to JAX's notifier, which tells the others
+    if multihost_utils.reached_preemption_sync_point(step):
+      self.requested = True
+      return True
+    return False
 
   def _handle(self, signum, frame):
     del signum, frame

@@ -32,8 +32,8 @@ from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
 from bertjax.objective import Schedule
 from bertjax.registry import get_objective
-from bertjax.runtime import (checkpoints, divergence, freezing, optim, prefetch, sharding,
-                             step_memory, workdir as workdir_lib)
+from bertjax.runtime import (checkpoints, distributed, divergence, freezing, optim, prefetch,
+                             sharding, step_memory, workdir as workdir_lib)
 from bertjax.runtime.metric_writers import MetricWriter
 from bertjax.runtime.preemption import Preemption
 from bertjax.runtime.progress import EVERY_S, Progress
@@ -320,7 +320,7 @@ def _train_loop(plan: run_plan.RunPlan, s: Setup, state: TrainState, ckpt, write
         record.watch.check_checkpoint(step, state.params)
         ckpt.save(step, state, batches.get_state(), force=True)
       ckpt.poll()  # the digest of an asynchronous save that finished meanwhile
-    if preemption.requested:  # outside the guard: a preemption checkpoint may come at any step
+    if preemption.stop_at(step):  # outside the guard: a preemption checkpoint may come at any step
       record.watch.check_checkpoint(step, state.params)
       ckpt.save(step, state, batches.get_state(), force=True)
       stop_reason = PREEMPTED
@@ -362,7 +362,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       settings.append(workdir_lib.Settings(workdir, config.get("allow_changed_settings", False),
                                            trained=workdir_lib.has_checkpoints(workdir)))
       settings[0].check(_resolved(config, model_cfg), pending=workdir_lib.SCHEDULE)
-      return objective.build_inputs(config, workdir)
+      # Process 0 builds what is built once (a tokenizer, the prepared corpus, a task's
+      # features); the others wait for it, then read them.
+      with distributed.built_by_process_0("the inputs (tokenizer, prepared corpus or task "
+                                          "features)"):
+        return objective.build_inputs(config, workdir)
 
     with contextlib.ExitStack() as starting:
       # Settings are checked before anything is created, prepared, trained or written.
@@ -442,5 +446,6 @@ def _train_and_evaluate(plan: run_plan.RunPlan, settings: workdir_lib.Settings, 
              "last_eval": record.last_eval, "first_train_step": record.first_step,
              "last_train_step": record.last_step, "last_eval_step": record.last_eval_step,
              "num_params": int(s.num_params)}
-  paths.replace_text(workdir / "summary.json", json.dumps(summary, indent=2, default=str))
+  if jax.process_index() == 0:  # one run, one summary
+    paths.replace_text(workdir / "summary.json", json.dumps(summary, indent=2, default=str))
   return summary
