@@ -6,7 +6,8 @@ from the environment:
     started alone ends after it with one line (exit 2), not a hang.
   BERTJAX_HEARTBEAT_TIMEOUT_S (60): a process silent for this long is lost (killed, its host
     gone); every other process ends with one line naming it (exit `EXIT_PROCESS_LOST`) instead of
-    waiting in a collective. The next launch resumes from the last complete checkpoint.
+    waiting in a collective (`watching_the_others`, while a run trains). The next launch resumes
+    from the last complete checkpoint.
   BERTJAX_WAIT_TIMEOUT_S (3600): how long the others wait for process 0 to build what is built
     once (a tokenizer, a prepared corpus, a task's features: `built_by_process_0`).
 Every process then compares its resolved config with the others' (`check_same_config`) through
@@ -16,17 +17,17 @@ the coordinator's key-value store, so one run has one config.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import os
-import re
 import sys
+import threading
+import time
 from typing import Any, Iterator, Mapping
 
 import jax
 
-from bertjax.core.errors import UserError, fail
+from bertjax.core.errors import EXIT_USER_ERROR, UserError, fail
 
 EXIT_PROCESS_LOST = 69  # sysexits' EX_UNAVAILABLE: another process of the run is gone
 _TIMEOUTS = {"join": ("BERTJAX_JOIN_TIMEOUT_S", 300), "heartbeat": ("BERTJAX_HEARTBEAT_TIMEOUT_S", 60),
@@ -73,54 +74,103 @@ def requested_processes(environ: Mapping[str, str] | None = None) -> int:
       "num_processes", 1))
 
 
-def _lost_line(status: Any) -> str:
-  """The one line of a process that learns another is gone, from the runtime's status text."""
-  text = str(status)
-  found = re.search(r"stopped sending heartbeats\):\s*([\d\s,]+)", text)
-  if found:
-    lost = ", ".join(found.group(1).split())
-    who = f"process {lost} stopped responding"
-  elif jax.process_index() != 0:
-    who = "process 0 (the coordinator) stopped responding"
-  else:
-    who = "another process stopped responding"
-  return (f"error: {who} for {timeout_s('heartbeat')} s (BERTJAX_HEARTBEAT_TIMEOUT_S): it was "
-          f"killed or its host is gone; process {jax.process_index()} stops too; start the same "
-          "command on every host again to resume from the last complete checkpoint")
-
-
-def _on_lost(status) -> None:
-  print(_lost_line(status), file=sys.stderr, flush=True)
-  os._exit(EXIT_PROCESS_LOST)  # pylint: disable=protected-access  # no clean-up can finish now
+def _say_and_exit(line: str, status: int) -> None:
+  print(line, file=sys.stderr, flush=True)
+  os._exit(status)  # pylint: disable=protected-access  # the main thread may be in a collective
 
 
 def initialize() -> None:
-  """jax.distributed.initialize with the stated timeouts (module docstring): a process alone past
-  the join timeout, or one that learns another is gone, ends with one line."""
+  """jax.distributed.initialize with the stated timeouts (module docstring). A process alone past
+  the join timeout ends with one line (exit 2). JAX's own limits are set beyond ours: its
+  reactions (a C++ abort with a stack trace) come only if ours did not."""
   kwargs = jax_distributed_kwargs()
   join, heartbeat = timeout_s("join"), timeout_s("heartbeat")
   address = kwargs.get("coordinator_address", "")
   if address.startswith("127.0.0.1:"):  # one machine: the coordinator listens there only
     os.environ.setdefault("JAX_COORDINATOR_BIND_ADDRESS", address)
-  # jax.distributed.initialize takes no callback for a lost process (its own aborts with a C++
-  # stack); its client does.
-  from jax._src.lib import _jax  # pylint: disable=import-outside-toplevel
-  original = _jax.get_distributed_runtime_client
-  _jax.get_distributed_runtime_client = functools.partial(original,
-                                                          missed_heartbeat_callback=_on_lost)
+  n = kwargs.get("num_processes")
+  last = n - 1 if isinstance(n, int) else "N-1"
+  joined = threading.Event()
+
+  def alone():
+    if not joined.wait(join):
+      _say_and_exit(f"error: process {kwargs.get('process_id', '?')} of {n or '?'} waited {join} "
+                    f"s (BERTJAX_JOIN_TIMEOUT_S) for the others at {address or 'the coordinator'}; "
+                    f"start the same command on every host (JAX_PROCESS_ID 0 to {last})",
+                    EXIT_USER_ERROR)
+  threading.Thread(target=alone, daemon=True, name="bertjax-join").start()
+  jax.distributed.initialize(**kwargs, initialization_timeout=join + 60,
+                             heartbeat_timeout_seconds=2 * heartbeat + 30,
+                             shutdown_timeout_seconds=2 * heartbeat + 30)
+  joined.set()
+
+
+class _Watch:
+  """Every process bumps a counter of its own in the coordinator's store each second; one whose
+  counter stands still for BERTJAX_HEARTBEAT_TIMEOUT_S is lost, and this process ends with one
+  line naming it. A process that ended its run says so ("done") and is not watched."""
+
+  def __init__(self):
+    self.stopped = threading.Event()
+    self.thread: threading.Thread | None = None
+
+  def start(self) -> None:
+    if self.thread is not None or not active():
+      return
+    self.stopped.clear()
+    self.thread = threading.Thread(target=self._run, daemon=True, name="bertjax-watch")
+    self.thread.start()
+
+  def stop(self) -> None:
+    if self.thread is None:
+      return
+    self.stopped.set()
+    self.thread.join(timeout=5)
+    self.thread = None
+    with contextlib.suppress(Exception):
+      _client().key_value_set(f"bertjax/alive/{jax.process_index()}", "done", True)
+
+  def _run(self) -> None:
+    client, me, n = _client(), jax.process_index(), jax.process_count()
+    limit, count = timeout_s("heartbeat"), 0
+    seen = {p: (None, time.monotonic()) for p in range(n) if p != me}
+    while not self.stopped.wait(1.0):
+      count += 1
+      now = time.monotonic()
+      try:
+        client.key_value_set(f"bertjax/alive/{me}", str(count), True)
+        values = {p: client.key_value_try_get(f"bertjax/alive/{p}") for p in seen}
+      except Exception:  # pylint: disable=broad-except  # not there yet, or the coordinator gone
+        values = {}
+        for p in seen:
+          with contextlib.suppress(Exception):
+            values[p] = client.key_value_try_get(f"bertjax/alive/{p}")
+      for p, value in values.items():
+        if value != seen[p][0]:
+          seen[p] = (value, now)
+      lost = [p for p, (value, at) in seen.items() if value != "done" and now - at > limit]
+      if lost and not self.stopped.is_set():
+        if not values and me != 0:
+          lost = [0]  # nothing could be read: the coordinator's process
+        who = ", ".join(map(str, lost))
+        _say_and_exit(f"error: process {who} of the run stopped responding for {limit} s "
+                      "(BERTJAX_HEARTBEAT_TIMEOUT_S): it was killed or its host is gone; process "
+                      f"{me} stops too; start the same command on every host again to resume "
+                      "from the last complete checkpoint", EXIT_PROCESS_LOST)
+
+
+_WATCH = _Watch()
+
+
+@contextlib.contextmanager
+def watching_the_others() -> Iterator[None]:
+  """While a run trains: another process lost ends this one with one line (`_Watch`) instead of
+  a wait in a collective. Nothing in a run of one process."""
+  _WATCH.start()
   try:
-    jax.distributed.initialize(**kwargs, initialization_timeout=join,
-                               heartbeat_timeout_seconds=heartbeat,
-                               shutdown_timeout_seconds=heartbeat)
-  except Exception as e:  # pylint: disable=broad-except  # the runtime's timeout, as XlaRuntimeError
-    if "DEADLINE_EXCEEDED" not in str(e) and "timed out" not in str(e).lower():
-      raise
-    n = kwargs.get("num_processes", "?")
-    fail(f"process {kwargs.get('process_id', '?')} of {n} waited {join} s "
-         f"(BERTJAX_JOIN_TIMEOUT_S) for the others at {address or 'the coordinator'}; start the "
-         f"same command on every host (JAX_PROCESS_ID 0 to {n - 1 if isinstance(n, int) else 'N-1'})")
+    yield
   finally:
-    _jax.get_distributed_runtime_client = original
+    _WATCH.stop()
 
 
 def _client():

@@ -101,13 +101,16 @@ class Processes:
   def _copy(self, i: int, stream) -> None:
     for raw in iter(stream.readline, b""):
       line = raw.decode("utf-8", "replace").rstrip("\n")
-      with self._lock:
-        print(f"[p{i}] {line}", file=self.out, flush=True)
+      self._write(f"[p{i}] {line}")
     stream.close()
 
-  def say(self, line: str) -> None:
+  def _write(self, line: str) -> None:
     with self._lock:
-      print(f"multihost: {line}", file=self.out, flush=True)
+      self.out.write(line + "\n")
+      self.out.flush()
+
+  def say(self, line: str) -> None:
+    self._write(f"multihost: {line}")
 
   def signal_all(self, sig: int) -> None:
     for proc in self.procs:

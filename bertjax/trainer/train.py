@@ -427,13 +427,14 @@ def _train_and_evaluate(plan: run_plan.RunPlan, settings: workdir_lib.Settings, 
     record = RunRecord.resumed(writer.resume_at(step0), divergence.Watch(
         config.get("nonfinite_policy", "stop"), int(jax.device_get(state.step)),
         config.learning_rate, plan.model_cfg.dtype))
-    state, step, stop_reason = _train_loop(
-        plan, s, state, ckpt, writer, run_eval, record, clock, preemption,
-        started=lambda step: settings.record(step0, _resolved(config, plan.model_cfg,
-                                                              plan.schedule)))
-    if (stop_reason == "finished" and eval_every and step == total_steps
-        and record.last_eval_step != step):
-      record.last_eval = run_eval(step, state, last=True) or record.last_eval
+    with distributed.watching_the_others():  # several processes: one lost ends the others
+      state, step, stop_reason = _train_loop(
+          plan, s, state, ckpt, writer, run_eval, record, clock, preemption,
+          started=lambda step: settings.record(step0, _resolved(config, plan.model_cfg,
+                                                                plan.schedule)))
+      if (stop_reason == "finished" and eval_every and step == total_steps
+          and record.last_eval_step != step):
+        record.last_eval = run_eval(step, state, last=True) or record.last_eval
   finally:
     # Also on errors: orbax's background threads must finish before the process exits.
     ckpt.close()
