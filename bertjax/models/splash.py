@@ -14,6 +14,7 @@ grid dimension `jax.vmap` adds to a kernel, so there the batch rows run one afte
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import flax.linen as nn
@@ -32,9 +33,23 @@ LANES = 128
 BLOCKS = (512, 256, 128)
 
 
+_LOWERING_FOR: list[str] = []  # `lowering_for`: the platform a step is lowered for, if not ours
+
+
+@contextlib.contextmanager
+def lowering_for(platform: str):
+  """Traces inside lower the kernel for `platform` ("tpu": its Mosaic call, as
+  `jax.export.export(..., platforms=["tpu"])` needs on a machine without one)."""
+  _LOWERING_FOR.append(platform)
+  try:
+    yield
+  finally:
+    _LOWERING_FOR.pop()
+
+
 def interpret_here() -> bool:
-  """Whether the kernel must run interpreted: anywhere but a TPU."""
-  return jax.default_backend() != "tpu"
+  """Whether the kernel must run interpreted: anywhere but a TPU (or a lowering for one)."""
+  return (_LOWERING_FOR[-1] if _LOWERING_FOR else jax.default_backend()) != "tpu"
 
 
 def padded_length(seq_len: int) -> int:
