@@ -354,7 +354,7 @@ def restore_checkpoint_params(workdir: str | pathlib.Path, step: int | None = No
       try:
         digests.verify(ckpt_dir / str(s))
         with draining_event_loops():
-          restored = manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+          restored = _restore_here(manager, s)
         return s, jax.tree.map(lambda x: x, dict(restored["state"]["params"]))
       except Exception as e:  # same fallback as training resume
         if step is not None:  # the step asked for: no other is tried in its place
@@ -364,6 +364,25 @@ def restore_checkpoint_params(workdir: str | pathlib.Path, step: int | None = No
     fail(f"no readable checkpoint in {ckpt_dir}; point at a run that saved one")
   finally:
     manager.close()
+
+
+def _restore_here(manager, step: int):
+  """A checkpoint's state on the devices it was saved from, or, where they are not all here (one
+  written by several processes, read by one), on this process's first device."""
+  try:
+    return manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  except ValueError as e:
+    if "topology" not in str(e).lower() and "devices are different" not in str(e):
+      raise
+  reader = ocp.CheckpointManager(manager.directory, item_names=("state", "data"),
+                                 item_handlers={"state": ocp.StandardCheckpointHandler()})
+  try:
+    here = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=here),
+                          reader.item_metadata(step)["state"])
+    return reader.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+  finally:
+    reader.close()
 
 
 def _damaged_step(ckpt_dir: paths.Path, step: int, error: Exception, steps: list[int]
