@@ -313,3 +313,29 @@ def test_kill_9_of_one_process_ends_the_other_with_one_line(tmp_path):
   errors = one_line_errors(after, 0)
   assert len(errors) == 1, after[-20:]
   assert "process 1 of the run stopped responding" in errors[0] and "resume" in errors[0]
+
+
+def readme_command(path):
+  """The fenced command of `path` that starts the local multi-host launcher."""
+  blocks = re.findall(r"```bash\n(.*?)```", (REPO / path).read_text(), re.S)
+  found = [b for b in blocks if "bertjax.tools.multihost" in b]
+  assert len(found) == 1, path
+  return found[0]
+
+
+@pytest.mark.slow
+def test_the_readmes_local_multihost_command_runs_as_written(tmp_path):
+  """The command of README.md and experiments/README.md (the same), run as written by bash in a
+  folder holding the repository's launch.py, bertjax/ and configs/: it trains the quickstart on 2
+  processes to its last step and exits 0."""
+  command = readme_command("experiments/README.md")
+  assert readme_command("README.md") == command
+  for part in ("launch.py", "bertjax", "configs"):
+    (tmp_path / part).symlink_to(REPO / part)
+  env = dict(os.environ, **TIMEOUTS)
+  done = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True,
+                        text=True, timeout=RUN_S)
+  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+  workdir = tmp_path / "runs" / "multihost_quickstart"
+  assert json.loads((workdir / "summary.json").read_text())["step"] == 20
+  assert "[p0] run finished at step 20" in done.stdout and "[p1] " in done.stdout
