@@ -278,6 +278,8 @@ def test_sigterm_to_one_process_stops_both_at_one_step_with_one_checkpoint(tmp_p
   procs, out = start(command)
   try:
     out.wait_for(r"^\[p0\] train step 5/2000:", RUN_S)
+    lock = json.loads((workdir / "lock").read_text())  # the run's, held by its process 0
+    assert lock["processes"] == 2 and lock["pid"] == procs.procs[0].pid
     procs.procs[1].send_signal(signal.SIGTERM)
     code = procs.wait(RUN_S)
   finally:

@@ -5,6 +5,7 @@ size; no devices), the Pallas splash kernel lowered to its Mosaic call, not inte
 proves and what it does not: the tool's docstring.
 """
 
+import jax.numpy as jnp
 import pytest
 
 from bertjax.core.errors import UserError
@@ -62,7 +63,6 @@ def test_a_block_size_the_tpu_kernel_refuses_fails_here(monkeypatch):
   def short_queries(**sizes):
     return original(**{**sizes, "block_q": 64, "block_q_dkv": 64, "block_q_dq": 64})
   monkeypatch.setattr(splash.kernel_lib, "BlockSizes", short_queries)
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   q = jnp.ones((1, 128, 2, 64))
   assert splash.splash_attention(q, q, q, interpret=True).shape == q.shape
   with pytest.raises(NotImplementedError, match="block_q must be a multiple of 128"):

@@ -26,6 +26,7 @@ import time
 from typing import Any, Iterator, Mapping
 
 import jax
+from jax._src import distributed as jax_distributed  # its client: the coordinator's store
 
 from bertjax.core.errors import EXIT_USER_ERROR, UserError, fail
 
@@ -174,7 +175,6 @@ def watching_the_others() -> Iterator[None]:
 
 
 def _client():
-  from jax._src import distributed as jax_distributed  # pylint: disable=import-outside-toplevel
   return jax_distributed.global_state.client
 
 
