@@ -89,9 +89,9 @@ def launch(command, processes=2, devices=2, timeout=RUN_S, env=None):
     stop(procs)
 
 
-def train(workdir, processes, devices=None, *settings, env=None):
+def train(workdir, processes, devices=None, *settings, env=None, base=QUICK):
   devices = devices or 4 // processes
-  command = [*QUICK, "--workdir", str(workdir), *settings]
+  command = [*base, "--workdir", str(workdir), *settings]
   if processes > 1:
     command.append("--config.distributed=True")
   code, lines = launch(command, processes, devices, env=env)
@@ -220,6 +220,30 @@ def test_resume_with_two_processes_and_with_one_from_a_two_process_save(runs, tm
       else:  # other collectives (gloo across processes, XLA's within one): float rounding
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-6)
     assert train_losses(workdir)[20] == pytest.approx(train_losses(reference)[20], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_two_processes_fine_tune_glue_as_one(tmp_path, data_dir):
+  """RTE from empty workdirs (process 0 trains the task's tokenizer and builds its features
+  while process 1 waits): 2 processes x 2 devices log the train losses and the dev metrics of
+  1 x 4; the dev set's 277 rows end in a partial, padded batch that both count alike."""
+  glue = ["launch.py", "--config", "configs/glue.py:task=rte,runlocal", "--config.tensorboard=False",
+          f"--config.data_dir={data_dir / 'glue'}", "--config.data.vocab_size=300",
+          "--config.model.vocab_size=300", "--config.max_seq_length=32",
+          "--config.max_train_examples=48", "--config.batch_size=8", "--config.eval_batch_size=16",
+          "--config.total_steps=6", "--config.log_every=2", "--config.eval_every=6"]
+  for processes in (1, 2):
+    train(tmp_path / f"{processes}p", processes, None, base=glue)
+  a, b = train_losses(tmp_path / "1p"), train_losses(tmp_path / "2p")
+  assert sorted(a) == sorted(b) == [2, 4, 6]
+  for step in a:
+    assert abs(a[step] - b[step]) <= 1e-4 * abs(a[step]), (step, a[step], b[step])
+  evals = lambda w: [r for r in metric_writers.read_metrics(w) if r["split"] == "eval"]
+  one, two = evals(tmp_path / "1p"), evals(tmp_path / "2p")
+  assert len(one) == len(two) == 1
+  for key, value in one[0].items():
+    if isinstance(value, float) and not key.endswith("_per_s"):
+      assert two[0][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
 
 
 # ---------------------------------------------------------------------------------------------
