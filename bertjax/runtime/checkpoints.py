@@ -24,6 +24,7 @@ import flax
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from bertjax.core import digests, paths, run_files
 from bertjax.core.errors import UserError, fail, read_text
@@ -471,7 +472,9 @@ class BestKeeper:
     self.value = run_files.read_number(self.dir / "best.json", "value")
 
   def update(self, step: int, metrics: dict, params) -> None:
-    if not self.metric or jax.process_index() != 0:
+    """Every process of a run calls it (the metrics are the run's): the parameters are gathered
+    to the hosts and saved once; process 0 writes best.json and moves the folder into place."""
+    if not self.metric:
       return
     if self.metric not in metrics:
       fail(f"best_metric={self.metric!r} is not an eval metric; choose one of "
@@ -480,27 +483,39 @@ class BestKeeper:
     better = self.value is None or (value > self.value if self.mode == "max" else value < self.value)
     if not better:
       return
+    several, primary = jax.process_count() > 1, jax.process_index() == 0
+    # Whole arrays on every host (fsdp or tensor shards gathered), saved as plain arrays.
+    host = (multihost_utils.process_allgather(params, tiled=True) if several
+            else jax.device_get(params))
     # Write beside, then swap: the previous best survives until the new one is complete.
     tmp = self.dir.with_name("best.tmp")
-    paths.rmtree(tmp)
     try:
-      tmp.mkdir(parents=True)
+      if primary:
+        paths.rmtree(tmp)
+        tmp.mkdir(parents=True)
+      if several:
+        multihost_utils.sync_global_devices("bertjax:best:start")
       checkpointer = ocp.StandardCheckpointer()
-      checkpointer.save(paths.absolute(tmp / "params"), jax.device_get(params))
+      checkpointer.save(paths.absolute(tmp / "params"), host)
       checkpointer.wait_until_finished()
-      digests.write(tmp / "params")  # checked by every reader (restore_params_folder)
-      paths.replace_text(tmp / "best.json", json.dumps({"step": step, "metric": self.metric,
-                                                        "value": value, "metrics": metrics}))
+      if primary:
+        digests.write(tmp / "params")  # checked by every reader (restore_params_folder)
+        paths.replace_text(tmp / "best.json", json.dumps({"step": step, "metric": self.metric,
+                                                          "value": value, "metrics": metrics}))
     except Exception as e:  # pylint: disable=broad-except
       if not _is_no_space(e):
         raise
-      paths.rmtree(tmp)
+      if primary:
+        paths.rmtree(tmp)
       fail(f"no space left on the device for the best parameters (step {step}) at {tmp}; the "
            f"previous best/ and the checkpoints are kept: free some space and run the same "
            f"command to resume")
-    old = self.dir.with_name("best.old")
-    if self.dir.exists():
-      self.dir.rename(old)
-    tmp.rename(self.dir)
-    paths.rmtree(old)
+    if primary:
+      old = self.dir.with_name("best.old")
+      if self.dir.exists():
+        self.dir.rename(old)
+      tmp.rename(self.dir)
+      paths.rmtree(old)
+    if several:
+      multihost_utils.sync_global_devices("bertjax:best:end")
     self.value = value
