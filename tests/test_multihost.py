@@ -222,6 +222,31 @@ def test_resume_with_two_processes_and_with_one_from_a_two_process_save(runs, tm
     assert train_losses(workdir)[20] == pytest.approx(train_losses(reference)[20], rel=1e-4)
 
 
+OBJECTIVES = {"mlm_sop": ["--config.objective=mlm_sop"],
+              "span_sbo": ["--config.objective=span_sbo"],
+              "rtd": ["--config.objective=rtd"],
+              "mlm_packed": ["--config.objective=mlm", "--config.data.kind=single",
+                             "--config.data.pack=True"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective", sorted(OBJECTIVES))
+def test_every_other_objective_trains_the_same_on_two_processes(tmp_path, objective):
+  """The quickstart under the other pretraining objectives (and packed rows), 5 steps logged at
+  each: 2 processes x 2 devices against 1 x 4, from empty workdirs; the evaluation at step 5
+  too."""
+  settings = [*OBJECTIVES[objective], "--config.total_steps=5", "--config.log_every=1",
+              "--config.eval_every=5"]
+  for processes in (1, 2):
+    train(tmp_path / f"{processes}p", processes, None, *settings)
+  a, b = train_losses(tmp_path / "1p"), train_losses(tmp_path / "2p")
+  assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5]
+  for step in a:
+    assert abs(a[step] - b[step]) <= 1e-4 * abs(a[step]), (step, a[step], b[step])
+  evals = lambda w: [r["loss"] for r in metric_writers.read_metrics(w) if r["split"] == "eval"]
+  assert evals(tmp_path / "2p") == pytest.approx(evals(tmp_path / "1p"), rel=1e-4)
+
+
 @pytest.mark.slow
 def test_two_processes_fine_tune_glue_as_one(tmp_path, data_dir):
   """RTE from empty workdirs (process 0 trains the task's tokenizer and builds its features
@@ -270,6 +295,19 @@ def test_processes_started_with_different_settings_are_refused(tmp_path):
     assert "learning_rate" in errors[0] and f"process {other}" in errors[0]
     assert "different settings" in errors[0]
   assert not workdir.exists() or not any(workdir.iterdir())
+
+
+def test_several_processes_without_distributed_are_refused(tmp_path):
+  """JAX_NUM_PROCESSES=2 but no --config.distributed=True: each process would train alone on the
+  shared workdir; refused in one line naming the flag, exit 2, nothing written."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID="0")
+  done = subprocess.run([sys.executable, *QUICK, "--workdir", str(tmp_path / "run")], cwd=REPO,
+                        env=env, capture_output=True, text=True, timeout=180)
+  assert done.returncode == 2, done.stderr[-2000:]
+  assert done.stderr.strip().splitlines() == [
+      "error: JAX_NUM_PROCESSES=2 asks for several processes; add --config.distributed=True to "
+      "the command of every process"]
+  assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow
