@@ -134,7 +134,8 @@ class _Watch:
   def _run(self) -> None:
     client, me, n = _client(), jax.process_index(), jax.process_count()
     limit, count = timeout_s("heartbeat"), 0
-    seen = {p: (None, time.monotonic()) for p in range(n) if p != me}
+    # A process not heard from yet gets twice the limit: it may still be compiling its step.
+    seen = {p: (None, time.monotonic() + limit) for p in range(n) if p != me}
     while not self.stopped.wait(1.0):
       count += 1
       now = time.monotonic()
