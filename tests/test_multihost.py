@@ -151,12 +151,16 @@ def test_launcher_timeout_ends_every_process():
 
 def test_launcher_cli_runs_a_script_and_passes_its_status():
   """`python -m bertjax.tools.multihost ... -- script.py` as the README shows it."""
-  done = subprocess.run([sys.executable, "-m", "bertjax.tools.multihost", "--processes", "2",
-                         "--", "tests/multihost_probe.py", "7"],
-                        cwd=REPO, capture_output=True, text=True, timeout=120)
-  assert done.returncode == 7, done.stdout + done.stderr
+  cli = lambda status: subprocess.run(
+      [sys.executable, "-m", "bertjax.tools.multihost", "--processes", "2", "--",
+       "tests/multihost_probe.py", str(status)], cwd=REPO, capture_output=True, text=True,
+      timeout=120)
+  done = cli(0)
+  assert done.returncode == 0, done.stdout + done.stderr
   assert sorted(l for l in done.stdout.splitlines() if "probe" in l) == [
       "[p0] probe 0 of 2", "[p1] probe 1 of 2"]
+  # The first to exit 7 stops the other (which may not have printed yet): the status is 7.
+  assert cli(7).returncode == 7
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,6 +299,18 @@ def test_processes_started_with_different_settings_are_refused(tmp_path):
     assert "learning_rate" in errors[0] and f"process {other}" in errors[0]
     assert "different settings" in errors[0]
   assert not workdir.exists() or not any(workdir.iterdir())
+
+
+@pytest.mark.slow
+def test_a_mesh_that_does_not_split_the_batch_over_the_processes_is_refused(tmp_path):
+  """mesh_shape (1,1,4) on 2 processes: the batch is not split at all, so each process would
+  feed half a batch as if it were the whole one; both refuse in one line, exit 2."""
+  code, lines = launch([*QUICK, "--workdir", str(tmp_path / "run"), "--config.distributed=True",
+                        "--config.mesh_shape=(1,1,4)"], timeout=180)
+  assert code == 2, lines[-20:]
+  for process in (0, 1):
+    errors = one_line_errors(lines, process)
+    assert len(errors) == 1 and "own block of rows" in errors[0], lines[-20:]
 
 
 def test_several_processes_without_distributed_are_refused(tmp_path):
