@@ -142,6 +142,7 @@ def test_launcher_ends_the_others_when_one_fails_and_returns_its_status():
   assert any("process 1 exited with status 3; stopping the others" in l for l in lines)
 
 
+@pytest.mark.slow
 def test_launcher_timeout_ends_every_process():
   code, lines = launch([sys.executable, "-c", "import time; time.sleep(300)"], processes=2,
                        devices=1, timeout=3)
@@ -313,6 +314,7 @@ def test_a_mesh_that_does_not_split_the_batch_over_the_processes_is_refused(tmp_
     assert len(errors) == 1 and "own block of rows" in errors[0], lines[-20:]
 
 
+@pytest.mark.slow
 def test_several_processes_without_distributed_are_refused(tmp_path):
   """JAX_NUM_PROCESSES=2 but no --config.distributed=True: each process would train alone on the
   shared workdir; refused in one line naming the flag, exit 2, nothing written."""

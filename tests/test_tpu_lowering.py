@@ -48,6 +48,7 @@ def test_the_quickstart_lowers_on_a_data_and_an_fsdp_layout(mesh):
   assert exported.nr_devices == 16 and tpu_lowering.custom_calls(exported) == ["tpu_custom_call"]
 
 
+@pytest.mark.slow
 def test_electras_one_head_generator_is_refused_on_a_tensor_axis():
   with pytest.raises(UserError, match="generator/.*not divisible by 2, the size of mesh axis tensor"):
     export("configs/electra.py:runlocal", (4, 2, 2))
@@ -69,6 +70,7 @@ def test_a_block_size_the_tpu_kernel_refuses_fails_here(monkeypatch):
     export("configs/quickstart.py:runlocal", (4, 2, 2))
 
 
+@pytest.mark.slow
 def test_the_tool_prints_one_line(capsys):
   tpu_lowering.main(["--config", str(REPO / "configs/quickstart.py:runlocal"), "--mesh", "4,2,2"])
   out = capsys.readouterr().out.strip().splitlines()
