@@ -178,15 +178,21 @@ def main(argv=None):
     with preemption.abandoning("loading the config (nothing was written)"):
       config = args.config  # loaded and locked by the --config flag
       config_lib.apply_overrides(config, overrides)
+      if distributed.requested_processes() > 1 and not config.get("distributed"):
+        fail(f"JAX_NUM_PROCESSES={distributed.requested_processes()} asks for several processes; "
+             "add --config.distributed=True to the command of every process")
       if config.get("distributed"):
-        # On Cloud TPU every setting is discovered; on GPU hosts set the coordinator address,
-        # process count and id through JAX's environment variables (see experiments/README.md).
-        jax.distributed.initialize(**distributed.jax_distributed_kwargs())
+        # On Cloud TPU every setting is discovered; on GPU hosts and bertjax.tools.multihost the
+        # coordinator address, process count and id come in JAX's environment variables (see
+        # experiments/README.md). One run, one config: the processes compare theirs.
+        distributed.initialize()
+        distributed.check_same_config(config)
     if config.get("seeds"):  # several seeds: one run each into WORKDIR/seed_<n>
       summary = multiseed.run_seeds(config, args.workdir)
     else:
       summary = train.train_and_evaluate(config, args.workdir)
-    print(end_lines(summary, args.workdir), flush=True)
+    if jax.process_index() == 0:  # the other processes of a multi-host run wrote nothing
+      print(end_lines(summary, args.workdir), flush=True)
   status = str(summary.get("status", ""))
   if not status.startswith(("preempted", "interrupted")) and preemption.requested:
     status = "interrupted" if preemption.name == "Ctrl-C" else "preempted"

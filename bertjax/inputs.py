@@ -215,8 +215,9 @@ def build(config, workdir: paths.Path, objective) -> Inputs:
       accum, int(config.batch_warmup_start), config.batch_size // accum * config.max_seq_length,
       warmup_tokens)
   rows = per_process // accum
+  global_rows = rows * jax.process_count()  # the pipeline numbers the rows of the global stream
   built = _build(config, workdir, objective, per_process, rows,
-                 lambda row: batch_warmup.step_of_micro_batch(row // rows, counts, accum))
+                 lambda row: batch_warmup.step_of_micro_batch(row // global_rows, counts, accum))
   return dataclasses.replace(built, train=batch_warmup.GrowingBatches(built.train, counts, accum))
 
 
@@ -237,8 +238,8 @@ def data_kind(config, objective) -> str:
 
 def _build(config, workdir: paths.Path, objective, per_process: int, train_rows: int,
            step_of_row: Callable[[int], int] | None = None) -> Inputs:
-  """`build`'s inputs, the train iterator yielding `train_rows` rows per process (row r of its
-  stream trained in step `step_of_row(r)`; None: r // train_rows)."""
+  """`build`'s inputs, the train iterator yielding `train_rows` rows per process (row r of the
+  global stream trained in step `step_of_row(r)`; None: r // (train_rows * process count))."""
   if config.data.synthetic:
     vocab = config.model.vocab_size
     train = SyntheticBatches(config, vocab, config.seed, train_rows)

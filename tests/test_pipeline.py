@@ -106,22 +106,65 @@ def test_same_seed_same_batches_and_other_seed_differs():
   assert not all(np.array_equal(x["input_ids"], y["input_ids"]) for x, y in zip(a, c))
 
 
-@pytest.mark.parametrize("kind", ["nsp", "full"])
-def test_shards_get_disjoint_documents(kind):
+def rows_of(batch):
+  """Each row of a batch as one hashable record of all its fields (an example's identity: its
+  tokens, mask and labels)."""
+  n = len(batch["input_ids"])
+  return [tuple(np.asarray(batch[k][i]).tobytes() for k in sorted(batch)) for i in range(n)]
+
+
+def check_shares(whole, shares):
+  """Raises AssertionError unless the processes' batches, put together in process order, are the
+  one-process batches row for row, over the whole epoch: no row read twice, none left out."""
+  assert all(len(s) <= len(whole) for s in shares), "a process read more batches than one"
+  for step, batch in enumerate(whole):  # in a last, partial batch a process may have no rows
+    together = [r for s in shares if step < len(s) for r in rows_of(s[step])]
+    assert together == rows_of(batch), f"batch {step}: the processes' rows are not its rows"
+  every = [r for s in shares for b in s for r in rows_of(b)]
+  assert len(every) == len(set(every)), "a row was read twice"
+
+
+# With packing, a rate schedule: the other stages between the walk and the share.
+SHARED_KINDS = [dict(kind="nsp"), dict(kind="full"), dict(kind="single", pack=True, pack_bins=4),
+                dict(kind="single", rate_schedule=((0.0, 0.1), (1.0, 0.3)))]
+
+
+@pytest.mark.parametrize("kwargs", SHARED_KINDS, ids=["nsp", "full", "packed", "rate_schedule"])
+def test_processes_read_together_what_one_reads(kwargs):
+  """Over one epoch (its last, partial batch included) two processes with 3 rows each read, put
+  together, exactly the batches of one process with 6 rows; each row once. (On the original
+  code processes took disjoint documents and read other batches: this failed.)"""
   documents = corpus()
-  seen = []
-  for shard in range(2):
-    batches = list(make(documents, kind=kind, shard_index=shard, shard_count=2, num_epochs=1,
-                        drop_remainder=False))
-    # Random next segments may come from any document: for NSP look at segment A only.
-    seen.append(set().union(*(source_docs(b, first_segment_only=kind == "nsp")
-                              for b in batches)))
-  assert seen[0] and seen[1] and not seen[0] & seen[1]
-  # NSP skips one-sentence documents.
-  usable = {d for d, doc in enumerate(documents) if len(doc) >= (2 if kind == "nsp" else 1)}
-  assert seen[0] | seen[1] == usable
-  assert len(usable) == (40 if kind == "full" else 34)  # So both paths are exercised.
-  assert all(d % 2 == 0 for d in seen[0])
+  whole = list(make(documents, batch_size=6, num_epochs=1, drop_remainder=False, **kwargs))
+  shares = [list(make(documents, batch_size=3, shard_index=p, shard_count=2, num_epochs=1,
+                      drop_remainder=False, **kwargs)) for p in range(2)]
+  assert len(whole) > 5 and len(whole[-1]["input_ids"]) < 6  # a last, partial batch
+  check_shares(whole, shares)
+
+
+def test_check_shares_catches_a_process_reading_the_others_rows():
+  """The twin: process 1 built as process 0 reads process 0's rows; the check refuses it."""
+  documents = corpus()
+  whole = list(make(documents, batch_size=6, num_epochs=1, drop_remainder=False))
+  wrong = [list(make(documents, batch_size=3, shard_index=0, shard_count=2, num_epochs=1,
+                     drop_remainder=False)) for _ in range(2)]
+  with pytest.raises(AssertionError, match="not its rows"):
+    check_shares(whole, wrong)
+
+
+def test_share_state_resumes_under_another_process_count():
+  """A state taken by a process after a batch is the one-process state at that global batch:
+  one process resuming from it reads on as an uninterrupted one-process run."""
+  documents = corpus()
+  it = make(documents, batch_size=3, shard_index=1, shard_count=2)
+  take(it, 4)
+  state = json.loads(json.dumps(it.get_state()))
+  whole = make(documents, batch_size=6)
+  take(whole, 4)
+  assert whole.get_state() == state
+  resumed = make(documents, batch_size=6)
+  resumed.set_state(state)
+  assert_same_batches(take(resumed, 3), take(whole, 3))
 
 
 @pytest.mark.parametrize("kind, strategy", [("nsp", "token"), ("full", "span"),

@@ -13,6 +13,8 @@ Exit statuses of every command (README, "Exit statuses"):
   3   the run diverged (a non-finite loss or gradient): the last finite checkpoint is kept
   75  preempted (SIGTERM): the steps trained are saved (a checkpoint, where a step was trained
       since the last one), run the same command again to go on
+  69  another process of a multi-process run was lost (bertjax/runtime/distributed.py); the same
+      command on every host resumes from the last complete checkpoint
   130 interrupted (Ctrl-C), handled as SIGTERM is: the step under way finishes and is saved, run
       the same command again to go on; a second Ctrl-C stops at once
 """

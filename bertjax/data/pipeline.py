@@ -15,7 +15,10 @@ returned iterator resume exactly, and the state is a small JSON-able dict fit fo
 Masking is dynamic: every example is masked with a generator seeded from (seed, epoch,
 example_key), where example_key names the instance within the epoch independently of sharding,
 so masks change every epoch yet a given seed and step always give the same batch.
-Shards (one per process) own disjoint documents: document i belongs to shard i % shard_count.
+Shards (one per process) split every global batch: shard k of n takes its k-th block of rows of the
+batches one process would read with n times the batch size, so n processes read together what
+one reads, each row once, and a checkpoint's input state (taken between batches) is the same in
+every process and resumes under any process count with the same global batch.
 A masking-rate schedule masks each row at the rate of the training step it lands in, read from
 the row's index in the stream (kept in the iterator state, so a resumed run masks as before).
 """
@@ -155,6 +158,52 @@ class _NumberedIterator(grain.DatasetIterator):
     self._rows = int(state["rows"])
 
 
+class _ShareDataset(grain.IterDataset):
+  """This process's rows of the parent's stream: of every `group` rows (one global batch) the
+  rows [lo, hi). Rows are featurized after this, so a process pads and masks only its own."""
+
+  def __init__(self, parent: grain.IterDataset, *, group: int, lo: int, hi: int):
+    super().__init__(parent)
+    self.group, self.lo, self.hi = group, lo, hi
+
+  def __iter__(self) -> "_ShareIterator":
+    return _ShareIterator(self._parent.__iter__(), self.group, self.lo, self.hi)
+
+
+class _ShareIterator(grain.DatasetIterator):
+  """After its last row of a group it reads past the others' rows to the group's end, so its
+  state, taken between batches, is the parent's at a global batch boundary: the same in every
+  process, and what a run of another process count resumes from."""
+
+  def __init__(self, parent: grain.DatasetIterator, group: int, lo: int, hi: int):
+    super().__init__(parent)
+    self._group, self._lo, self._hi = group, lo, hi
+    self._at = 0  # the position within the current group
+
+  def __next__(self):
+    while self._at < self._lo:
+      next(self._parent)
+      self._at += 1
+    row = next(self._parent)
+    self._at += 1
+    if self._at == self._hi:
+      try:
+        while self._at < self._group:
+          next(self._parent)
+          self._at += 1
+      except StopIteration:  # the stream's last, partial group
+        pass
+      self._at = 0
+    return row
+
+  def get_state(self) -> dict[str, Any]:
+    return self._parent.get_state()
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self._parent.set_state(state)
+    self._at = 0
+
+
 class _Featurize:
   """Pads an instance to max_seq_length and masks it; the result is all numpy arrays. With
   `step_of_row`, a numbered row is masked at the rate of the step it is trained in."""
@@ -219,10 +268,13 @@ def make_pretraining_dataset(
     seed: non-negative; with the step it determines every batch.
     special: special token ids and vocabulary size.
     word_start_mask: `<bool>[vocab]`, needed for word-level masking strategies.
-    shard_index, shard_count: this process's disjoint share of the documents.
+    shard_index, shard_count: this process's share: rows [shard_index * B, (shard_index + 1) * B)
+      of every global batch of shard_count * B rows, the batches one process with that batch
+      size reads (the processes together read each row once).
     num_epochs: stop after this many epochs; None repeats forever.
     drop_remainder: drop a last partial batch (only reachable with num_epochs).
-    step_of_row: the (0-based) step a row of the stream is trained in; None: row // batch_size.
+    step_of_row: the (0-based) step a row of the global stream is trained in; None: row //
+      (batch_size * shard_count).
 
   Returns:
     A dataset of dicts: input_ids, token_type_ids, attention_mask `<int32>[B, L]`;
@@ -237,17 +289,22 @@ def make_pretraining_dataset(
   masking.check(special, word_start_mask)
   if word_start_mask is not None:
     word_start_mask = np.asarray(word_start_mask, bool)
-  dataset = _InstanceDataset(documents, rows, seed=seed, special=special,
-                             shard_index=shard_index, shard_count=shard_count,
-                             num_epochs=num_epochs)
+  # Every process walks the one stream of a single process with the global batch (cheap: no
+  # padding or masking) and keeps its rows of each global batch.
+  dataset = _InstanceDataset(documents, rows, seed=seed, special=special, shard_index=0,
+                             shard_count=1, num_epochs=num_epochs)
   if rows.pack:
     dataset = packing.PackedDataset(dataset, max_seq_length=rows.max_seq_length,
                                     num_bins=rows.pack_bins)
+  global_batch = batch_size * shard_count
   if masking.rate_schedule:
-    dataset = _NumberedDataset(dataset)
-    step_of_row = step_of_row or (lambda row: row // batch_size)
+    dataset = _NumberedDataset(dataset)  # numbered in the global stream
+    step_of_row = step_of_row or (lambda row: row // global_batch)
   else:
     step_of_row = None
+  if shard_count > 1:
+    dataset = _ShareDataset(dataset, group=global_batch, lo=shard_index * batch_size,
+                            hi=(shard_index + 1) * batch_size)
   featurize = _Featurize(max_seq_length=rows.max_seq_length, seed=seed, special=special,
                          masking=masking, word_start_mask=word_start_mask,
                          step_of_row=step_of_row)

@@ -24,6 +24,7 @@ import flax
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from bertjax.core import digests, paths, run_files
 from bertjax.core.errors import UserError, fail, read_text
@@ -354,7 +355,7 @@ def restore_checkpoint_params(workdir: str | pathlib.Path, step: int | None = No
       try:
         digests.verify(ckpt_dir / str(s))
         with draining_event_loops():
-          restored = manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+          restored = _restore_here(manager, s)
         return s, jax.tree.map(lambda x: x, dict(restored["state"]["params"]))
       except Exception as e:  # same fallback as training resume
         if step is not None:  # the step asked for: no other is tried in its place
@@ -364,6 +365,25 @@ def restore_checkpoint_params(workdir: str | pathlib.Path, step: int | None = No
     fail(f"no readable checkpoint in {ckpt_dir}; point at a run that saved one")
   finally:
     manager.close()
+
+
+def _restore_here(manager, step: int):
+  """A checkpoint's state on the devices it was saved from, or, where they are not all here (one
+  written by several processes, read by one), on this process's first device."""
+  try:
+    return manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  except ValueError as e:
+    if "topology" not in str(e).lower() and "devices are different" not in str(e):
+      raise
+  reader = ocp.CheckpointManager(manager.directory, item_names=("state", "data"),
+                                 item_handlers={"state": ocp.StandardCheckpointHandler()})
+  try:
+    here = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=here),
+                          reader.item_metadata(step)["state"])
+    return reader.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+  finally:
+    reader.close()
 
 
 def _damaged_step(ckpt_dir: paths.Path, step: int, error: Exception, steps: list[int]
@@ -452,7 +472,9 @@ class BestKeeper:
     self.value = run_files.read_number(self.dir / "best.json", "value")
 
   def update(self, step: int, metrics: dict, params) -> None:
-    if not self.metric or jax.process_index() != 0:
+    """Every process of a run calls it (the metrics are the run's): the parameters are gathered
+    to the hosts and saved once; process 0 writes best.json and moves the folder into place."""
+    if not self.metric:
       return
     if self.metric not in metrics:
       fail(f"best_metric={self.metric!r} is not an eval metric; choose one of "
@@ -461,27 +483,39 @@ class BestKeeper:
     better = self.value is None or (value > self.value if self.mode == "max" else value < self.value)
     if not better:
       return
+    several, primary = jax.process_count() > 1, jax.process_index() == 0
+    # Whole arrays on every host (fsdp or tensor shards gathered), saved as plain arrays.
+    host = (multihost_utils.process_allgather(params, tiled=True) if several
+            else jax.device_get(params))
     # Write beside, then swap: the previous best survives until the new one is complete.
     tmp = self.dir.with_name("best.tmp")
-    paths.rmtree(tmp)
     try:
-      tmp.mkdir(parents=True)
+      if primary:
+        paths.rmtree(tmp)
+        tmp.mkdir(parents=True)
+      if several:
+        multihost_utils.sync_global_devices("bertjax:best:start")
       checkpointer = ocp.StandardCheckpointer()
-      checkpointer.save(paths.absolute(tmp / "params"), jax.device_get(params))
+      checkpointer.save(paths.absolute(tmp / "params"), host)
       checkpointer.wait_until_finished()
-      digests.write(tmp / "params")  # checked by every reader (restore_params_folder)
-      paths.replace_text(tmp / "best.json", json.dumps({"step": step, "metric": self.metric,
-                                                        "value": value, "metrics": metrics}))
+      if primary:
+        digests.write(tmp / "params")  # checked by every reader (restore_params_folder)
+        paths.replace_text(tmp / "best.json", json.dumps({"step": step, "metric": self.metric,
+                                                          "value": value, "metrics": metrics}))
     except Exception as e:  # pylint: disable=broad-except
       if not _is_no_space(e):
         raise
-      paths.rmtree(tmp)
+      if primary:
+        paths.rmtree(tmp)
       fail(f"no space left on the device for the best parameters (step {step}) at {tmp}; the "
            f"previous best/ and the checkpoints are kept: free some space and run the same "
            f"command to resume")
-    old = self.dir.with_name("best.old")
-    if self.dir.exists():
-      self.dir.rename(old)
-    tmp.rename(self.dir)
-    paths.rmtree(old)
+    if primary:
+      old = self.dir.with_name("best.old")
+      if self.dir.exists():
+        self.dir.rename(old)
+      tmp.rename(self.dir)
+      paths.rmtree(old)
+    if several:
+      multihost_utils.sync_global_devices("bertjax:best:end")
     self.value = value

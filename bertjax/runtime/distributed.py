@@ -1,17 +1,61 @@
-"""jax.distributed settings from the environment, for multi-host runs (launch.py)."""
+"""Several processes, one run: joining JAX's distributed runtime, and agreeing through it.
+
+`initialize` joins the processes (jax.distributed.initialize) with stated timeouts, each read
+from the environment:
+  BERTJAX_JOIN_TIMEOUT_S (300): how long a process waits for all of them to join; a process
+    started alone ends after it with one line (exit 2), not a hang.
+  BERTJAX_HEARTBEAT_TIMEOUT_S (60): a process silent for this long is lost (killed, its host
+    gone); every other process ends with one line naming it (exit `EXIT_PROCESS_LOST`) instead of
+    waiting in a collective (`watching_the_others`, while a run trains). The next launch resumes
+    from the last complete checkpoint.
+  BERTJAX_WAIT_TIMEOUT_S (3600): how long the others wait for process 0 to build what is built
+    once (a tokenizer, a prepared corpus, a task's features: `built_by_process_0`).
+Every process then compares its resolved config with the others' (`check_same_config`) through
+the coordinator's key-value store, so one run has one config.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
-from typing import Any
+import sys
+import threading
+import time
+from typing import Any, Iterator, Mapping
 
-from bertjax.core.errors import fail
+import jax
+from jax._src import distributed as jax_distributed  # its client: the coordinator's store
+
+from bertjax.core.errors import EXIT_USER_ERROR, UserError, fail
+
+EXIT_PROCESS_LOST = 69  # sysexits' EX_UNAVAILABLE: another process of the run is gone
+_TIMEOUTS = {"join": ("BERTJAX_JOIN_TIMEOUT_S", 300), "heartbeat": ("BERTJAX_HEARTBEAT_TIMEOUT_S", 60),
+             "wait": ("BERTJAX_WAIT_TIMEOUT_S", 3600)}
+_SHOWN = 6  # differing keys named in a refusal
+
+
+def timeout_s(which: str, environ: Mapping[str, str] | None = None) -> int:
+  """One of the stated timeouts (module docstring), in seconds."""
+  environ = os.environ if environ is None else environ
+  var, default = _TIMEOUTS[which]
+  text = environ.get(var, "")
+  if not text:
+    return default
+  try:
+    value = int(text)
+  except ValueError:
+    value = 0
+  if value < 1:
+    fail(f"{var}={text!r} must be a whole number of seconds >= 1")
+  return value
 
 
 def jax_distributed_kwargs(environ: dict[str, str] | None = None) -> dict[str, Any]:
-  """jax.distributed.initialize() arguments from the variables `--hosts` sets (empty on Cloud
-  TPU, where JAX discovers every setting itself). JAX reads JAX_COORDINATOR_ADDRESS on its own,
-  but not the process count and id."""
+  """jax.distributed.initialize() arguments from the variables `--hosts` and
+  bertjax.tools.multihost set (empty on Cloud TPU, where JAX discovers every setting itself). JAX
+  reads JAX_COORDINATOR_ADDRESS on its own, but not the process count and id."""
   environ = os.environ if environ is None else environ
   kwargs: dict[str, Any] = {}
   if environ.get("JAX_COORDINATOR_ADDRESS"):
@@ -23,3 +67,220 @@ def jax_distributed_kwargs(environ: dict[str, str] | None = None) -> dict[str, A
       except ValueError:
         fail(f"{var}={environ[var]!r} must be an integer")
   return kwargs
+
+
+def requested_processes(environ: Mapping[str, str] | None = None) -> int:
+  """JAX_NUM_PROCESSES (1 when unset): how many processes the environment says the run has."""
+  return int(jax_distributed_kwargs(dict(os.environ if environ is None else environ)).get(
+      "num_processes", 1))
+
+
+def _say_and_exit(line: str, status: int) -> None:
+  print(line, file=sys.stderr, flush=True)
+  os._exit(status)  # pylint: disable=protected-access  # the main thread may be in a collective
+
+
+def initialize() -> None:
+  """jax.distributed.initialize with the stated timeouts (module docstring). A process alone past
+  the join timeout ends with one line (exit 2). JAX's own limits are set beyond ours: its
+  reactions (a C++ abort with a stack trace) come only if ours did not."""
+  kwargs = jax_distributed_kwargs()
+  join, heartbeat = timeout_s("join"), timeout_s("heartbeat")
+  address = kwargs.get("coordinator_address", "")
+  if address.startswith("127.0.0.1:"):  # one machine: the coordinator listens there only
+    os.environ.setdefault("JAX_COORDINATOR_BIND_ADDRESS", address)
+  n = kwargs.get("num_processes")
+  last = n - 1 if isinstance(n, int) else "N-1"
+  joined = threading.Event()
+
+  def alone():
+    if not joined.wait(join):
+      _say_and_exit(f"error: process {kwargs.get('process_id', '?')} of {n or '?'} waited {join} "
+                    f"s (BERTJAX_JOIN_TIMEOUT_S) for the others at {address or 'the coordinator'}; "
+                    f"start the same command on every host (JAX_PROCESS_ID 0 to {last})",
+                    EXIT_USER_ERROR)
+  threading.Thread(target=alone, daemon=True, name="bertjax-join").start()
+  jax.distributed.initialize(**kwargs, initialization_timeout=join + 60,
+                             heartbeat_timeout_seconds=2 * heartbeat + 30,
+                             shutdown_timeout_seconds=2 * heartbeat + 30)
+  joined.set()
+
+
+class _Watch:
+  """Every process bumps a counter of its own in the coordinator's store each second; one whose
+  counter stands still for BERTJAX_HEARTBEAT_TIMEOUT_S is lost, and this process ends with one
+  line naming it. A process that ended its run says so ("done") and is not watched."""
+
+  def __init__(self):
+    self.stopped = threading.Event()
+    self.thread: threading.Thread | None = None
+
+  def start(self) -> None:
+    if self.thread is not None or not active():
+      return
+    self.stopped.clear()
+    self.thread = threading.Thread(target=self._run, daemon=True, name="bertjax-watch")
+    self.thread.start()
+
+  def stop(self) -> None:
+    if self.thread is None:
+      return
+    self.stopped.set()
+    self.thread.join(timeout=5)
+    self.thread = None
+    with contextlib.suppress(Exception):
+      _client().key_value_set(f"bertjax/alive/{jax.process_index()}", "done", True)
+
+  def _run(self) -> None:
+    client, me, n = _client(), jax.process_index(), jax.process_count()
+    limit, count = timeout_s("heartbeat"), 0
+    # A process not heard from yet gets twice the limit: it may still be compiling its step.
+    seen = {p: (None, time.monotonic() + limit) for p in range(n) if p != me}
+    while not self.stopped.wait(1.0):
+      count += 1
+      now = time.monotonic()
+      try:
+        client.key_value_set(f"bertjax/alive/{me}", str(count), True)
+        values = {p: client.key_value_try_get(f"bertjax/alive/{p}") for p in seen}
+      except Exception:  # pylint: disable=broad-except  # not there yet, or the coordinator gone
+        values = {}
+        for p in seen:
+          with contextlib.suppress(Exception):
+            values[p] = client.key_value_try_get(f"bertjax/alive/{p}")
+      for p, value in values.items():
+        if value != seen[p][0]:
+          seen[p] = (value, now)
+      lost = [p for p, (value, at) in seen.items() if value != "done" and now - at > limit]
+      if lost and not self.stopped.is_set():
+        if not values and me != 0:
+          lost = [0]  # nothing could be read: the coordinator's process
+        who = ", ".join(map(str, lost))
+        _say_and_exit(f"error: process {who} of the run stopped responding for {limit} s "
+                      "(BERTJAX_HEARTBEAT_TIMEOUT_S): it was killed or its host is gone; process "
+                      f"{me} stops too; start the same command on every host again to resume "
+                      "from the last complete checkpoint", EXIT_PROCESS_LOST)
+
+
+_WATCH = _Watch()
+
+
+@contextlib.contextmanager
+def watching_the_others() -> Iterator[None]:
+  """While a run trains: another process lost ends this one with one line (`_Watch`) instead of
+  a wait in a collective. Nothing in a run of one process."""
+  _WATCH.start()
+  try:
+    yield
+  finally:
+    _WATCH.stop()
+
+
+def _client():
+  return jax_distributed.global_state.client
+
+
+def active() -> bool:
+  """Whether this process is one of several joined by the distributed runtime."""
+  return jax.process_count() > 1 and _client() is not None
+
+
+# Keys of the coordinator's store are per run: a launcher's coordinator lives as long as its
+# processes, so names need no more than a counter of what was agreed on.
+_agreed = {"n": 0}
+
+
+def _key(name: str) -> str:
+  _agreed["n"] += 1
+  return f"bertjax/{_agreed['n']}/{name}"
+
+
+@contextlib.contextmanager
+def built_by_process_0(what: str) -> Iterator[bool]:
+  """`with built_by_process_0("the inputs") as build:` process 0 runs the body (`build` True)
+  and then lets the others go on; they wait for it (BERTJAX_WAIT_TIMEOUT_S) before running the
+  body themselves (`build` False: what process 0 built is read, not built again). Process 0's
+  one-line failure ends the others with the same line; a process 0 too slow ends them with one
+  line naming it. One process alone: runs the body."""
+  if not active():
+    yield True
+    return
+  key, client = _key("built"), _client()
+  if jax.process_index() == 0:
+    try:
+      yield True
+    except UserError as e:
+      client.key_value_set(key, f"error: {e}")
+      raise
+    except BaseException:
+      client.key_value_set(key, "error: process 0 failed building it (see its log)")
+      raise
+    client.key_value_set(key, "ok")
+    return
+  wait = timeout_s("wait")
+  try:
+    said = client.blocking_key_value_get(key, wait * 1000)
+  except Exception as e:  # pylint: disable=broad-except  # the runtime's timeout
+    if "DEADLINE_EXCEEDED" not in str(e):
+      raise
+    fail(f"process {jax.process_index()} waited {wait} s (BERTJAX_WAIT_TIMEOUT_S) for process 0 to "
+         f"build {what}; process 0 is slow or stuck: see its log, or raise the timeout")
+  if said != "ok":
+    fail(f"process 0 could not build {what}: {said.removeprefix('error: ')}")
+  yield False
+
+
+def flat_config(config: Any) -> dict[str, str]:
+  """A config (ConfigDict or dict) as {dotted key: JSON text of its value}."""
+  fields = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+  out: dict[str, str] = {}
+
+  def walk(prefix, value):
+    if isinstance(value, Mapping):
+      for k, v in value.items():
+        walk(f"{prefix}{k}.", v)
+    else:
+      out[prefix[:-1]] = json.dumps(value, sort_keys=True, default=str)
+  walk("", fields)
+  return out
+
+
+def config_difference(mine: Mapping[str, str], theirs: Mapping[str, str]) -> list[str]:
+  """The keys whose values differ (or that one side lacks), sorted."""
+  return sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+
+
+def check_same_config(config: Any) -> None:
+  """Every process of the run publishes its config's digest and fields; each compares them with
+  its own and refuses, in one line naming the differing keys and processes, a run whose processes
+  were started with different settings (process 1 with another learning rate trains another
+  model than the one config.json records)."""
+  if not active():
+    return
+  client, me, n = _client(), jax.process_index(), jax.process_count()
+  fields = flat_config(config)
+  text = json.dumps(fields, sort_keys=True)
+  digest = hashlib.sha256(text.encode()).hexdigest()
+  key = _key("config")
+  client.key_value_set(f"{key}/{me}", json.dumps({"digest": digest, "fields": fields}))
+  wait = timeout_s("join")
+  differing: dict[int, list[str]] = {}
+  for other in range(n):
+    if other == me:
+      continue
+    try:
+      theirs = json.loads(client.blocking_key_value_get(f"{key}/{other}", wait * 1000))
+    except Exception as e:  # pylint: disable=broad-except  # the runtime's timeout
+      if "DEADLINE_EXCEEDED" not in str(e):
+        raise
+      fail(f"process {me} waited {wait} s (BERTJAX_JOIN_TIMEOUT_S) for the settings of process "
+           f"{other}; it is slow or stuck: see its log")
+    if theirs["digest"] != digest:
+      differing[other] = config_difference(fields, theirs["fields"])
+  if differing:
+    keys = sorted({k for ks in differing.values() for k in ks})
+    shown = ", ".join(keys[:_SHOWN]) + (f" and {len(keys) - _SHOWN} more" if len(keys) > _SHOWN
+                                        else "")
+    others = ", ".join(str(p) for p in sorted(differing))
+    fail(f"process {me} and process {others} were started with different settings ({shown}); "
+         "start every process with the same command and --config flags")
+

@@ -1,7 +1,7 @@
 """One workdir, one run: the lock a running process holds, and the settings a resumed run may change.
 
-- WORKDIR/lock (JSON: pid, hostname, started) is created atomically by the run that trains in the
-  workdir and removed when it ends. A second run is refused while the holder lives; a lock whose
+- WORKDIR/lock (JSON: pid, hostname, started; with several processes, how many) is created
+  atomically by the run that trains in the workdir (its process 0) and removed when it ends. A second run is refused while the holder lives; a lock whose
   process is gone (killed, on this host) is taken over with a warning. On another host nothing can
   be checked: the run is refused, and the message says to delete the file if that run is gone.
   The workdir may be remote (gs://...; bertjax/core/paths.py): the same rules hold, since the pid is
@@ -99,8 +99,11 @@ def locked(workdir: paths.Path) -> Iterator[None]:
 
 
 def _acquire(path: paths.Path) -> str:
-  mine = json.dumps({"pid": os.getpid(), "hostname": socket.gethostname(),
-                     "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")})
+  holder = {"pid": os.getpid(), "hostname": socket.gethostname(),
+            "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+  if jax.process_count() > 1:  # one lock for the whole run, held by its process 0
+    holder["processes"] = jax.process_count()
+  mine = json.dumps(holder)
   if paths.is_remote(path):
     return _acquire_remote(path, mine)
   for _ in range(10):

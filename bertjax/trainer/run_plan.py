@@ -81,6 +81,7 @@ def plan(config, workdir: paths.Path, objective_of: Callable[[Any], Any],
     objective = objective_of(config)
     config_checks.check_init_from_model(config, objective)
     mesh = sharding.make_mesh(config.mesh_shape)
+    sharding.check_process_rows(mesh)  # several processes: each feeds its block of the batch
     model_cfg = objective.model_config(config)  # trained: fine-tuning takes init_from's
     accum = config_checks.check_run(config, objective, model_cfg, mesh, workdir)
     config_checks.check_objective(config, objective)

@@ -32,8 +32,8 @@ from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
 from bertjax.objective import Schedule
 from bertjax.registry import get_objective
-from bertjax.runtime import (checkpoints, divergence, freezing, optim, prefetch, sharding,
-                             step_memory, workdir as workdir_lib)
+from bertjax.runtime import (checkpoints, distributed, divergence, freezing, optim, prefetch,
+                             sharding, step_memory, workdir as workdir_lib)
 from bertjax.runtime import metric_writers
 from bertjax.runtime.metric_writers import MetricWriter
 from bertjax.runtime.preemption import Preemption
@@ -342,7 +342,7 @@ def _train_loop(plan: run_plan.RunPlan, s: Setup, state: TrainState, ckpt, write
         record.watch.check_checkpoint(step, state.params)
         ckpt.save(step, state, _data_state(batches, record), force=True)
       ckpt.poll()  # the digest of an asynchronous save that finished meanwhile
-    if preemption.requested:  # outside the guard: a preemption checkpoint may come at any step
+    if preemption.stop_at(step):  # outside the guard: a preemption checkpoint may come at any step
       record.watch.check_checkpoint(step, state.params)
       ckpt.save(step, state, _data_state(batches, record), force=True)
       stop_reason = stopped_status(preemption)
@@ -409,7 +409,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       settings.append(workdir_lib.Settings(workdir, config.get("allow_changed_settings", False),
                                            trained=workdir_lib.has_checkpoints(workdir)))
       settings[0].check(_resolved(config, model_cfg), pending=workdir_lib.SCHEDULE)
-      return objective.build_inputs(config, workdir)
+      # Process 0 builds what is built once (a tokenizer, the prepared corpus, a task's
+      # features); the others wait for it, then read them.
+      with distributed.built_by_process_0("the inputs (tokenizer, prepared corpus or task "
+                                          "features)"):
+        return objective.build_inputs(config, workdir)
 
     with contextlib.ExitStack() as starting:
       # Settings are checked before anything is created, prepared, trained or written.
@@ -476,13 +480,14 @@ def _train_and_evaluate(plan: run_plan.RunPlan, settings: workdir_lib.Settings, 
         config.get("nonfinite_policy", "stop"), int(jax.device_get(state.step)),
         config.learning_rate, plan.model_cfg.dtype))
     record.resume_window(windows[-1] if restored is not None and windows else None)
-    state, step, stop_reason = _train_loop(
-        plan, s, state, ckpt, writer, run_eval, record, clock, preemption,
-        started=lambda step: settings.record(step0, _resolved(config, plan.model_cfg,
-                                                              plan.schedule)))
-    if (stop_reason == "finished" and eval_every and step == total_steps
-        and record.last_eval_step != step):
-      record.last_eval = run_eval(step, state, last=True) or record.last_eval
+    with distributed.watching_the_others():  # several processes: one lost ends the others
+      state, step, stop_reason = _train_loop(
+          plan, s, state, ckpt, writer, run_eval, record, clock, preemption,
+          started=lambda step: settings.record(step0, _resolved(config, plan.model_cfg,
+                                                                plan.schedule)))
+      if (stop_reason == "finished" and eval_every and step == total_steps
+          and record.last_eval_step != step):
+        record.last_eval = run_eval(step, state, last=True) or record.last_eval
   finally:
     # Also on errors: orbax's background threads must finish before the process exits.
     ckpt.close()
@@ -496,5 +501,6 @@ def _train_and_evaluate(plan: run_plan.RunPlan, settings: workdir_lib.Settings, 
              "last_train_step": record.last_step, "last_eval_step": record.last_eval_step,
              "num_params": int(s.num_params), **_best_eval(config, objective, workdir, best)}
   summary["reading"] = objective.reading(config, summary)
-  paths.replace_text(workdir / "summary.json", json.dumps(summary, indent=2, default=str))
+  if jax.process_index() == 0:  # one run, one summary
+    paths.replace_text(workdir / "summary.json", json.dumps(summary, indent=2, default=str))
   return summary

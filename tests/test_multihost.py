@@ -1,0 +1,423 @@
+"""Several processes joined by JAX's distributed runtime on this machine (bertjax.tools.multihost).
+
+Two processes of two CPU devices each (gloo collectives, a coordinator on a free 127.0.0.1 port)
+against one process of four: the same losses, checkpoints that resume across process counts,
+one config per run, and the faults of a multi-host run (SIGTERM to one process, kill -9 of one, a
+process alone). Every process is started with a timeout and ended in a `finally`, so a failing
+test leaves nothing running and never hangs.
+"""
+
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from bertjax.runtime import checkpoints, distributed, metric_writers
+from bertjax.tools import multihost
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+QUICK = ["launch.py", "--config", "configs/quickstart.py:runlocal", "--config.keep_checkpoints=3",
+         "--config.tensorboard=False"]
+# Stated timeouts, small for the tests (bertjax/runtime/distributed.py).
+TIMEOUTS = {"BERTJAX_JOIN_TIMEOUT_S": "60", "BERTJAX_HEARTBEAT_TIMEOUT_S": "15",
+            "BERTJAX_WAIT_TIMEOUT_S": "300"}
+RUN_S = 420  # one quickstart runlocal run, with room for a busy machine
+
+
+class Lines:
+  """The launcher's output, kept line by line; `wait_for` blocks until a line matches."""
+
+  def __init__(self):
+    self.lines: list[str] = []
+    self._cond = threading.Condition()
+
+  def write(self, text: str) -> None:
+    with self._cond:
+      self.lines.extend(text.splitlines())
+      self._cond.notify_all()
+
+  def flush(self) -> None:
+    pass
+
+  def wait_for(self, pattern: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    with self._cond:
+      while True:
+        found = [l for l in self.lines if re.search(pattern, l)]
+        if found:
+          return found[0]
+        left = deadline - time.monotonic()
+        assert left > 0, f"no line matching {pattern!r} within {timeout} s:\n" + "\n".join(
+            self.lines[-30:])
+        self._cond.wait(left)
+
+
+def start(command, processes=2, devices=2, env=None):
+  """The processes of `command` (started; end them with `stop`), and their output."""
+  out = Lines()
+  saved = dict(os.environ)
+  os.environ.update({**TIMEOUTS, **(env or {})})
+  try:
+    procs = multihost.Processes(command, processes, devices, "cpu", grace=10, out=out)
+  finally:
+    os.environ.clear()
+    os.environ.update(saved)
+  procs.start()
+  return procs, out
+
+
+def stop(procs):
+  procs.end_all()
+
+
+def launch(command, processes=2, devices=2, timeout=RUN_S, env=None):
+  """Runs `command` on `processes` local processes to the end: (status, output lines)."""
+  procs, out = start(command, processes, devices, env)
+  try:
+    return procs.wait(timeout), out.lines
+  finally:
+    stop(procs)
+
+
+def train(workdir, processes, devices=None, *settings, env=None, base=QUICK):
+  devices = devices or 4 // processes
+  command = [*base, "--workdir", str(workdir), *settings]
+  if processes > 1:
+    command.append("--config.distributed=True")
+  code, lines = launch(command, processes, devices, env=env)
+  assert code == 0, "\n".join(lines[-40:])
+  return lines
+
+
+def train_losses(workdir):
+  return {r["step"]: r["loss"] for r in metric_writers.read_metrics(workdir)
+          if r["split"] == "train"}
+
+
+def params(workdir, step):
+  return jax.tree.leaves(checkpoints.restore_checkpoint_params(workdir, step)[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# The launcher itself (no JAX in the processes: quick).
+
+
+def test_launcher_gives_each_process_its_settings_and_prefixes_its_lines():
+  show = ("import os; print(os.environ['JAX_PROCESS_ID'], os.environ['JAX_NUM_PROCESSES'], "
+          "os.environ['JAX_COORDINATOR_ADDRESS'], os.environ['JAX_CPU_COLLECTIVES_IMPLEMENTATION'], "
+          "os.environ['XLA_FLAGS'])")
+  code, lines = launch([sys.executable, "-c", show], processes=2, devices=3, timeout=60)
+  assert code == 0
+  mine = sorted(l for l in lines if l.startswith("[p"))
+  assert len(mine) == 2
+  for i, line in enumerate(mine):
+    pid, count, address, collectives, flags = line.split(" ", 1)[1].split(" ", 4)
+    assert (pid, count, collectives) == (str(i), "2", "gloo")
+    assert re.fullmatch(r"127\.0\.0\.1:\d+", address)
+    assert flags.split().count("--xla_force_host_platform_device_count=3") == 1
+    assert line.startswith(f"[p{i}] ")
+
+
+def test_launcher_ends_the_others_when_one_fails_and_returns_its_status():
+  """Process 1 exits 3 at once; process 0 would sleep for minutes: it gets SIGTERM, and the
+  launcher exits 3 (the first failure), not 0 or process 0's status."""
+  script = ("import os, signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda *a: (print('got SIGTERM', flush=True), "
+            "sys.exit(75)))\n"
+            "if os.environ['JAX_PROCESS_ID'] == '1': sys.exit(3)\n"
+            "print('waiting', flush=True); time.sleep(300)\n")
+  code, lines = launch([sys.executable, "-c", script], processes=2, devices=1, timeout=120)
+  assert code == 3
+  assert "[p0] got SIGTERM" in lines
+  assert any("process 1 exited with status 3; stopping the others" in l for l in lines)
+
+
+@pytest.mark.slow
+def test_launcher_timeout_ends_every_process():
+  code, lines = launch([sys.executable, "-c", "import time; time.sleep(300)"], processes=2,
+                       devices=1, timeout=3)
+  assert code == multihost.EXIT_TIMEOUT
+  assert any("--timeout 3 s" in l for l in lines)
+
+
+def test_launcher_cli_runs_a_script_and_passes_its_status():
+  """`python -m bertjax.tools.multihost ... -- script.py` as the README shows it."""
+  cli = lambda status: subprocess.run(
+      [sys.executable, "-m", "bertjax.tools.multihost", "--processes", "2", "--",
+       "tests/multihost_probe.py", str(status)], cwd=REPO, capture_output=True, text=True,
+      timeout=120)
+  done = cli(0)
+  assert done.returncode == 0, done.stdout + done.stderr
+  assert sorted(l for l in done.stdout.splitlines() if "probe" in l) == [
+      "[p0] probe 0 of 2", "[p1] probe 1 of 2"]
+  # The first to exit 7 stops the other (which may not have printed yet): the status is 7.
+  assert cli(7).returncode == 7
+
+
+# ---------------------------------------------------------------------------------------------
+# Two processes train what one trains.
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """Quickstart runlocal to step 20 from empty workdirs, 2 processes x 2 devices and 1 x 4, on
+  a data-parallel and an fsdp/tensor mesh; run on first use."""
+  root = tmp_path_factory.mktemp("multihost")
+  made = {}
+
+  def get(processes, mesh):
+    key = (processes, mesh)
+    if key not in made:
+      workdir = root / f"{processes}p_{mesh.replace(',', '_').strip('()')}"
+      made[key] = (workdir, train(workdir, processes, None, f"--config.mesh_shape={mesh}"))
+    return made[key][0]
+  return get
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", ["(-1,1,1)", "(1,2,2)"], ids=["data", "fsdp_tensor"])
+def test_two_processes_train_the_losses_of_one(runs, mesh):
+  """From empty workdirs (process 0 trains the tokenizer and prepares the corpus while process 1
+  waits), 2 processes x 2 devices log the losses of 1 process x 4 at every logged step. On the
+  original code process 1 refused at once ('is not prepared'), and with the corpus copied in the
+  processes read other batches (8.9837/8.8832/8.7684/8.4718 against 8.9902/8.9177/8.7249/8.4011)."""
+  one, two = runs(1, mesh), runs(2, mesh)
+  a, b = train_losses(one), train_losses(two)
+  assert sorted(a) == sorted(b) == [5, 10, 15, 20]
+  for step in a:
+    assert abs(a[step] - b[step]) <= 1e-4 * abs(a[step]), (step, a[step], b[step])
+  # One run, one record: written by process 0 once.
+  assert [r["step"] for r in metric_writers.read_metrics(two) if r["split"] == "train"] == [
+      5, 10, 15, 20]
+  assert json.loads((two / "summary.json").read_text())["step"] == 20
+  assert not (two / "lock").exists()
+
+
+@pytest.mark.slow
+def test_resume_with_two_processes_and_with_one_from_a_two_process_save(runs, tmp_path):
+  """A 2x2 run whose step-20 checkpoint is lost (killed after saving step 10) resumes from step
+  10 to 20 with 2 processes, ending with the uninterrupted run's parameters bit for bit; from the
+  same 2x2 save 1 process of 4 devices resumes to the parameters of the uninterrupted 1x4 run."""
+  whole = runs(2, "(-1,1,1)")
+  assert sorted(checkpoints.Checkpointer(whole / "checkpoints").all_steps()) == [10, 20]
+  for processes in (2, 1):
+    workdir = tmp_path / f"resumed_{processes}"
+    shutil.copytree(whole, workdir)
+    shutil.rmtree(workdir / "checkpoints" / "20")
+    lines = train(workdir, processes, None, "--config.mesh_shape=(-1,1,1)")
+    assert any("resumed from the checkpoint at step 10" in l for l in lines), lines[-20:]
+    reference = whole if processes == 2 else runs(1, "(-1,1,1)")
+    got, want = params(workdir, 20), params(reference, 20)
+    assert len(got) == len(want)
+    for x, y in zip(got, want):
+      if processes == 2:
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+      else:  # other collectives (gloo across processes, XLA's within one): float rounding
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-6)
+    assert train_losses(workdir)[20] == pytest.approx(train_losses(reference)[20], rel=1e-4)
+
+
+OBJECTIVES = {"mlm_sop": ["--config.objective=mlm_sop"],
+              "span_sbo": ["--config.objective=span_sbo"],
+              "rtd": ["--config.objective=rtd"],
+              "mlm_packed": ["--config.objective=mlm", "--config.data.kind=single",
+                             "--config.data.pack=True"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective", sorted(OBJECTIVES))
+def test_every_other_objective_trains_the_same_on_two_processes(tmp_path, objective):
+  """The quickstart under the other pretraining objectives (and packed rows), 5 steps logged at
+  each: 2 processes x 2 devices against 1 x 4, from empty workdirs; the evaluation at step 5
+  too."""
+  settings = [*OBJECTIVES[objective], "--config.total_steps=5", "--config.log_every=1",
+              "--config.eval_every=5"]
+  for processes in (1, 2):
+    train(tmp_path / f"{processes}p", processes, None, *settings)
+  a, b = train_losses(tmp_path / "1p"), train_losses(tmp_path / "2p")
+  assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5]
+  for step in a:
+    assert abs(a[step] - b[step]) <= 1e-4 * abs(a[step]), (step, a[step], b[step])
+  evals = lambda w: [r["loss"] for r in metric_writers.read_metrics(w) if r["split"] == "eval"]
+  assert evals(tmp_path / "2p") == pytest.approx(evals(tmp_path / "1p"), rel=1e-4)
+
+
+@pytest.mark.slow
+def test_two_processes_fine_tune_glue_as_one(tmp_path, data_dir):
+  """RTE from empty workdirs (process 0 trains the task's tokenizer and builds its features
+  while process 1 waits): 2 processes x 2 devices log the train losses and the dev metrics of
+  1 x 4; the dev set's 277 rows end in a partial, padded batch that both count alike."""
+  glue = ["launch.py", "--config", "configs/glue.py:task=rte,runlocal", "--config.tensorboard=False",
+          f"--config.data_dir={data_dir / 'glue'}", "--config.data.vocab_size=300",
+          "--config.model.vocab_size=300", "--config.max_seq_length=32",
+          "--config.max_train_examples=48", "--config.batch_size=8", "--config.eval_batch_size=16",
+          "--config.total_steps=6", "--config.log_every=2", "--config.eval_every=6"]
+  for processes in (1, 2):
+    train(tmp_path / f"{processes}p", processes, None, base=glue)
+  a, b = train_losses(tmp_path / "1p"), train_losses(tmp_path / "2p")
+  assert sorted(a) == sorted(b) == [2, 4, 6]
+  for step in a:
+    assert abs(a[step] - b[step]) <= 1e-4 * abs(a[step]), (step, a[step], b[step])
+  evals = lambda w: [r for r in metric_writers.read_metrics(w) if r["split"] == "eval"]
+  one, two = evals(tmp_path / "1p"), evals(tmp_path / "2p")
+  assert len(one) == len(two) == 1
+  for key, value in one[0].items():
+    if isinstance(value, float) and not key.endswith("_per_s"):
+      assert two[0][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
+# ---------------------------------------------------------------------------------------------
+# One run, one config; faults.
+
+
+def one_line_errors(lines, process):
+  return [l for l in lines if l.startswith(f"[p{process}] error:")]
+
+
+@pytest.mark.slow
+def test_processes_started_with_different_settings_are_refused(tmp_path):
+  """Process 1 adds --config.learning_rate=0.5: both refuse in one line naming the key and the
+  other process, exit 2, and nothing is written. (On the original code both trained, exit 0,
+  config.json recording 0.001.)"""
+  workdir = tmp_path / "run"
+  probe = REPO / "tests" / "multihost_probe.py"
+  code, lines = launch([str(probe), "--differ", *QUICK, "--workdir", str(workdir),
+                        "--config.distributed=True"], timeout=180)
+  assert code == 2, "\n".join(lines[-30:])
+  for process, other in ((0, 1), (1, 0)):
+    errors = one_line_errors(lines, process)
+    assert len(errors) == 1, lines[-30:]
+    assert "learning_rate" in errors[0] and f"process {other}" in errors[0]
+    assert "different settings" in errors[0]
+  assert not workdir.exists() or not any(workdir.iterdir())
+
+
+@pytest.mark.slow
+def test_a_mesh_that_does_not_split_the_batch_over_the_processes_is_refused(tmp_path):
+  """mesh_shape (1,1,4) on 2 processes: the batch is not split at all, so each process would
+  feed half a batch as if it were the whole one; both refuse in one line, exit 2."""
+  code, lines = launch([*QUICK, "--workdir", str(tmp_path / "run"), "--config.distributed=True",
+                        "--config.mesh_shape=(1,1,4)"], timeout=180)
+  assert code == 2, lines[-20:]
+  for process in (0, 1):
+    errors = one_line_errors(lines, process)
+    assert len(errors) == 1 and "own block of rows" in errors[0], lines[-20:]
+
+
+@pytest.mark.slow
+def test_several_processes_without_distributed_are_refused(tmp_path):
+  """JAX_NUM_PROCESSES=2 but no --config.distributed=True: each process would train alone on the
+  shared workdir; refused in one line naming the flag, exit 2, nothing written."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID="0")
+  done = subprocess.run([sys.executable, *QUICK, "--workdir", str(tmp_path / "run")], cwd=REPO,
+                        env=env, capture_output=True, text=True, timeout=180)
+  assert done.returncode == 2, done.stderr[-2000:]
+  assert done.stderr.strip().splitlines() == [
+      "error: JAX_NUM_PROCESSES=2 asks for several processes; add --config.distributed=True to "
+      "the command of every process"]
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_process_alone_ends_with_one_line_after_the_join_timeout(tmp_path):
+  """Process 0 of 2 started without process 1: one line naming the wait and the fix after
+  BERTJAX_JOIN_TIMEOUT_S, exit 2, no hang. (On the original code: 5 minutes of silence, then
+  SIGABRT with a C++ stack.)"""
+  env = dict(os.environ, **{**TIMEOUTS, "BERTJAX_JOIN_TIMEOUT_S": "5"}, JAX_PLATFORMS="cpu",
+             JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo", JAX_NUM_PROCESSES="2",
+             JAX_PROCESS_ID="0", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{multihost.free_port()}")
+  done = subprocess.run([sys.executable, *QUICK, "--workdir", str(tmp_path / "run"),
+                         "--config.distributed=True"], cwd=REPO, env=env, capture_output=True,
+                        text=True, timeout=180)
+  assert done.returncode == 2, done.stderr[-3000:]
+  errors = [l for l in done.stderr.splitlines() if l.startswith("error:")]
+  assert len(errors) == 1 and "waited 5 s" in errors[0] and "JAX_PROCESS_ID 0 to 1" in errors[0]
+  assert done.stderr.strip().splitlines()[-1] == errors[0]  # the last word, no trace after it
+  assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_stops_both_at_one_step_with_one_checkpoint(tmp_path):
+  """SIGTERM to process 1 only, mid-run: both processes stop at the same step, one checkpoint
+  of that step is saved, both exit 75; the same command then resumes. (On the original code both
+  hung for over 11 minutes.)"""
+  workdir = tmp_path / "run"
+  command = [*QUICK, "--workdir", str(workdir), "--config.distributed=True",
+             "--config.total_steps=2000", "--config.checkpoint_every=100000",
+             "--config.eval_every=100000", "--config.log_every=5"]
+  procs, out = start(command)
+  try:
+    out.wait_for(r"^\[p0\] train step 5/2000:", RUN_S)
+    lock = json.loads((workdir / "lock").read_text())  # the run's, held by its process 0
+    assert lock["processes"] == 2 and lock["pid"] == procs.procs[0].pid
+    procs.procs[1].send_signal(signal.SIGTERM)
+    code = procs.wait(RUN_S)
+  finally:
+    stop(procs)
+  assert [p.returncode for p in procs.procs] == [75, 75], out.lines[-30:]
+  assert code == 75
+  stopped = [re.search(r"preempted: SIGTERM at step (\d+)", l) for l in out.lines]
+  steps = {int(m.group(1)) for m in stopped if m}
+  assert len(steps) == 1, out.lines[-30:]
+  step = steps.pop()
+  assert checkpoints.Checkpointer(workdir / "checkpoints").all_steps() == [step]
+  assert json.loads((workdir / "summary.json").read_text())["step"] == step
+
+
+@pytest.mark.slow
+def test_kill_9_of_one_process_ends_the_other_with_one_line(tmp_path):
+  """kill -9 of process 1 mid-run: process 0 ends, after BERTJAX_HEARTBEAT_TIMEOUT_S, with one
+  line naming process 1, exit 69. (On the original code it hung about 2.5 minutes, then aborted
+  with a traceback, exit 134.)"""
+  workdir = tmp_path / "run"
+  command = [*QUICK, "--workdir", str(workdir), "--config.distributed=True",
+             "--config.total_steps=2000", "--config.checkpoint_every=100000",
+             "--config.eval_every=100000", "--config.log_every=5"]
+  procs, out = start(command)
+  try:
+    out.wait_for(r"^\[p0\] train step 5/2000:", RUN_S)
+    procs.procs[1].kill()
+    survivor = procs.procs[0].wait(timeout=int(TIMEOUTS["BERTJAX_HEARTBEAT_TIMEOUT_S"]) + 60)
+  finally:
+    stop(procs)
+  assert survivor == distributed.EXIT_PROCESS_LOST, out.lines[-30:]
+  after = out.lines[out.lines.index(out.wait_for(r"^\[p0\] train step 5/2000:", 1)):]
+  errors = one_line_errors(after, 0)
+  assert len(errors) == 1, after[-20:]
+  assert "process 1 of the run stopped responding" in errors[0] and "resume" in errors[0]
+
+
+def readme_command(path):
+  """The fenced command of `path` that starts the local multi-host launcher."""
+  blocks = re.findall(r"```bash\n(.*?)```", (REPO / path).read_text(), re.S)
+  found = [b for b in blocks if "bertjax.tools.multihost" in b]
+  assert len(found) == 1, path
+  return found[0]
+
+
+@pytest.mark.slow
+def test_the_readmes_local_multihost_command_runs_as_written(tmp_path):
+  """The command of README.md and experiments/README.md (the same), run as written by bash in a
+  folder holding the repository's launch.py, bertjax/ and configs/: it trains the quickstart on 2
+  processes to its last step and exits 0."""
+  command = readme_command("experiments/README.md")
+  assert readme_command("README.md") == command
+  for part in ("launch.py", "bertjax", "configs"):
+    (tmp_path / part).symlink_to(REPO / part)
+  env = dict(os.environ, **TIMEOUTS)
+  done = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True,
+                        text=True, timeout=RUN_S)
+  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+  workdir = tmp_path / "runs" / "multihost_quickstart"
+  assert json.loads((workdir / "summary.json").read_text())["step"] == 20
+  assert "[p0] run finished at step 20" in done.stdout and "[p1] " in done.stdout
