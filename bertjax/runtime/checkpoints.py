@@ -124,7 +124,9 @@ class Checkpointer:
       if full is None:
         raise
       self._pending = None
-      self._in_flight.close()
+      # orbax's other writing threads may still be failing: their loops keep draining until the
+      # process ends (it is about to, with this error), rather than print on the terminal.
+      self._in_flight.pop_all()
       for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
         paths.rmtree(partial)
       where = self.directory / str(step)

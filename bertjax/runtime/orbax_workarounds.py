@@ -52,9 +52,10 @@ class _DrainingLoop(asyncio.SelectorEventLoop):
     self.set_task_factory(factory)
 
   def _done(self, task: asyncio.Task) -> None:
-    """Forgets a finished task. Its error is read here: orbax's `gather` raises the first one and
-    leaves its siblings' (the same full disk, written by other threads) unread, which asyncio
-    would otherwise print as "Task exception was never retrieved" when they are collected."""
+    """Forgets a finished task, reading its error: orbax's `gather` raises the first error and
+    leaves its siblings' (the same full disk or damaged file, met by the other reads and
+    writes) unread, which asyncio would print as "Task exception was never retrieved", one
+    traceback each, when they are collected."""
     self._tasks.discard(task)
     if not task.cancelled():
       task.exception()
@@ -65,6 +66,9 @@ class _DrainingLoop(asyncio.SelectorEventLoop):
       for task in pending:
         task.cancel()
       self.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    for task in list(self._tasks):  # done in the loop's last turn: their callbacks never ran
+      if task.done():
+        self._done(task)
     super().close()
 
 
