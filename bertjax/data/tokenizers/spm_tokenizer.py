@@ -133,6 +133,8 @@ def train_sentencepiece(sentences: Iterable[str], output_dir: str | os.PathLike 
         unk_piece=SPM_SPECIALS[1], control_symbols=list(SPM_SPECIALS[2:]),
         num_threads=num_threads or os.cpu_count() or 1, minloglevel=2)
   except RuntimeError as e:
+    if counter.error is not None:  # a SIGTERM, Ctrl-C or an unreadable corpus while it read
+      raise counter.error from None
     message = str(e)
     if m := _TOO_HIGH.search(message):
       errors.fail(f"{flag} {m.group(1)} is larger than this corpus supports; use a smaller "
@@ -157,13 +159,20 @@ class _SentenceCounter:
   def __init__(self, sentences: Iterable[str]):
     self._sentences = sentences
     self.count = 0
+    self.error: BaseException | None = None  # raised while reading the sentences
 
   def __iter__(self) -> Iterator[str]:
-    for s in self._sentences:
-      s = s.strip()
-      if s:
-        self.count += 1
-        yield s
+    try:
+      for s in self._sentences:
+        s = s.strip()
+        if s:
+          self.count += 1
+          yield s
+    except BaseException as e:  # pylint: disable=broad-except
+      # sentencepiece turns an error raised while it reads into its own RuntimeError ("INTERNAL:
+      # Preempted" for a SIGTERM, exit 75): kept to be raised as it was.
+      self.error = e
+      raise
 
 
 class _BytesWriter:
