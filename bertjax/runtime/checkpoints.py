@@ -31,6 +31,9 @@ from bertjax.runtime import orbax_workarounds
 from bertjax.runtime.orbax_workarounds import draining_event_loops
 
 
+RECORD = "config"  # the checkpoint item holding the run's resolved settings
+
+
 class Checkpointer:
   """Saves and restores {state, data} items under `workdir/checkpoints` (local or remote).
 
@@ -39,15 +42,21 @@ class Checkpointer:
   (every step) after orbax is done, at the next save, or at `close`. A restore checks it first.
   """
 
-  def __init__(self, directory: str | pathlib.Path, *, keep: int = 3, async_save: bool = True):
+  def __init__(self, directory: str | pathlib.Path, *, keep: int = 3, async_save: bool = True,
+               record: dict | None = None):
+    """`record`: the run's resolved settings (what WORKDIR/config.json records), saved with each
+    checkpoint as its `config` item, so that a resume whose config.json is gone still compares
+    its settings with those trained (`saved_record`)."""
     self.directory = paths.absolute(directory)
     self.async_save = async_save
+    self.record = record
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            enable_async_checkpointing=async_save)
     self.manager = ocp.CheckpointManager(
         self.directory, options=options,
         item_handlers={"state": ocp.StandardCheckpointHandler(),
-                       "data": ocp.JsonCheckpointHandler()})
+                       "data": ocp.JsonCheckpointHandler(),
+                       RECORD: ocp.JsonCheckpointHandler()})
     self._saved: int | None = None     # the step this process saved last
     self._pending: int | None = None   # saved, its digest not yet written
     self._needed = 0                   # bytes of the state being saved
@@ -76,11 +85,11 @@ class Checkpointer:
                        for x in jax.tree.leaves(state) if hasattr(x, "dtype"))
     if not self._in_flight._exit_callbacks:  # pylint: disable=protected-access
       self._in_flight.enter_context(draining_event_loops())
+    items = {"state": ocp.args.StandardSave(state), "data": ocp.args.JsonSave(data_state or {})}
+    if self.record is not None:
+      items[RECORD] = ocp.args.JsonSave(self.record)
     with self._no_space(step):
-      saved = self.manager.save(
-          step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                        data=ocp.args.JsonSave(data_state or {})),
-          force=force)
+      saved = self.manager.save(step, args=ocp.args.Composite(**items), force=force)
     if saved:
       self._saved = self._pending = step
     if not saved or not self.async_save:
@@ -161,7 +170,7 @@ class Checkpointer:
     for step in reversed(steps):
       try:
         self._check_same_model(step, abstract_state)
-        digests.verify(self.directory / str(step))
+        verify(self.directory, step, steps)
         with draining_event_loops():
           restored = self.manager.restore(
               step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
@@ -226,6 +235,45 @@ class Checkpointer:
       self.manager.wait_until_finished()
     finally:
       self.manager.close()
+
+
+def verify(directory: paths.Path, step: int, steps: list[int]) -> None:
+  """`digests.verify` of checkpoint `step` among the run's `steps`: a missing digest.json is
+  damage wherever another checkpoint of the run has one (only a run whose checkpoints all lack
+  one, saved by a bertjax before digests, is read unchecked)."""
+  directory = paths.as_path(directory)
+  others = [s for s in steps if s != step and (directory / str(s) / digests.DIGEST).exists()]
+  required = (f"the run's other checkpoint{'s' if len(others) > 1 else ''} "
+              f"{', '.join(map(str, others))} {'have' if len(others) > 1 else 'has'} one"
+              if others else "")
+  digests.verify(directory / str(step), required=required)
+
+
+def saved_record(directory: str | pathlib.Path) -> tuple[int, dict] | None:
+  """(step, settings) saved with the newest checkpoint in `directory` that holds them and whose
+  files match its digest; None where none does (checkpoints of a bertjax before they were)."""
+  directory = paths.as_path(directory)
+  if not directory.is_dir():
+    return None
+  manager = ocp.CheckpointManager(paths.absolute(directory), item_names=(RECORD,))
+  try:
+    for step in sorted(manager.all_steps(), reverse=True):
+      if not (directory / str(step) / RECORD).is_dir():
+        continue
+      try:
+        verify(directory, step, sorted(manager.all_steps()))
+        with draining_event_loops():
+          record = manager.restore(step, args=ocp.args.Composite(
+              **{RECORD: ocp.args.JsonRestore()}))[RECORD]
+      except Exception as e:  # pylint: disable=broad-except  # damaged: an older one may do
+        logging.warning("the settings saved with the checkpoint at step %d are unreadable (%s)",
+                        step, _short(e))
+        continue
+      if isinstance(record, dict) and record:
+        return step, record
+  finally:
+    manager.close()
+  return None
 
 
 def _disk_error(e: BaseException) -> OSError | None:
@@ -330,9 +378,10 @@ def restore_checkpoint_params(workdir: str | pathlib.Path, step: int | None = No
         fail(f"--step {step}: {ckpt_dir} has no complete checkpoint at that step; its steps: "
              f"{', '.join(map(str, steps)) or 'none'}")
       steps = [step]
+    every = sorted(manager.all_steps())
     for s in reversed(steps):
       try:
-        digests.verify(ckpt_dir / str(s))
+        verify(ckpt_dir, s, every)
         with draining_event_loops():
           restored = manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
         return s, jax.tree.map(lambda x: x, dict(restored["state"]["params"]))
@@ -353,7 +402,7 @@ def _damaged_step(ckpt_dir: paths.Path, step: int, error: Exception, steps: list
   readable = []
   for s in (s for s in steps if s != step):
     try:
-      digests.verify(ckpt_dir / str(s))
+      verify(ckpt_dir, s, steps)
     except digests.Damaged:
       continue
     readable.append(s)
