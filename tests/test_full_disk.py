@@ -24,7 +24,7 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax.core import digests, paths
+from bertjax.core import digests, errors, paths
 from bertjax.runtime import checkpoints
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -182,3 +182,21 @@ def test_a_file_size_limit_during_a_save_names_the_checkpoint(tmp_path, referenc
   r = subprocess.run(command, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
   _assert_same(_params(workdir, 4), _params(reference, 4))
+
+
+@pytest.mark.parametrize("message, named", [
+    ('RESOURCE_EXHAUSTED: Error writing "params.w0/0.0" in OCDBT database at local file '
+     '"/runs/a/checkpoints/4.orbax-checkpoint-tmp/state/ocdbt.process_0/": Failed writing: '
+     '"/runs/a/checkpoints/4.orbax-checkpoint-tmp/state/ocdbt.process_0/d/7d44": Failed to write '
+     '842523 bytes to file 11: File too large [os_error_code=\'27\']',
+     "/runs/a/checkpoints/4.orbax-checkpoint-tmp/state/ocdbt.process_0/d/7d44"),
+    ('RESOURCE_EXHAUSTED: Error writing "rng/0" in OCDBT database at local file "/runs/b/": '
+     'No space left on device', "/runs/b/"),
+    ("upload of gs://bucket/run/metrics.jsonl: No space left on device",
+     "gs://bucket/run/metrics.jsonl"),
+])
+def test_a_librarys_disk_error_names_the_file_not_a_tensor(message, named):
+  """A disk error only in a library's words (TensorStore's) names the file it was writing; on
+  dd89774 the first `/...` was taken, a tensor's name such as `/0` (seen failing there)."""
+  found = errors.disk_error_of(ValueError(message))
+  assert found is not None and found.filename == named
