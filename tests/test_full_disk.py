@@ -200,3 +200,12 @@ def test_a_librarys_disk_error_names_the_file_not_a_tensor(message, named):
   dd89774 the first `/...` was taken, a tensor's name such as `/0` (seen failing there)."""
   found = errors.disk_error_of(ValueError(message))
   assert found is not None and found.filename == named
+
+
+def test_the_orbax_workarounds_name_the_orbax_installed():
+  """bertjax/runtime/orbax_workarounds.py was written and checked for one orbax version: another
+  one installed means checking whether each workaround is still needed (and still works), with
+  the tests of this file, then naming that version there."""
+  import orbax.checkpoint
+  from bertjax.runtime import orbax_workarounds
+  assert orbax_workarounds.ORBAX_VERSION == orbax.checkpoint.__version__

@@ -64,6 +64,7 @@ class Checkpointer:
     # drain on close and its tracebacks go to WORKDIR/checkpoint-errors.log
     # (bertjax/runtime/orbax_workarounds.py).
     self._in_flight = contextlib.ExitStack()
+    self._draining = False
     self._error_log = self.directory.parent / orbax_workarounds.ERROR_LOG
     orbax_workarounds.hold_disk_error_logs()
 
@@ -83,8 +84,9 @@ class Checkpointer:
     self._seal()
     self._needed = sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize
                        for x in jax.tree.leaves(state) if hasattr(x, "dtype"))
-    if not self._in_flight._exit_callbacks:  # pylint: disable=protected-access
+    if not self._draining:
       self._in_flight.enter_context(draining_event_loops())
+      self._draining = True
     items = {"state": ocp.args.StandardSave(state), "data": ocp.args.JsonSave(data_state or {})}
     if self.record is not None:
       items[RECORD] = ocp.args.JsonSave(self.record)
@@ -111,7 +113,7 @@ class Checkpointer:
     deletes old steps (keep_checkpoints) while finalizing the next save, under a digest being
     written."""
     if self._pending is None:
-      self._in_flight.close()
+      self._drained()
       return
     step, self._pending = self._pending, None
     try:
@@ -120,7 +122,12 @@ class Checkpointer:
         if jax.process_index() == 0:
           digests.write(self.directory / str(step))
     finally:
-      self._in_flight.close()
+      self._drained()
+
+  def _drained(self) -> None:
+    """No save in flight: asyncio's own event loop policy is back."""
+    self._in_flight.close()
+    self._draining = False
 
   @contextlib.contextmanager
   def _no_space(self, step: int):
@@ -136,6 +143,7 @@ class Checkpointer:
       # orbax's other writing threads may still be failing: their loops keep draining until the
       # process ends (it is about to, with this error), rather than print on the terminal.
       self._in_flight.pop_all()
+      self._draining = False
       for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
         paths.rmtree(partial)
       where = self.directory / str(step)
@@ -257,11 +265,12 @@ def saved_record(directory: str | pathlib.Path) -> tuple[int, dict] | None:
     return None
   manager = ocp.CheckpointManager(paths.absolute(directory), item_names=(RECORD,))
   try:
-    for step in sorted(manager.all_steps(), reverse=True):
+    steps = sorted(manager.all_steps())
+    for step in reversed(steps):
       if not (directory / str(step) / RECORD).is_dir():
         continue
       try:
-        verify(directory, step, sorted(manager.all_steps()))
+        verify(directory, step, steps)
         with draining_event_loops():
           record = manager.restore(step, args=ocp.args.Composite(
               **{RECORD: ocp.args.JsonRestore()}))[RECORD]

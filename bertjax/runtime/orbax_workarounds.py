@@ -105,12 +105,15 @@ class _Hold(logging.Filter):
     self.records: list[str] = []
 
   def filter(self, record: logging.LogRecord) -> bool:
+    if record.levelno < logging.WARNING:
+      return True
+    message = record.getMessage()
     error = record.exc_info[1] if record.exc_info else None
-    if error is None or errors.disk_error_of(error) is None:
+    if errors.disk_error_of(error or ValueError(message)) is None:
       return True
     if len(self.records) < _HELD:
-      self.records.append(f"{record.getMessage()}\n"
-                          + "".join(traceback.format_exception(*record.exc_info)))
+      self.records.append(f"{message}\n" + ("".join(traceback.format_exception(*record.exc_info))
+                                            if error is not None else ""))
     return False
 
 
