@@ -15,7 +15,6 @@ and the size limit said `cannot write /0` (a tensor's name) with tracebacks: bot
 import json
 import os
 import pathlib
-import resource
 import shutil
 import subprocess
 import sys
@@ -167,13 +166,13 @@ def test_a_file_size_limit_during_a_save_names_the_checkpoint(tmp_path, referenc
   largest = max(f.stat().st_size for f in (reference / "checkpoints/2").rglob("*") if f.is_file())
   limit = largest // 2
 
-  def limited():
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
+  # The limit set by a small program that then becomes the command (as `ulimit -f` would).
+  limited = [sys.executable, "-c", "import os, resource, sys; resource.setrlimit("
+             f"resource.RLIMIT_FSIZE, ({limit}, {limit})); os.execv(sys.argv[1], sys.argv[1:])"]
   workdir = tmp_path / "run"
   command = _launch_command(async_save) + ["--workdir", str(workdir)]
-  r = subprocess.run(command, cwd=REPO, env=_env(), capture_output=True, text=True,
-                     timeout=600, preexec_fn=limited)
+  r = subprocess.run(limited + command, cwd=REPO, env=_env(), capture_output=True, text=True,
+                     timeout=600)
   assert r.returncode == 2, r.stderr[-3000:]
   line = _one_line(r.stderr)
   assert line.startswith(f"error: the checkpoint of step 2 at {workdir / 'checkpoints/2'} has a "
