@@ -122,12 +122,14 @@ def test_flipped_array_bytes_are_refused_by_every_reader(tmp_path, caplog, capsy
 
 @pytest.mark.slow
 def test_empty_data_item_falls_back(tmp_path, caplog):
-  """Defect 9 (part): a newest checkpoint whose data item is `{}` (its digest gone too, as a
-  checkpoint of an older bertjax has none) is damage: one line naming it, step 2 used."""
+  """Defect 9 (part): a newest checkpoint whose data item is `{}` (no digest to catch it: the
+  run's checkpoints have none, as an older bertjax's; a digest missing beside others is damage
+  by itself) is damage: one line naming it, step 2 used."""
   workdir = tmp_path / "run"
   train.train_and_evaluate(tiny_config(**KW), workdir)
   (workdir / "checkpoints/4/data/metadata").write_text("{}")
-  (workdir / "checkpoints/4" / digests.DIGEST).unlink(missing_ok=True)
+  for step in (2, 4):
+    (workdir / "checkpoints" / str(step) / digests.DIGEST).unlink(missing_ok=True)
   caplog.set_level(logging.WARNING)
   summary = train.train_and_evaluate(tiny_config(**{**KW, "total_steps": 5}), workdir)
   assert summary["step"] == 5

@@ -40,6 +40,7 @@ from bertjax.core.errors import fail
 from bertjax.data import batch_warmup, instances, masking, packing, tokenizers
 from bertjax.models import features
 from bertjax.models.config import RUN_FIELDS, ModelConfig
+from bertjax.models.modernbert import refuse_pair_head
 
 _MISSING = object()
 
@@ -307,6 +308,8 @@ def check_run(config, objective, model_cfg, mesh, workdir=None) -> int:
          f"{config.max_seq_length}; fix: --config.max_predictions_per_seq="
          f"{max(1, round(config.max_seq_length * 0.15))}")
   batch_warmup.check(config, accum, task=objective.data_kind == "task")
+  if getattr(objective, "pair_head", False):  # NSP/SOP: refused before any data is prepared
+    refuse_pair_head(model_cfg)
   check_positions(config, model_cfg)
   check_mesh(config, model_cfg, mesh, from_checkpoint=model_from_checkpoint(config, objective))
   check_corpus_tokenizer(config, objective, workdir)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from bertjax.core.errors import fail
+from bertjax.core.errors import UserError, fail
 from bertjax.data import tokenizers
 from bertjax.models.config import ACTIVATIONS, ModelConfig
 
@@ -79,7 +79,15 @@ POOLER_CLASSES = frozenset({
 
 
 def hf_config_to_model_config(hf: Mapping[str, Any]) -> ModelConfig:
-  """A transformers config.json (as a dict) -> our ModelConfig; unsupported settings fail."""
+  """A transformers config.json (as a dict) -> our ModelConfig; unsupported settings fail, and so
+  do values of the wrong kind (a hand-edited `"hidden_size": "32"`), in one line naming the file."""
+  try:
+    return _to_model_config(hf)
+  except UserError as e:  # ModelConfig names its fields model.<key>; config.json's are <key>
+    fail(f"config.json: {str(e).removeprefix('model.')}")
+
+
+def _to_model_config(hf: Mapping[str, Any]) -> ModelConfig:
   model_type = hf.get("model_type")
   if model_type not in HF_MODEL_TYPES:
     fail(f"unknown architecture {model_type!r}; supported: {', '.join(HF_MODEL_TYPES)} "
@@ -115,7 +123,7 @@ def hf_config_to_model_config(hf: Mapping[str, Any]) -> ModelConfig:
     fields["mlm_head_act"] = "gelu"  # RobertaLMHead hard-codes exact GELU.
   fields["pruned_heads"] = _pruned_heads_from_hf(d.get("pruned_heads") or {},
                                                  d["num_hidden_layers"], model_type)
-  return ModelConfig(**fields)
+  return ModelConfig.from_dict(fields)  # checks each value's kind first
 
 
 # ModernBertConfig's keys that ModelConfig holds under the same name, and the values
@@ -143,8 +151,9 @@ def modernbert_model_config(hf: Mapping[str, Any]) -> ModelConfig:
   for act in ("hidden_activation", "classifier_activation"):
     if act in fields:
       fields[act] = _ACT_ALIASES.get(fields[act], fields[act])
-  return ModelConfig(architecture="modernbert", use_pooler=False, type_vocab_size=1,
-                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **fields)
+  return ModelConfig.from_dict(dict(architecture="modernbert", use_pooler=False,
+                                    type_vocab_size=1, hidden_dropout_prob=0.0,
+                                    attention_probs_dropout_prob=0.0, **fields))
 
 
 def modernbert_hf_config(cfg: ModelConfig) -> dict[str, Any]:

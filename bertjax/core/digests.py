@@ -115,14 +115,18 @@ def write(step_dir: paths.Path) -> None:
       tmp.unlink()
 
 
-def verify(step_dir: paths.Path) -> bool:
+def verify(step_dir: paths.Path, required: str = "") -> bool:
   """Checks `step_dir` against its digest: True when it matches, False when it has none (a
   checkpoint saved before digests were written, or one whose process was killed before writing
   it: it is read unchecked, said once per folder). Raises `Damaged` naming the first file that
-  is missing or changed, or a digest that is itself unreadable."""
+  is missing or changed, or a digest that is itself unreadable. `required`: why a digest must be
+  there (the run's other checkpoints have one); its absence is then damage too."""
   try:
     text = (step_dir / DIGEST).read_text()
   except FileNotFoundError:
+    if required:
+      raise Damaged(f"its {DIGEST} is missing ({required}), so its files cannot be checked; "
+                    "it was deleted, or the save was cut short before it was written") from None
     parent = os.fspath(step_dir.parent)
     if parent not in _unchecked_warned:
       _unchecked_warned.add(parent)

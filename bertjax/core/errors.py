@@ -107,10 +107,23 @@ def disk_error_of(error: BaseException) -> OSError | None:
       return error
     for code in DISK_FULL_ERRNOS:
       if not isinstance(error, OSError) and os.strerror(code) in str(error):
-        named = re.search(r"(?:[a-z0-9]+://|/)[^\s'\"\[\],;]+", str(error))
-        return OSError(code, os.strerror(code), named.group(0) if named else None)
+        return OSError(code, os.strerror(code), _named_path(str(error)))
     error = error.__cause__ or error.__context__
   return None
+
+
+# A path or URL that starts a word (not a tensor's name such as "params.w/0.0" in TensorStore's
+# `Error writing "params.w/0.0" in OCDBT database at local file "/runs/a/..."`).
+_PATH = re.compile(r"(?:^|(?<=[\s\"'(]))((?:[a-z0-9]+://|/)[^\s'\"\[\],;]+)")
+
+
+def _named_path(text: str) -> str | None:
+  """The file a library's error names: the one it failed writing, else the first path."""
+  for pattern in (r'Failed writing: "([^"]+)"', r'local file "([^"]+)"'):
+    if found := re.search(pattern, text):
+      return found.group(1)
+  found = _PATH.search(text)
+  return found.group(1).rstrip(":.") if found else None
 
 
 def read_text(path: str | os.PathLike, what: str = "file") -> str:

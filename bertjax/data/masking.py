@@ -387,11 +387,21 @@ def _check_replace_probs(replace_probs: Sequence[float]) -> np.ndarray:
 
 
 def check_rate_schedule(schedule: Sequence[Sequence[float]]) -> None:
-  """A masking-rate schedule is ((step, rate), ...): steps >= 0 rising, rates in (0, 1)."""
-  steps = [s for s, _ in schedule] if all(len(p) == 2 for p in schedule) else None
-  if steps is None or any(int(s) != s or s < 0 for s in steps) or steps != sorted(set(steps)):
+  """A masking-rate schedule is ((step, rate), ...): whole steps >= 0 rising, rates in (0, 1).
+  Anything else (a bare pair, a rate written as text) is refused in one line."""
+  example = "e.g. ((1000, 0.15), (2000, 0.05))"
+  number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
+  pairs = isinstance(schedule, (tuple, list)) and all(
+      isinstance(p, (tuple, list)) and len(p) == 2 and all(map(number, p)) for p in schedule)
+  if not pairs:
+    flat = isinstance(schedule, (tuple, list)) and len(schedule) == 2 and all(map(number, schedule))
+    hint = f" (one pair needs its own parentheses: ({tuple(schedule)},))" if flat else ""
+    raise UserError(f"masking.rate_schedule={schedule!r} must be a tuple of (step, rate) pairs "
+                    f"of numbers, {example}{hint}")
+  steps = [s for s, _ in schedule]
+  if any(int(s) != s or s < 0 for s in steps) or steps != sorted(set(steps)):
     raise UserError(f"masking.rate_schedule={tuple(map(tuple, schedule))} must be (step, rate) "
-                    "pairs with rising steps >= 0, e.g. ((1000, 0.15), (2000, 0.05))")
+                    f"pairs with rising steps >= 0, {example}")
   for step, rate in schedule:
     if not 0.0 < rate < 1.0:
       raise UserError(f"masking.rate_schedule: rate {rate} at step {step} must be in (0, 1)")

@@ -15,6 +15,9 @@ order prediction, and packing that never crosses a document). Every source here 
 
 Lines that are not valid UTF-8 are skipped (not decoded with replacement characters, which would
 put garbage tokens into the corpus); the count is logged per file and kept in `skipped_lines`.
+A file that is not UTF-8 text is refused in one line naming it: a NUL byte (binary, or UTF-16);
+no line of UTF-8; ten or more lines not UTF-8 that are more than a tenth of its lines, or more
+than its lines of UTF-8 beyond ASCII (another encoding, such as Latin-1).
 A glob matching no file, or a source with no text at all, raises `UserError` naming the path.
 """
 
@@ -169,6 +172,49 @@ def _open_binary(path: pathlib.Path) -> BinaryIO:
   return open(path, "rb")
 
 
+# A file is refused as not UTF-8 when more than this share of its lines are not (checked after
+# its first _ENCODING_SAMPLE lines and at its end); a few damaged lines are skipped.
+_UNDECODABLE_SHARE = 0.1
+_UNDECODABLE_LINES = 10  # fewer are skipped whatever their share (a small file's damaged lines)
+_ENCODING_SAMPLE = 1000
+
+
+def _refuse_binary(path: pathlib.Path, line: int, raw: bytes) -> None:
+  errors.fail(f"{path} is not UTF-8 text: line {line} holds a NUL byte (at byte "
+              f"{raw.index(0)} of the line), so it is a binary file or text in UTF-16/32; give "
+              f"text files (convert UTF-16 with iconv -f utf-16 -t utf-8), or leave it out")
+
+
+def _check_encoding(path: pathlib.Path, skipped: int, lines: int, first_bad,
+                    utf8: int | None = None, text_lines: int = 0) -> None:
+  """Refuses `path` when at least _UNDECODABLE_LINES of its `lines` are not UTF-8 and more than
+  _UNDECODABLE_SHARE of them or, once it is read whole (`utf8` given: its lines of valid
+  non-ASCII UTF-8), more than are UTF-8 beyond ASCII: a file in a one-byte encoding such as
+  Latin-1, where every line with an accent fails (a UTF-8 file with a few damaged lines has many
+  more good ones); or when none of its `text_lines` (not blank) is UTF-8. Names the first bad
+  byte and, when the line reads as one, the likely encoding."""
+  if not skipped:
+    return
+  every = utf8 is not None and skipped == text_lines
+  if not every and (skipped < _UNDECODABLE_LINES or (
+      skipped <= _UNDECODABLE_SHARE * lines and (utf8 is None or utf8 >= skipped))):
+    return
+  line, raw, error = first_bad
+  byte = raw[error.start]
+  try:
+    as_latin = raw.decode("cp1252").strip()
+    # Text in a one-byte encoding: no control characters, and mostly ASCII (random bytes are not).
+    readable = (not any(c < " " and c != "\t" for c in as_latin)
+                and sum(not c.isascii() for c in as_latin) < 0.3 * len(as_latin))
+    latin = f"; it reads as Latin-1/Windows-1252: {as_latin[:40]!r}" if readable else ""
+  except UnicodeDecodeError:
+    latin = ""
+  of = f"{skipped:,} of its {'' if utf8 is not None else 'first '}{lines:,} lines are"
+  errors.fail(f"{path} is not UTF-8 text: {of} not valid UTF-8 (the first: line {line}, byte "
+              f"0x{byte:02x}{latin}); save it as UTF-8 (e.g. iconv -f latin1 -t utf-8 "
+              f"{path.name} > {path.stem}.utf8{path.suffix}) or leave it out")
+
+
 class TextFileSource(Source):
   """Documents from local text files in one of FORMATS (see the module docstring)."""
 
@@ -193,19 +239,32 @@ class TextFileSource(Source):
                        "sample_sha256": _sample_sha256(f)} for f in self.files]}
 
   def _lines(self, path: pathlib.Path) -> Iterator[str]:
-    """The file's lines, stripped; lines that are not UTF-8 are skipped and counted."""
-    skipped = 0
+    """The file's lines, stripped; lines that are not UTF-8 are skipped and counted. A file that
+    is not UTF-8 text at all is refused (`_check_encoding`)."""
+    # utf8: lines of valid non-ASCII UTF-8; text: lines not blank
+    skipped, first_bad, count, utf8, text = 0, None, 0, 0, 0
     try:
       with _open_binary(path) as f:
         for i, raw in enumerate(f):
+          count = i + 1
+          if b"\0" in raw:
+            _refuse_binary(path, count, raw)
+          text += bool(raw.strip())
           try:
             line = raw.decode("utf-8")
-          except UnicodeDecodeError:
+          except UnicodeDecodeError as e:
             skipped += 1
+            first_bad = first_bad or (count, raw, e)
+            line = None
+          if count == _ENCODING_SAMPLE:
+            _check_encoding(path, skipped, count, first_bad)
+          if line is None:
             continue
+          utf8 += not raw.isascii()
           if i == 0:
             line = line.lstrip("\ufeff")  # a byte-order mark is not text
           yield line.strip()
+      _check_encoding(path, skipped, count, first_bad, utf8, text)
     except (OSError, EOFError, zlib.error) as e:  # unreadable file, truncated or corrupt .gz
       errors.fail(f"cannot read {path} ({e}); check the file")
     finally:

@@ -9,7 +9,6 @@ one is finalized.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import json
@@ -18,6 +17,7 @@ import os
 import pathlib
 import shutil
 import time
+import traceback
 from typing import Any, Callable, NoReturn
 
 import flax
@@ -27,7 +27,12 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from bertjax.core import digests, paths, run_files
-from bertjax.core.errors import UserError, fail, read_text
+from bertjax.core.errors import DiskFull, UserError, disk_error_of, fail, read_text
+from bertjax.runtime import orbax_workarounds
+from bertjax.runtime.orbax_workarounds import draining_event_loops
+
+
+RECORD = "config"  # the checkpoint item holding the run's resolved settings
 
 
 class Checkpointer:
@@ -38,19 +43,31 @@ class Checkpointer:
   (every step) after orbax is done, at the next save, or at `close`. A restore checks it first.
   """
 
-  def __init__(self, directory: str | pathlib.Path, *, keep: int = 3, async_save: bool = True):
+  def __init__(self, directory: str | pathlib.Path, *, keep: int = 3, async_save: bool = True,
+               record: dict | None = None):
+    """`record`: the run's resolved settings (what WORKDIR/config.json records), saved with each
+    checkpoint as its `config` item, so that a resume whose config.json is gone still compares
+    its settings with those trained (`saved_record`)."""
     self.directory = paths.absolute(directory)
     self.async_save = async_save
+    self.record = record
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            enable_async_checkpointing=async_save)
     self.manager = ocp.CheckpointManager(
         self.directory, options=options,
         item_handlers={"state": ocp.StandardCheckpointHandler(),
-                       "data": ocp.JsonCheckpointHandler()})
+                       "data": ocp.JsonCheckpointHandler(),
+                       RECORD: ocp.JsonCheckpointHandler()})
     self._saved: int | None = None     # the step this process saved last
     self._pending: int | None = None   # saved, its digest not yet written
     self._needed = 0                   # bytes of the state being saved
-    _quiet_no_space_logs()
+    # While a save is in flight (an asynchronous one: until its digest is written), orbax's loops
+    # drain on close and its tracebacks go to WORKDIR/checkpoint-errors.log
+    # (bertjax/runtime/orbax_workarounds.py).
+    self._in_flight = contextlib.ExitStack()
+    self._draining = False
+    self._error_log = self.directory.parent / orbax_workarounds.ERROR_LOG
+    orbax_workarounds.hold_disk_error_logs()
 
   def all_steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
@@ -68,15 +85,18 @@ class Checkpointer:
     self._seal()
     self._needed = sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize
                        for x in jax.tree.leaves(state) if hasattr(x, "dtype"))
+    if not self._draining:
+      self._in_flight.enter_context(draining_event_loops())
+      self._draining = True
+    items = {"state": ocp.args.StandardSave(state), "data": ocp.args.JsonSave(data_state or {})}
+    if self.record is not None:
+      items[RECORD] = ocp.args.JsonSave(self.record)
     with self._no_space(step):
-      saved = self.manager.save(
-          step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                        data=ocp.args.JsonSave(data_state or {})),
-          force=force)
+      saved = self.manager.save(step, args=ocp.args.Composite(**items), force=force)
     if saved:
       self._saved = self._pending = step
-      if not self.async_save:
-        self._seal()
+    if not saved or not self.async_save:
+      self._seal()
     return saved
 
   def wait(self) -> None:
@@ -94,29 +114,56 @@ class Checkpointer:
     deletes old steps (keep_checkpoints) while finalizing the next save, under a digest being
     written."""
     if self._pending is None:
+      self._drained()
       return
     step, self._pending = self._pending, None
-    with self._no_space(step):
-      self.manager.wait_until_finished()
-      if jax.process_index() == 0:
-        digests.write(self.directory / str(step))
+    try:
+      with self._no_space(step):
+        self.manager.wait_until_finished()
+        if jax.process_index() == 0:
+          digests.write(self.directory / str(step))
+    finally:
+      self._drained()
+
+  def _drained(self) -> None:
+    """No save in flight: asyncio's own event loop policy is back."""
+    self._in_flight.close()
+    self._draining = False
 
   @contextlib.contextmanager
   def _no_space(self, step: int):
-    """A full disk while saving `step`: its partial folder removed, one line, older kept."""
+    """A full disk (or a quota, or a file-size limit) while saving `step`: its partial folder
+    removed, the traceback in WORKDIR/checkpoint-errors.log, one line; older checkpoints kept."""
     try:
       yield
     except Exception as e:  # TensorStore, orbax and the OS report it as different types
-      if not _is_no_space(e):
+      full = _disk_error(e)
+      if full is None:
         raise
       self._pending = None
+      # orbax's other writing threads may still be failing: their loops keep draining until the
+      # process ends (it is about to, with this error), rather than print on the terminal.
+      self._in_flight.pop_all()
+      self._draining = False
       for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
         paths.rmtree(partial)
       where = self.directory / str(step)
       older = [s for s in self.all_steps() if s != step]
-      fail(f"no space left on the device for the checkpoint of step {step} at {where}: it needs "
-           f"about {_size(self._needed)}, {_free(self.directory)} free there; older checkpoints "
-           f"{older or 'none'} are kept: free some space and run the same command to resume")
+      logged = orbax_workarounds.append(
+          self._error_log, f"saving the checkpoint of step {step} at {where} failed:\n"
+          + orbax_workarounds.held() + "".join(traceback.format_exception(e)))
+      report = f" (its traceback: {self._error_log})" if logged else ""
+      kept = f"older checkpoints {older or 'none'} are kept"
+      if full.errno == errno.EFBIG:
+        problem = (f"the checkpoint of step {step} at {where} has a file larger than the "
+                   f"file-size limit (ulimit -f): it needs about {_size(self._needed)}; {kept}: "
+                   f"raise the limit (ulimit -f unlimited) and run the same command to "
+                   f"resume{report}")
+      else:
+        problem = (f"{_reason(full)} for the checkpoint of step {step} at {where}: it needs about "
+                   f"{_size(self._needed)}, {_free(self.directory)} free there; {kept}: free some "
+                   f"space and run the same command to resume{report}")
+      raise DiskFull(problem) from e
 
   def restore_latest(self, abstract_state: Any, set_data_state: Callable[[dict], None] | None = None
                      ) -> tuple[int, Any, dict] | None:
@@ -132,7 +179,7 @@ class Checkpointer:
     for step in reversed(steps):
       try:
         self._check_same_model(step, abstract_state)
-        digests.verify(self.directory / str(step))
+        verify(self.directory, step, steps)
         with draining_event_loops():
           restored = self.manager.restore(
               step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
@@ -199,6 +246,61 @@ class Checkpointer:
       self.manager.close()
 
 
+def verify(directory: paths.Path, step: int, steps: list[int]) -> None:
+  """`digests.verify` of checkpoint `step` among the run's `steps`: a missing digest.json is
+  damage wherever another checkpoint of the run has one (only a run whose checkpoints all lack
+  one, saved by a bertjax before digests, is read unchecked)."""
+  directory = paths.as_path(directory)
+  others = [s for s in steps if s != step and (directory / str(s) / digests.DIGEST).exists()]
+  required = (f"the run's other checkpoint{'s' if len(others) > 1 else ''} "
+              f"{', '.join(map(str, others))} {'have' if len(others) > 1 else 'has'} one"
+              if others else "")
+  digests.verify(directory / str(step), required=required)
+
+
+def saved_record(directory: str | pathlib.Path) -> tuple[int, dict] | None:
+  """(step, settings) saved with the newest checkpoint in `directory` that holds them and whose
+  files match its digest; None where none does (checkpoints of a bertjax before they were)."""
+  directory = paths.as_path(directory)
+  if not directory.is_dir():
+    return None
+  manager = ocp.CheckpointManager(paths.absolute(directory), item_names=(RECORD,))
+  try:
+    steps = sorted(manager.all_steps())
+    for step in reversed(steps):
+      if not (directory / str(step) / RECORD).is_dir():
+        continue
+      try:
+        verify(directory, step, steps)
+        with draining_event_loops():
+          record = manager.restore(step, args=ocp.args.Composite(
+              **{RECORD: ocp.args.JsonRestore()}))[RECORD]
+      except Exception as e:  # pylint: disable=broad-except  # damaged: an older one may do
+        logging.warning("the settings saved with the checkpoint at step %d are unreadable (%s)",
+                        step, _short(e))
+        continue
+      if isinstance(record, dict) and record:
+        return step, record
+  finally:
+    manager.close()
+  return None
+
+
+def _disk_error(e: BaseException) -> OSError | None:
+  """The full disk, quota or file-size limit that `e` comes from (`errors.disk_error_of`), also
+  one a remote store's client names only as ENOSPC."""
+  found = disk_error_of(e)
+  if found is None and _is_no_space(e):
+    found = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+  return found
+
+
+def _reason(full: OSError) -> str:
+  return {errno.EDQUOT: "the disk quota is exceeded",
+          errno.EFBIG: "a file is larger than the file-size limit (ulimit -f)"}.get(
+              full.errno, "no space left on the device")
+
+
 def _is_no_space(e: BaseException | None) -> bool:
   """Whether `e` or an exception it came from is a full disk (ENOSPC, as the OS, TensorStore or
   a remote store's client words it)."""
@@ -214,21 +316,6 @@ def _is_no_space(e: BaseException | None) -> bool:
   return False
 
 
-class _NoSpaceFilter(logging.Filter):
-  """Drops orbax's background-thread tracebacks of a full disk: `Checkpointer` reports it in one
-  line (otherwise several hundred lines of orbax and TensorStore frames come first)."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    error = record.exc_info[1] if record.exc_info else None
-    return not (_is_no_space(error) or "No space left on device" in str(record.msg))
-
-
-def _quiet_no_space_logs() -> None:
-  logger = logging.getLogger("absl")  # orbax logs through absl
-  if not any(isinstance(f, _NoSpaceFilter) for f in logger.filters):
-    logger.addFilter(_NoSpaceFilter())
-
-
 def _size(nbytes: int) -> str:
   return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
@@ -240,56 +327,6 @@ def _free(directory: paths.Path) -> str:
     return _size(shutil.disk_usage(os.fspath(directory)).free)
   except OSError:
     return "unknown space"
-
-
-class _DrainingLoop(asyncio.SelectorEventLoop):
-  """An event loop that, when closed, first cancels and awaits the tasks still running on it (as
-  `asyncio.run` does). Tasks are tracked by a task factory rather than `asyncio.all_tasks`
-  (orbax avoids the latter across threads)."""
-
-  def __init__(self):
-    super().__init__()
-    self._tasks = []
-
-    def factory(loop, coro, **kwargs):
-      task = asyncio.Task(coro, loop=loop, **kwargs)
-      self._tasks.append(task)
-      return task
-
-    self.set_task_factory(factory)
-
-  def close(self) -> None:
-    pending = [t for t in self._tasks if not t.done()]
-    if pending and not self.is_running() and not self.is_closed():
-      for task in pending:
-        task.cancel()
-      self.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-    super().close()
-
-
-class _DrainingPolicy(asyncio.DefaultEventLoopPolicy):
-  def new_event_loop(self) -> asyncio.AbstractEventLoop:
-    return _DrainingLoop()
-
-
-@contextlib.contextmanager
-def draining_event_loops():
-  """Within it, event loops created by `asyncio.new_event_loop` finish their tasks on close.
-
-  Restoring a damaged checkpoint, the first unreadable array ends orbax's `asyncio.gather` while
-  the reads of the others are in flight; orbax's `run_sync` then closes its loop under them, and
-  each late read prints a traceback ("Event loop is closed", "Exception ignored in: <coroutine
-  ...>"): hundreds of lines after the one-line error. orbax 0.12 offers no setting for its loop,
-  so the restores that may meet a damaged checkpoint run inside this block, which swaps asyncio's
-  event loop policy (its public way to choose the loops `new_event_loop` makes) and puts the
-  previous one back after.
-  """
-  previous = asyncio.get_event_loop_policy()
-  asyncio.set_event_loop_policy(_DrainingPolicy())
-  try:
-    yield
-  finally:
-    asyncio.set_event_loop_policy(previous)
 
 
 def _path(path) -> str:
@@ -351,9 +388,10 @@ def restore_checkpoint_params(workdir: str | pathlib.Path, step: int | None = No
         fail(f"--step {step}: {ckpt_dir} has no complete checkpoint at that step; its steps: "
              f"{', '.join(map(str, steps)) or 'none'}")
       steps = [step]
+    every = sorted(manager.all_steps())
     for s in reversed(steps):
       try:
-        digests.verify(ckpt_dir / str(s))
+        verify(ckpt_dir, s, every)
         with draining_event_loops():
           restored = _restore_here(manager, s)
         return s, jax.tree.map(lambda x: x, dict(restored["state"]["params"]))
@@ -393,7 +431,7 @@ def _damaged_step(ckpt_dir: paths.Path, step: int, error: Exception, steps: list
   readable = []
   for s in (s for s in steps if s != step):
     try:
-      digests.verify(ckpt_dir / str(s))
+      verify(ckpt_dir, s, steps)
     except digests.Damaged:
       continue
     readable.append(s)
@@ -495,21 +533,27 @@ class BestKeeper:
         tmp.mkdir(parents=True)
       if several:
         multihost_utils.sync_global_devices("bertjax:best:start")
-      checkpointer = ocp.StandardCheckpointer()
-      checkpointer.save(paths.absolute(tmp / "params"), host)
-      checkpointer.wait_until_finished()
+      with draining_event_loops():
+        checkpointer = ocp.StandardCheckpointer()
+        checkpointer.save(paths.absolute(tmp / "params"), host)
+        checkpointer.wait_until_finished()
       if primary:
         digests.write(tmp / "params")  # checked by every reader (restore_params_folder)
         paths.replace_text(tmp / "best.json", json.dumps({"step": step, "metric": self.metric,
                                                           "value": value, "metrics": metrics}))
     except Exception as e:  # pylint: disable=broad-except
-      if not _is_no_space(e):
+      full = _disk_error(e)
+      if full is None:
         raise
       if primary:
         paths.rmtree(tmp)
-      fail(f"no space left on the device for the best parameters (step {step}) at {tmp}; the "
+      log = self.dir.parent / orbax_workarounds.ERROR_LOG
+      logged = primary and orbax_workarounds.append(
+          log, f"saving the best parameters of step {step} at {tmp} failed:\n"
+          + orbax_workarounds.held() + "".join(traceback.format_exception(e)))
+      fail(f"{_reason(full)} for the best parameters (step {step}) at {tmp}; the "
            f"previous best/ and the checkpoints are kept: free some space and run the same "
-           f"command to resume")
+           f"command to resume" + (f" (its traceback: {log})" if logged else ""))
     if primary:
       old = self.dir.with_name("best.old")
       if self.dir.exists():

@@ -14,7 +14,10 @@
   it key by key: cadence and placement settings (`CADENCE`, `PLACEMENT`) and a longer
   `total_steps` may change; any other change is refused with the list of changed keys, unless
   `allow_changed_settings=True`. Every change a resumed run makes is appended to
-  WORKDIR/changes.jsonl ({step, time, changed: {key: [old, new]}, forced: [keys]}).
+  WORKDIR/changes.jsonl ({step, time, changed: {key: [old, new]}, forced: [keys]}). Each
+  checkpoint also holds the resolved settings (its `config` item): a config.json deleted beside
+  checkpoints is stood in for by the newest one's; where none holds them (an older bertjax), the
+  resume says in one line that nothing was compared, and changes.jsonl records it (`unchecked`).
 
 Nothing here writes before every check has passed: a refused run leaves the workdir as it was.
 """
@@ -36,6 +39,7 @@ import jax
 
 from bertjax.core import paths
 from bertjax.core.errors import fail, read_text
+from bertjax.runtime import checkpoints
 
 LOCK = "lock"
 CHANGES = "changes.jsonl"
@@ -265,17 +269,48 @@ class Settings:
     self.workdir, self.allow_changes = paths.as_path(workdir), bool(allow_changes)
     path = self.workdir / "config.json"
     self.recorded = None
+    self.source = f"the settings in {path}"  # where the recorded settings come from
+    self.unchecked = ""  # why a resumed run's settings could not be compared (changes.jsonl)
     if path.exists() and not trained:
       # The record of a run that saved no step: nothing it trained is resumed, so it binds nothing.
       logging.warning("%s records a run that saved no checkpoint: a new run starts here, with "
                       "its own settings", path)
     elif path.exists():
       try:
-        self.recorded = flatten(as_recorded(json.loads(read_text(path, "run record"))))
+        record = json.loads(read_text(path, "run record"))
       except ValueError as e:
         fail(f"{path} is not valid JSON ({e}); restore it, or use another --workdir")
+      if not isinstance(record, dict):
+        kind = {list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
+            type(record), "number")
+        fail(f"{path} is not a run record (a JSON {kind}, not an object); "
+             f"restore it, move it away (the settings saved with the checkpoints are then "
+             f"compared), or use another --workdir")
+      self.recorded = flatten(as_recorded(record))
+    elif trained:
+      self._recover(path)
     self.changed: dict[str, tuple[Any, Any]] = {}
     self.forced: list[str] = []
+
+  def _recover(self, path: paths.Path) -> None:
+    """config.json is gone beside checkpoints: the settings saved with the newest checkpoint
+    stand in for it (written back once a step is trained); without them (checkpoints of an
+    older bertjax) nothing can be compared, which is said and recorded in changes.jsonl."""
+    saved = checkpoints.saved_record(self.workdir / "checkpoints")
+    if saved is not None:
+      step, record = saved
+      logging.warning("%s is missing: this run's settings are compared with those saved with "
+                      "the checkpoint at step %d (and written back to it)", path, step)
+      self.recorded = flatten(as_recorded(record))
+      self.source = (f"the settings saved with the checkpoint at step {step} (its config.json "
+                     "is gone)")
+      return
+    self.unchecked = (f"{path.name} was missing and the checkpoints hold no copy of the "
+                      "settings: this run's could not be compared with those trained")
+    logging.warning("%s is missing and the checkpoints hold no copy of the settings they were "
+                    "trained with: this run's settings are taken as they are, unchecked (noted "
+                    "in %s); restore config.json to have them compared", path,
+                    self.workdir / CHANGES)
 
   def check(self, resolved: dict, pending: tuple[str, ...] = ()) -> None:
     """Refuses (one line, nothing written) when `resolved` changes what may not change. Keys in
@@ -306,11 +341,11 @@ class Settings:
                f"{self.workdir}")
     if other_run:
       return (f"{self.workdir} holds a run trained with other settings: {'; '.join(shown)}; "
-              f"resume with the settings in {self.workdir / 'config.json'}, or, as "
+              f"resume with {self.source}, or, as "
               f"{', '.join(other_run[:3])} make{'s' if len(other_run) == 1 else ''} this another "
               f"run, {new_run}")
     return (f"{self.workdir} holds a run trained with other settings: {'; '.join(shown)}; resume "
-            f"with the settings in {self.workdir / 'config.json'}; {new_run}; or add "
+            f"with {self.source}; {new_run}; or add "
             f"--config.{OVERRIDE}=True to change them in this run anyway (recorded in "
             f"{self.workdir / CHANGES})")
 
@@ -322,11 +357,13 @@ class Settings:
     if resolved is not None:
       paths.replace_text(self.workdir / "config.json",
                          json.dumps(resolved, indent=2, sort_keys=True, default=str))
-    if not self.changed or jax.process_index() != 0:
+    if not (self.changed or self.unchecked) or jax.process_index() != 0:
       return
-    logging.warning("resuming at step %d with changed settings: %s%s", step,
-                    ", ".join(f"{k} {_short(a)} -> {_short(b)}" for k, (a, b) in self.changed.items()),
-                    f" (allowed by {OVERRIDE}: {', '.join(self.forced)})" if self.forced else "")
+    if self.changed:
+      logging.warning("resuming at step %d with changed settings: %s%s", step,
+                      ", ".join(f"{k} {_short(a)} -> {_short(b)}"
+                                for k, (a, b) in self.changed.items()),
+                      f" (allowed by {OVERRIDE}: {', '.join(self.forced)})" if self.forced else "")
     if "total_steps" in self.changed:
       old, new = self.changed["total_steps"]
       logging.warning("total_steps %s -> %s: the learning-rate schedule now runs to step %s (the "
@@ -334,6 +371,8 @@ class Settings:
     entry = {"step": int(step), "time": datetime.datetime.now().astimezone().isoformat(
                  timespec="seconds"),
              "changed": {k: [a, b] for k, (a, b) in self.changed.items()}, "forced": self.forced}
+    if self.unchecked:
+      entry["unchecked"] = self.unchecked
     paths.append_text(self.workdir / CHANGES, json.dumps(entry) + "\n")
 
 

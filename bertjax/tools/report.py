@@ -42,6 +42,7 @@ import ast
 import dataclasses
 import logging
 import math
+import os
 import pathlib
 import statistics
 from typing import Any, Sequence
@@ -448,10 +449,22 @@ def render_markdown(sweep_dir: paths.Path, points: Sequence[PointResult], metric
   return "\n".join(lines) + "\n"
 
 
+def _check_writable(sweep_dir: paths.Path) -> None:
+  """The report is written into the sweep's folder: one that cannot be written to (read-only,
+  another user's) is refused before anything is read."""
+  if paths.is_remote(sweep_dir) or not sweep_dir.is_dir():
+    return  # a remote store says so at the first write; a missing folder is load_points' line
+  if not os.access(sweep_dir, os.W_OK | os.X_OK):
+    fail(f"{sweep_dir} is not writable, and the report is written into it (report.md, "
+         f"train_loss.png, dev_vs_lr.png); fix: make it writable, or copy the folder (cp -r "
+         f"{sweep_dir} SOMEWHERE) and report on the copy")
+
+
 def write_report(sweep_dir: str | pathlib.Path, metric: str | None = None) -> dict[str, Any]:
   """Writes report.md, train_loss.png and dev_vs_lr.png (with .json data) into `sweep_dir`
   (local or remote)."""
   sweep_dir = paths.as_path(sweep_dir)
+  _check_writable(sweep_dir)
   points = load_points(sweep_dir)
   metric = main_metric(points, metric)
   scope = metric_scope(points, metric)

@@ -438,8 +438,9 @@ def _train_and_evaluate(plan: run_plan.RunPlan, settings: workdir_lib.Settings, 
     logging.info(s.partition.describe(state.params))
 
   best = checkpoints.BestKeeper(workdir, config.get("best_metric", ""), config.get("best_mode", "max"))
-  ckpt = checkpoints.Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints,
-                                  async_save=config.async_checkpointing)
+  ckpt = checkpoints.Checkpointer(
+      workdir / "checkpoints", keep=config.keep_checkpoints, async_save=config.async_checkpointing,
+      record=json.loads(json.dumps(_resolved(config, plan.model_cfg, plan.schedule), default=str)))
   try:
     with preemption.abandoning(STARTING):
       windows = []

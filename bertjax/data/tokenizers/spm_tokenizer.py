@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import pathlib
 import re
@@ -16,6 +17,8 @@ from bertjax.data.tokenizers.base import (SPM_FILE, SPM_SPECIALS, Tokenizer, byt
 # sentencepiece's messages for a vocabulary size the corpus cannot fill or needs more than.
 _TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
 _TOO_LOW = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
+# sentencepiece's default: longer sentences (in UTF-8 bytes) are left out of its training.
+MAX_SENTENCE_BYTES = 4192
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -141,8 +144,14 @@ def train_sentencepiece(sentences: Iterable[str], output_dir: str | os.PathLike 
         normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
         pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, pad_piece=SPM_SPECIALS[0],
         unk_piece=SPM_SPECIALS[1], control_symbols=list(SPM_SPECIALS[2:]),
-        num_threads=num_threads or os.cpu_count() or 1, minloglevel=2)
+        num_threads=num_threads or os.cpu_count() or 1, minloglevel=2,
+        max_sentence_length=MAX_SENTENCE_BYTES)
   except RuntimeError as e:
+    if counter.error is not None:  # a SIGTERM, Ctrl-C or an unreadable corpus while it read
+      raise counter.error from None
+    if counter.too_long:  # what it trained on was too little: the long ones are the cause
+      errors.fail(counter.too_long_problem() + "; split the text into lines (one sentence or "
+                  "paragraph each, --format bert or doc_per_line) before training a tokenizer")
     message = str(e)
     if m := _TOO_HIGH.search(message):
       errors.fail(f"{flag} {m.group(1)} is larger than this corpus supports; use a smaller "
@@ -155,6 +164,8 @@ def train_sentencepiece(sentences: Iterable[str], output_dir: str | os.PathLike 
     errors.fail(f"sentencepiece training failed: {message.splitlines()[0]}")
   if counter.count == 0:
     errors.fail("no sentences to train the tokenizer on; check the --input files")
+  if counter.too_long:
+    logging.warning("%s; the tokenizer was trained on the others", counter.too_long_problem())
   tokenizer = SentencePieceTokenizer(writer.getvalue(), lowercase=lowercase)
   if output_dir is not None:
     tokenizer.save(output_dir)
@@ -167,13 +178,36 @@ class _SentenceCounter:
   def __init__(self, sentences: Iterable[str]):
     self._sentences = sentences
     self.count = 0
+    self.error: BaseException | None = None  # raised while reading the sentences
+    self.too_long = 0    # sentences sentencepiece leaves out (over MAX_SENTENCE_BYTES)
+    self.longest = 0     # bytes
 
   def __iter__(self) -> Iterator[str]:
-    for s in self._sentences:
-      s = s.strip()
-      if s:
-        self.count += 1
-        yield s
+    try:
+      for s in self._sentences:
+        s = s.strip()
+        if s:
+          self.count += 1
+          if len(s) * 4 > MAX_SENTENCE_BYTES:  # at most 4 UTF-8 bytes a character
+            size = len(s.encode("utf-8"))
+            self.longest = max(self.longest, size)
+            self.too_long += size > MAX_SENTENCE_BYTES
+          yield s
+    except BaseException as e:  # pylint: disable=broad-except
+      # sentencepiece turns an error raised while it reads into its own RuntimeError ("INTERNAL:
+      # Preempted" for a SIGTERM, exit 75): kept to be raised as it was.
+      self.error = e
+      raise
+
+
+  def too_long_problem(self) -> str:
+    every = self.too_long == self.count
+    share = ("every sentence of the corpus is" if every else
+             f"{self.too_long:,} of the {self.count:,} sentences of the corpus "
+             f"{'is' if self.too_long == 1 else 'are'}")
+    return (f"{share} longer than {MAX_SENTENCE_BYTES} bytes (the longest: {self.longest:,} "
+            "bytes), which sentencepiece does not train on: a line that long has no line breaks "
+            "or sentence ends to split at")
 
 
 class _BytesWriter:
