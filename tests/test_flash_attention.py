@@ -289,6 +289,15 @@ def test_the_setting_is_validated_and_pallas_only_in_the_gpu_set():
   assert kernels.for_platform("gpu").attention_dropout == "pallas"
   forced = ModelConfig(kernels="gpu", attention_dropout_kernel="explicit")
   assert kernels.attention_dropout_for(forced) == "explicit"
+  # Under a mesh of several devices "auto" keeps the explicit path (a pallas_call is not
+  # partitioned); one device, or the setting named, takes the kernel.
+  axes = (jax.sharding.AxisType.Auto,)
+  for devices, want in ((1, "pallas"), (8, "explicit")):
+    mesh = jax.sharding.AbstractMesh((devices,), ("data",), axis_types=axes)
+    with jax.sharding.use_abstract_mesh(mesh):
+      assert kernels.attention_dropout_for(ModelConfig(kernels="gpu")) == want
+      assert kernels.attention_dropout_for(ModelConfig(kernels="gpu",
+                                                       attention_dropout_kernel="pallas")) == "pallas"
   assert kernels.attention_dropout_for(ModelConfig(attention_dropout_kernel="pallas")) == "pallas"
   with pytest.raises(UserError, match="attention_dropout_kernel"):
     ModelConfig(attention_dropout_kernel="triton")

@@ -156,6 +156,8 @@ CPU = Kernels(platform="cpu", flat_dense=True, layer_norm_vjp=True, remat_activa
 #   bert-base seq 128 batch 256 MLM+NSP, dropout 0.1, one H200, jax 0.11.2, commit dd89774:
 #   492,281 -> 549,204 tokens/s (+11.6%), peak 13,562 -> 11,362 MiB (one `--ablate` row each,
 #   PERFORMANCE.md). Its CUDA lowering is checked on the CPU (tests/test_kernel_lowering.py).
+#   One device only: under a mesh of several, "auto" keeps the explicit path
+#   (`attention_dropout_for`), as XLA does not partition a Pallas call.
 # - row_multiple 8: cuDNN refuses odd query or key lengths in training ("Unsupported sequence
 #   length Q 21, KV 128" on the H100 for the gathered layer's 20 predictions + [CLS]); 8 rather
 #   than 2 because tensor cores take rows in eights (unmeasured against 2).
@@ -260,9 +262,17 @@ def for_model(cfg) -> Kernels:
 
 
 def attention_dropout_for(cfg) -> str:
-  """"explicit" or "pallas": the model's `attention_dropout_kernel`, "auto" meaning its set's."""
+  """"explicit" or "pallas": the model's `attention_dropout_kernel`, "auto" meaning its set's,
+  and for "auto" the explicit path under a mesh of several devices: a pallas_call is not
+  partitioned by XLA (its operands would be gathered to every device), and the set's choice was
+  measured on one device. `attention_dropout_kernel="pallas"` asks for it anyway."""
   setting = getattr(cfg, "attention_dropout_kernel", "auto")
-  return for_model(cfg).attention_dropout if setting == "auto" else setting
+  if setting != "auto":
+    return setting
+  chosen = for_model(cfg).attention_dropout
+  if chosen == "pallas" and jax.sharding.get_abstract_mesh().size > 1:
+    return "explicit"
+  return chosen
 
 
 def dropout_for_model(cfg) -> str:
