@@ -102,8 +102,24 @@ def scan(check) -> dict[str, list[str]]:
   return found
 
 
+# The only private names a module may use, each with why (any other fails the test):
+ALLOWED_PRIVATE = {
+    # JAX has no public handle on the coordinator's key-value store (orbax reads the same
+    # `jax._src.distributed.global_state.client`); os._exit is the documented stdlib call that
+    # ends a process whose main thread is stuck in a collective (a lost peer).
+    "bertjax/runtime/distributed.py": {"from jax._src import distributed", "os._exit"},
+}
+
+
 def test_no_module_imports_an_underscore_name_from_another_module():
-  assert scan(underscore_imports) == {}
+  found = scan(underscore_imports)
+  left = {path: [hit for hit in hits
+                 if hit.split(": ", 1)[1] not in ALLOWED_PRIVATE.get(path, set())]
+          for path, hits in found.items()}
+  assert {path: hits for path, hits in left.items() if hits} == {}
+  # Each allowance is still needed (a stale one would hide a new use).
+  for path, names in ALLOWED_PRIVATE.items():
+    assert names <= {hit.split(": ", 1)[1] for hit in found.get(path, [])}, path
 
 
 def test_no_module_assigns_to_another_packages_attribute():

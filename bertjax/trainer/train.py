@@ -293,8 +293,11 @@ def check_step_memory(s: Setup, state: TrainState, device_batch) -> str:
     compiled = s.train_step.lower(state, device_batch).compile()
   line = step_memory.check_fits(compiled, jax.local_devices()[0])
   logging.info(line)
-  # Once: the log's line where a handler shows it (launch.py's), else printed.
-  shown = logging.getLogger(__name__).isEnabledFor(logging.INFO) and logging.getLogger().handlers
+  # Once: the log's line where a handler writes it to the terminal (launch.py's), else printed
+  # (a handler that only captures, as pytest's, shows nothing).
+  console = [h for h in logging.getLogger().handlers if isinstance(h, logging.StreamHandler)
+             and getattr(h, "stream", None) in (sys.stderr, sys.stdout)]
+  shown = logging.getLogger(__name__).isEnabledFor(logging.INFO) and console
   if jax.process_index() == 0 and not shown:
     print(line, file=sys.stderr, flush=True)
   return line
