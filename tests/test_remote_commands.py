@@ -322,7 +322,7 @@ def test_report_over_gs_points_equals_local(local_sweep, fake_gcs, tmp_path, cap
   report.main([str(tmp_path / "local")])
   report.main([remote])
   out = capsys.readouterr().out
-  assert f"wrote {remote}/report.md, train_loss.png, dev_vs_lr.png" in out
+  assert f"wrote {remote}/report.md, train_loss.png, dev_curve.png, dev_vs_lr.png" in out
   bucket = fake_gcs / "bucket/sweep"
   for name in ("report.md", "train_loss.json", "dev_vs_lr.json"):
     want = (tmp_path / "local" / name).read_text().replace(str(tmp_path / "local"), remote)
