@@ -15,6 +15,16 @@ TINY = {"model.hidden_size": 32, "model.intermediate_size": 64, "model.num_atten
         "checkpoint_every": 100000}
 
 
+def glue_data(root: pathlib.Path, data_dir: pathlib.Path, task: str = "RTE") -> pathlib.Path:
+  """A GLUE data folder under `root` holding `task`'s train and dev files (links to the shared
+  data): what --config.data_dir takes."""
+  folder = root / "glue" / task
+  folder.mkdir(parents=True)
+  for name in ("train.tsv", "dev.tsv"):
+    (folder / name).symlink_to(data_dir / "glue" / task / name)
+  return folder.parent
+
+
 def load_config(spec: str, **settings):
   """`configs/<file>.py[:variant]` (relative to the repo) with `key=value` overrides applied."""
   config = config_lib.load_config_file(str(REPO / spec))

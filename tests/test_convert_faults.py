@@ -24,7 +24,7 @@ from bertjax.prune import folders
 from bertjax.trainer import train
 from configs.common import SAMPLE
 
-from helpers import load_config, run_module
+from helpers import glue_data, load_config, run_module
 from test_modernbert import TINY as MODERNBERT
 from test_modernbert_hf import bpe_folder
 
@@ -97,12 +97,8 @@ def test_pruned_modernbert_export_is_refused_in_one_line(converted, tmp_path, da
   code, stdout, stderr = convert_cli("to-hf", "--workdir", pruned, "--output", tmp_path / "hf")
   one_line_refusal(code, stderr, "ModernBERT model with pruned heads")
   assert not stdout and not (tmp_path / "hf").exists()
-  glue = tmp_path / "glue" / "RTE"
-  glue.mkdir(parents=True)
-  for name in ("train.tsv", "dev.tsv"):
-    (glue / name).symlink_to(data_dir / "glue" / "RTE" / name)
   config = load_config("configs/glue.py:task=rte,runlocal", **{
-      "data_dir": str(glue.parent), "init_from": str(pruned), "total_steps": 1,
+      "data_dir": str(glue_data(tmp_path, data_dir)), "init_from": str(pruned), "total_steps": 1,
       "max_train_examples": 16, "batch_size": 8, "eval_every": 1, "max_seq_length": 32,
       "tensorboard": False, "async_checkpointing": False, "best_metric": ""})
   train.train_and_evaluate(config, tmp_path / "run")

@@ -29,7 +29,7 @@ from bertjax.tools import embed
 from bertjax.trainer import train
 from configs.common import SAMPLE
 
-from helpers import TINY, load_config
+from helpers import TINY, glue_data, load_config
 
 KINDS = ("sentencepiece", "wordpiece", "bpe", "json")
 TEXTS = [("The game began in 1998 .", "It was released in Japan ."),
@@ -121,12 +121,8 @@ def test_round_trip_through_hugging_face(trained, tmp_path, data_dir, kind):
   np.testing.assert_allclose(np.load(tmp_path / "imported.npy"), np.load(tmp_path / "original.npy"),
                              atol=1e-5)
   # init_from: fine-tuning starts from the imported encoder (learning rate 0 keeps it as it is).
-  glue = tmp_path / "glue" / "RTE"
-  glue.mkdir(parents=True)
-  for name in ("train.tsv", "dev.tsv"):
-    (glue / name).symlink_to(data_dir / "glue" / "RTE" / name)
   config = load_config("configs/glue.py:task=rte,runlocal", **{
-      "data_dir": str(glue.parent), "init_from": str(imported), "total_steps": 2,
+      "data_dir": str(glue_data(tmp_path, data_dir)), "init_from": str(imported), "total_steps": 2,
       "learning_rate": 0.0, "max_train_examples": 32, "batch_size": 8, "eval_every": 2,
       "max_seq_length": 32, "tensorboard": False, "async_checkpointing": False,
       "best_metric": ""})

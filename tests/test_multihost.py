@@ -346,15 +346,21 @@ def test_a_process_alone_ends_with_one_line_after_the_join_timeout(tmp_path):
   assert "Traceback" not in done.stderr
 
 
+def long_run(workdir) -> list[str]:
+  """The quickstart on two processes for 2000 steps, logging every 5, nothing saved on the way:
+  a run to stop mid-way."""
+  return [*QUICK, "--workdir", str(workdir), "--config.distributed=True",
+          "--config.total_steps=2000", "--config.checkpoint_every=100000",
+          "--config.eval_every=100000", "--config.log_every=5"]
+
+
 @pytest.mark.slow
 def test_sigterm_to_one_process_stops_both_at_one_step_with_one_checkpoint(tmp_path):
   """SIGTERM to process 1 only, mid-run: both processes stop at the same step, one checkpoint
   of that step is saved, both exit 75; the same command then resumes. (On the original code both
   hung for over 11 minutes.)"""
   workdir = tmp_path / "run"
-  command = [*QUICK, "--workdir", str(workdir), "--config.distributed=True",
-             "--config.total_steps=2000", "--config.checkpoint_every=100000",
-             "--config.eval_every=100000", "--config.log_every=5"]
+  command = long_run(workdir)
   procs, out = start(command)
   try:
     out.wait_for(r"^\[p0\] train step 5/2000:", RUN_S)
@@ -380,9 +386,7 @@ def test_kill_9_of_one_process_ends_the_other_with_one_line(tmp_path):
   line naming process 1, exit 69. (On the original code it hung about 2.5 minutes, then aborted
   with a traceback, exit 134.)"""
   workdir = tmp_path / "run"
-  command = [*QUICK, "--workdir", str(workdir), "--config.distributed=True",
-             "--config.total_steps=2000", "--config.checkpoint_every=100000",
-             "--config.eval_every=100000", "--config.log_every=5"]
+  command = long_run(workdir)
   procs, out = start(command)
   try:
     out.wait_for(r"^\[p0\] train step 5/2000:", RUN_S)

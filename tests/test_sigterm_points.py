@@ -100,6 +100,15 @@ def _assert_same(a, b):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+def _rerun_ends_as(capsys, workdir, reference) -> None:
+  """The same command again finishes, with the uninterrupted run's evaluations and step 5's
+  parameters."""
+  code, lines = _launch(capsys, workdir, {**TINY_ARGS, **KW})
+  _finished(code, lines)
+  assert _evals(workdir) == _evals(reference)
+  _assert_same(_params(reference, 5), _params(workdir, 5))
+
+
 def _evals(workdir):
   return {r["step"]: r for r in metric_writers.read_metrics(workdir) if r["split"] == "eval"}
 
@@ -240,10 +249,7 @@ def test_sigterm_during_the_final_evaluation(tmp_path, capsys, reference):
   _preempted(code, lines, "while evaluating step 5 after the last step")
   assert checkpoints.Checkpointer(workdir / "checkpoints").all_steps() == [2, 4, 5]
   assert sorted(_evals(workdir)) == [2, 4]
-  code, lines = _launch(capsys, workdir, {**TINY_ARGS, **KW})
-  _finished(code, lines)
-  assert _evals(workdir) == _evals(reference)
-  _assert_same(_params(reference, 5), _params(workdir, 5))
+  _rerun_ends_as(capsys, workdir, reference)
 
 
 @pytest.mark.slow
@@ -257,10 +263,7 @@ def test_sigterm_during_the_final_save(tmp_path, capsys, reference):
   _preempted(code, lines, "at step 5", str(workdir / "checkpoints" / "5"))
   assert checkpoints.Checkpointer(workdir / "checkpoints").all_steps() == [2, 4, 5]
   assert sorted(_evals(workdir)) == [2, 4]  # no new work after the SIGTERM
-  code, lines = _launch(capsys, workdir, {**TINY_ARGS, **KW})
-  _finished(code, lines)
-  assert _evals(workdir) == _evals(reference)
-  _assert_same(_params(reference, 5), _params(workdir, 5))
+  _rerun_ends_as(capsys, workdir, reference)
 
 
 @pytest.mark.slow
@@ -343,10 +346,7 @@ def test_ctrl_c_at_a_random_step(tmp_path, capsys, reference):
   assert step in checkpoints.Checkpointer(workdir / "checkpoints").all_steps()
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["step"] == step and summary["status"].startswith("interrupted"), summary
-  code, lines = _launch(capsys, workdir, {**TINY_ARGS, **KW})
-  _finished(code, lines)
-  assert _evals(workdir) == _evals(reference)
-  _assert_same(_params(reference, 5), _params(workdir, 5))
+  _rerun_ends_as(capsys, workdir, reference)
 
 
 @pytest.mark.slow

@@ -153,9 +153,8 @@ def flash_dropout_attention(q: Array, k: Array, v: Array, segments: tuple[Array,
                             rate: float, rng: Array) -> Array:
   """The explicit path's output (dropout at `rate` after the softmax) from the Pallas flash
   kernel, its keep mask hashed from `rng` (the layer's dropout key). Interpreted off GPUs."""
-  interpret = kernels.backend() not in ("gpu", "cuda", "rocm")
-  return flash_attention(q, k, v, segment_ids=segments, dropout_rate=rate,
-                         seed=dropout_seed(rng), interpret=interpret)
+  return flash_attention(q, k, v, segment_ids=segments, dropout_rate=rate, seed=dropout_seed(rng),
+                         interpret=kernels.triton_interpreted())
 
 
 def cudnn_available() -> bool:

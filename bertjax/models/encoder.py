@@ -145,7 +145,7 @@ class ResidualNorm(nn.Module):
     no_bias = jnp.zeros((size,), jnp.float32)  # the Dense before it added its own
     return fused_residual_norm(y, residual.astype(cfg.compute_dtype), no_bias, scale, bias,
                                rate=rate, seed=seed, eps=cfg.layer_norm_eps,
-                               interpret=kernels.backend() not in ("gpu", "cuda", "rocm"))
+                               interpret=kernels.triton_interpreted())
 
 
 class TransformerLayer(nn.Module):

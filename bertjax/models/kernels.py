@@ -222,6 +222,12 @@ def lowering_for(platform: str):
     _TARGET.reset(token)
 
 
+def triton_interpreted() -> bool:
+  """Whether the GPU Pallas kernels (Triton) run in interpret mode here: anywhere the model is
+  not built for a GPU (the CPU, for tests)."""
+  return backend() not in ("gpu", "cuda", "rocm")
+
+
 def for_platform(platform: str) -> Kernels:
   """The choices for `platform` ("cpu", "gpu", "tpu", the "tpu-xla" variant, or "stock";
   "cuda" and "rocm" count as gpu)."""
