@@ -348,12 +348,6 @@ class Processes:
     self.active.clear()
 
 
-def run_process(argv: list[str], env: dict, timeout: float,
-                processes: Processes | None = None) -> dict:
-  """Runs `argv` in the repository in its own process group; on timeout kills that group."""
-  return (processes or Processes()).run([(argv, env, timeout)])[0]
-
-
 def failure(p: dict, timeout: float) -> dict:
   """The row of a process that did not give its figures: what went wrong, in its last line."""
   if p.get("stopped") == "budget":
@@ -460,10 +454,8 @@ def compile_ahead(base: dict, variants: list[dict], timeout: float, cache: Cache
       shutil.rmtree(w, ignore_errors=True)
   rows = {}
   for name, p in zip(jobs, results):
-    ok = p["rc"] == 0
-    rows[name] = {"status": "ok" if ok else failure(p, jobs[name][2])["status"],
-                  "started": p["started"], "ended": p["ended"],
-                  **({} if ok else {"error": failure(p, jobs[name][2])["error"]})}
+    outcome = {"status": "ok"} if p["rc"] == 0 else failure(p, jobs[name][2])
+    rows[name] = {**outcome, "started": p["started"], "ended": p["ended"]}
   return {"parallel": parallel, "seconds": time.time() - started, "cache": str(cache.dir),
           "variants": rows}
 
