@@ -14,9 +14,9 @@ object.
 - Loss: `loss` divides sums by denominators that depend only on the *whole* batch
   (`denominators`), so gradient accumulation over micro-batches reproduces the full-batch
   gradient exactly. Metrics are (numerator, denominator) pairs, summed before dividing.
-- Evaluation: `evaluate(config, params, context)` with the trainer's `EvalContext` (its jitted
-  metric step and per-row `predict_step`, the model and the prepared inputs), as big_vision's
-  evaluators are handed the trainer's functions.
+- Evaluation is not the objective's: evaluators (bertjax/evaluators/) run beside the trainer with
+  its jitted metric step (the loss above) and per-row `predict`; `evaluator` names the one a
+  run uses when its config lists none (`config.evals`).
 """
 
 from __future__ import annotations
@@ -53,6 +53,9 @@ class Objective:
   # Final-layer rows the heads read per masked prediction (the encoder's `output_positions`),
   # None: every row. Lets the benchmark count what `model.gather_last_layer` computes.
   output_rows_per_prediction: int | None = None
+  # The evaluator (bertjax/evaluators/) of a run whose config lists none: the loss and metric
+  # sums over the eval batches.
+  evaluator: str = "metric_sums"
 
   def __setattr__(self, name, value):
     raise AttributeError(f"objectives are stateless: {type(self).__name__}.{name} cannot be set; "
@@ -96,15 +99,10 @@ class Objective:
     del config, summary
     return None
 
-  def evaluate(self, config, params, context) -> dict[str, float] | None:
-    """Eval metrics at `context.step`: the trainer's metric sums over its eval batches (the
-    context is the trainer's `EvalContext`); fine-tuning tasks override this to decode and score."""
-    del config
-    return context.metric_sums(params)
-
-  def predictions(self, model, params, batch: Batch) -> dict[str, jax.Array]:
-    """Per-row outputs of a deterministic forward pass, for an evaluator that decodes them (the
-    trainer jits this once as `EvalContext.predict_step`); pretraining objectives have none."""
+  def predict(self, model, params, batch: Batch, rng: jax.Array | None = None,
+              deterministic: bool = True) -> dict[str, Any]:
+    """Per-row outputs of a forward pass, for an evaluator that decodes them (the trainer jits
+    the deterministic one as its `predict_step`); pretraining objectives have none."""
     raise NotImplementedError(f"objective {self.name!r} has no per-row predictions")
 
   def masking(self, config) -> Masking:

@@ -61,13 +61,13 @@ def sample_ids(workdir: pathlib.Path):
 
 
 def own_prediction(config, workdir: pathlib.Path, params):
-  """The run's own prediction pass (TaskObjective.predict) over its first dev set."""
+  """The run's own prediction pass (EvalContext.predict_rows) over its first dev set."""
   objective = get_objective(config)
   data = objective.build_inputs(config, workdir)
   context = eval_context.standalone(config, objective, objective.model_config(config), data,
                                     workdir, sharding.make_mesh(config.mesh_shape))
   eval_set = data.eval_sets[0]
-  return eval_set, objective.predict(params, context, eval_set)
+  return eval_set, context.predict_rows(params, eval_set, 0)
 
 
 def glue_run(tmp_path_factory, data_dir, task: str, **settings):

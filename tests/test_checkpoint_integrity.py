@@ -16,6 +16,7 @@ import pytest
 import bertjax
 from bertjax.convert.__main__ import main as convert_main
 from bertjax.core import digests, paths
+from bertjax.evaluators.metric_sums import MetricSums
 from bertjax.runtime import checkpoints
 from bertjax.trainer import train
 
@@ -138,19 +139,13 @@ def test_empty_data_item_falls_back(tmp_path, caplog):
   assert "used step 2" in lines[0]
 
 
-class _TermDuringEval:
-  """The run's objective, sending SIGTERM to this process while step `at`'s evaluation runs."""
-
-  def __init__(self, objective, at):
-    self._objective, self._at = objective, at
-
-  def __getattr__(self, name):
-    return getattr(self._objective, name)
-
-  def evaluate(self, config, params, context):
-    if context.step == self._at:
+def _term_during_eval(run, at):
+  """The evaluator's `run`, sending SIGTERM to this process while step `at`'s evaluation runs."""
+  def run_sending(self, params, step):
+    if step == at:
       os.kill(os.getpid(), signal.SIGTERM)
-    return self._objective.evaluate(config, params, context)
+    return run(self, params, step)
+  return run_sending
 
 
 @pytest.mark.slow
@@ -160,12 +155,12 @@ def test_sigterm_during_a_checkpoint_steps_evaluation(tmp_path, monkeypatch):
   for bit where an uninterrupted one ends."""
   kw = {**KW, "total_steps": 6, "eval_every": 2, "model.hidden_dropout_prob": 0.1}
   train.train_and_evaluate(tiny_config(**kw), tmp_path / "reference")
-  get = train.get_objective
-  monkeypatch.setattr(train, "get_objective", lambda config: _TermDuringEval(get(config), 4))
+  run = MetricSums.run
+  monkeypatch.setattr(MetricSums, "run", _term_during_eval(run, 4))
   summary = train.train_and_evaluate(tiny_config(**kw), tmp_path / "stopped")
   assert summary["status"].startswith("preempted") and summary["step"] == 4
   assert checkpoints.Checkpointer(tmp_path / "stopped/checkpoints").all_steps() == [2, 4]
-  monkeypatch.setattr(train, "get_objective", get)
+  monkeypatch.setattr(MetricSums, "run", run)
   summary = train.train_and_evaluate(tiny_config(**kw), tmp_path / "stopped")
   assert summary["status"] == "finished" and summary["step"] == 6
   _assert_same(_params_at(tmp_path / "reference", 6), _params_at(tmp_path / "stopped", 6))

@@ -21,8 +21,9 @@ import pytest
 import launch
 from bertjax.core import digests, errors
 from bertjax.data import prepare, tokenizers
+from bertjax.evaluators.context import EvalContext
+from bertjax.evaluators.metric_sums import MetricSums
 from bertjax.runtime import checkpoints, metric_writers, run_record
-from bertjax.tasks import base as task_base
 from bertjax.trainer import train
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -234,17 +235,8 @@ def test_sigterm_during_the_final_evaluation(tmp_path, capsys, reference):
   dropped, step 5's checkpoint is kept; run again, step 5 is evaluated as the uninterrupted run
   evaluated it, with its parameters."""
   workdir = tmp_path / "run"
-  objective_of = train.get_objective
-
-  def objective_stopping_at_5(config):
-    objective = objective_of(config)
-    # Objectives hold no state: the class's method is wrapped (undone with the context).
-    _term_in(mp, type(objective), "evaluate",
-             when=lambda self, config, params, context: context.step == 5)
-    return objective
-
   with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(train, "get_objective", objective_stopping_at_5)
+    _term_in(mp, MetricSums, "run", when=lambda self, params, step: step == 5)
     code, lines = _launch(capsys, workdir, {**TINY_ARGS, **KW})
   _preempted(code, lines, "while evaluating step 5 after the last step")
   assert checkpoints.Checkpointer(workdir / "checkpoints").all_steps() == [2, 4, 5]
@@ -291,8 +283,8 @@ def test_sigterm_in_fine_tuning_best_save_and_predictions(tmp_path, capsys, data
   assert checkpoints.Checkpointer(workdir / "checkpoints").all_steps() == [2]
 
   with pytest.MonkeyPatch.context() as mp:
-    _term_in(mp, task_base.TaskObjective, "predict",
-             when=lambda self, params, context, eval_set: context.step == 5)
+    _term_in(mp, EvalContext, "predict_rows",
+             when=lambda self, params, eval_set, step: step == 5)
     code, lines = _launch(capsys, workdir, settings, config)
   _preempted(code, lines, "while evaluating step 5 after the last step")
   assert sorted(_evals(workdir)) == [2, 4]
@@ -363,8 +355,8 @@ def test_sigterm_during_a_glue_evaluation_keeps_the_train_rows(tmp_path, capsys,
   assert _launch(capsys, tmp_path / "reference", settings, config)[0] == 0
   workdir = tmp_path / "run"
   with pytest.MonkeyPatch.context() as mp:
-    sent = _term_in(mp, task_base.TaskObjective, "predict",
-                    when=lambda self, params, context, eval_set: context.step == 2)
+    sent = _term_in(mp, EvalContext, "predict_rows",
+                    when=lambda self, params, eval_set, step: step == 2)
     code, lines = _launch(capsys, workdir, settings, config)
   assert sent
   _preempted(code, lines, "at step 2")

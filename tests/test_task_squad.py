@@ -13,6 +13,8 @@ import tokenizers as hf_tokenizers
 from bertjax.config import config_lib
 from bertjax.core.errors import UserError
 from bertjax.data import tokenizers
+from bertjax.evaluators import squad as squad_evaluator
+from bertjax.evaluators.squad import SquadEvaluator
 from bertjax.metrics import span_decoding, squad as squad_eval
 from bertjax.registry import get_objective
 from bertjax.runtime import checkpoints, sharding
@@ -299,8 +301,8 @@ def test_squad_v20_end_to_end(tmp_path, data_dir, spm_dir):
   data = objective.build_inputs(config2, tmp_path / "again")
   context = eval_context.standalone(config2, objective, objective.model_config(config2), data,
                                     tmp_path / "again", sharding.make_mesh(config2.mesh_shape),
-                                    step=7, total_steps=config2.total_steps)
-  metrics = objective.evaluate(config2, checkpoints.restore_params(workdir), context)
+                                    total_steps=config2.total_steps)
+  metrics = dict(SquadEvaluator(config2, context).run(checkpoints.restore_params(workdir), 7))
   again = tmp_path / "again" / "predictions" / "step_7"
   odds2 = json.loads((again / "null_odds.json").read_text())
   predictions2 = json.loads((again / "predictions.json").read_text())
@@ -344,14 +346,14 @@ def test_v2_headline_says_what_the_threshold_is_and_when_nothing_is_answered():
   read "tuned on dev: best f1 ... at threshold 0.0000" whatever the sweep found."""
   none_answered = {"exact": 50.0, "f1": 50.0, "total": 10, "NoAns_total": 5, "HasAns_total": 5,
                    "best_f1": 50.0, "best_f1_thresh": 0.0}
-  line = squad.v2_headline(none_answered, 0.0, answered=0)
+  line = squad_evaluator.v2_headline(none_answered, 0.0, answered=0)
   assert line.startswith("squad v2.0 dev exact 50.00 f1 50.00 at null threshold 0 (the default, "
                          "not tuned); 0 of 10 questions answered (every question predicted "
                          "unanswerable")
   assert "tuned on dev:" not in line and "threshold 0.0000" not in line
   assert line.endswith("no threshold beats answering none (f1 50.00), so none was tuned on dev")
   tuned = {**none_answered, "f1": 40.0, "best_f1": 62.5, "best_f1_thresh": -1.25}
-  line = squad.v2_headline(tuned, 2.0, answered=7)
+  line = squad_evaluator.v2_headline(tuned, 2.0, answered=7)
   assert "at null threshold 2; 7 of 10 questions answered; best on dev: f1 62.50 at threshold " \
       "-1.2500 (set --config.null_score_diff_threshold to use it)" in line
   assert "unanswerable" not in line

@@ -6,8 +6,8 @@ Two objectives share the machinery here:
   et al. 2020): the student does masked language modelling on the corpus while matching the
   teacher's MLM distribution at the masked positions, its hidden states and attention scores.
 - `distill_glue` (task distillation): a teacher fine-tuned on a GLUE task (a workdir trained with
-  configs/glue.py) gives soft targets for a student fine-tuned on the same task. Data, schedule,
-  evaluation and prediction files are `GlueTask`'s, used by composition.
+  configs/glue.py) gives soft targets for a student fine-tuned on the same task. Data, schedule and
+  forward pass are `GlueTask`'s, used by composition; its evaluator is GLUE's.
 
 The teacher (`config.distill.teacher`: a training workdir or a converted HF folder) is loaded once
 with `checkpoints.load_model_config` / `checkpoints.restore_params`, placed on the mesh with the
@@ -68,7 +68,7 @@ _log = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 class Distillation:
   """The student module and its loaded teacher, with the settings checked against both: what
-  `init_params`, `loss` and `predictions` are handed back as their model."""
+  `init_params`, `loss` and `predict` are handed back as their model."""
   student: DistillModel
   teacher: Teacher
   settings: Settings                   # with the layer_map resolved for this student
@@ -267,6 +267,7 @@ class DistillGlue(DistillationBase):
   fine-tuned teacher's predictions as soft targets."""
   name = "distill_glue"
   data_kind = "task"
+  evaluator = "glue"
   head = "classifier"
   task = glue_task.GlueTask()
 
@@ -318,8 +319,5 @@ class DistillGlue(DistillationBase):
                               batch["attention_mask"], denominators, model.settings,
                               hard_prefix="task", regression=model.student.num_labels == 1)
 
-  def predictions(self, model, params, batch):
-    return self.task.predictions(model.classifier, params, batch)
-
-  def evaluate(self, config, params, context):
-    return self.task.evaluate(config, params, context)
+  def predict(self, model, params, batch, rng, deterministic):
+    return self.task.predict(model.classifier, params, batch, rng, deterministic)

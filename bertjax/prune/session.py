@@ -20,6 +20,7 @@ from bertjax.config import config_lib
 from bertjax.convert import sources
 from bertjax.core import paths
 from bertjax.core.errors import fail, read_text
+from bertjax.evaluators import evaluator_class
 from bertjax.models.config import ModelConfig
 from bertjax.registry import get_objective
 from bertjax.runtime import checkpoints, sharding
@@ -89,8 +90,9 @@ class Session:
     """The task's dev metrics of `params` at pruning step `step`, which its lines name
     (predictions written under `where`; no test-set predictions)."""
     context = eval_context.standalone(self.config, self.objective, cfg, self.data, where,
-                                      self.mesh, step=step, total_steps=step + 1)
-    metrics = self.objective.evaluate(self.config, params, context)
+                                      self.mesh, total_steps=step + 1)
+    evaluator = evaluator_class(self.objective.evaluator)(self.config, context)
+    metrics = dict(evaluator.run(params, step))
     if self.metric not in metrics:
       fail(f"--metric {self.metric} is not a dev metric of this task; choose one of "
            f"{', '.join(sorted(metrics))}")

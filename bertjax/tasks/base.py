@@ -1,8 +1,8 @@
 """Shared machinery of the fine-tuning tasks: tokenizer, model, batches, predictions, schedule.
 
 A task is an `Objective` whose `build_inputs` reads a labelled data set, tokenizes it into
-fixed-length feature rows and returns a `FeatureIterator` for training, and whose `evaluate`
-predicts every dev example, writes prediction files and scores them.
+fixed-length feature rows and returns a `FeatureIterator` for training and its dev sets, which
+its evaluator (bertjax/evaluators/) predicts, writes prediction files of and scores.
 
 - Tokenizer: `config.data.tokenizer` if set, else the one saved with `config.init_from` (a
   converted checkpoint or a training workdir); with neither, a sentencepiece model is trained on
@@ -283,12 +283,13 @@ class Prepared:
 
 
 class TaskObjective(Objective):
-  """Common parts of GLUE, SQuAD and NER; subclasses define data, model, loss and evaluation.
+  """Common parts of GLUE, SQuAD and NER; subclasses define data, model and forward pass.
 
   Subclasses implement `prepare(config, workdir) -> Prepared` (the tokenizer from
-  `load_tokenizer`), `build_model(config, model_config)`, `feature_spec(config, seq_len)`,
-  `outputs` (per-row loss and predictions, used both by `loss` and by evaluation) and
-  `evaluate(config, params, context)`, which reads the prepared sets from `context.data`.
+  `load_tokenizer`), `make_model(config, model_config)`, `feature_spec(config, seq_len)` and
+  `predict` (per-row losses and predictions: what `loss` sums and the trainer's predict step
+  returns), and name the evaluator that scores their dev sets (`evaluator`, bertjax/evaluators/;
+  the default sums `predict`'s metrics over the dev rows).
   """
   data_kind = "task"
   feature_heads = True  # config.head and config.freeze apply (models/features.py, freezing.py)
@@ -298,21 +299,17 @@ class TaskObjective(Objective):
   def prepare(self, config, workdir: paths.Path) -> Prepared:
     raise NotImplementedError
 
-  def build_model(self, config, model_config: ModelConfig) -> nn.Module:
+  def make_model(self, config, model_config: ModelConfig) -> nn.Module:
     raise NotImplementedError
 
   def feature_spec(self, config, seq_len: int) -> dict[str, tuple[tuple[int, ...], Any]]:
     """Per-row shape and dtype of every training array except MODEL_INPUTS and weight."""
     raise NotImplementedError
 
-  def outputs(self, model: nn.Module, params, batch, rng, deterministic: bool) -> dict[str, Any]:
+  def predict(self, model: nn.Module, params, batch, rng, deterministic: bool) -> dict[str, Any]:
     """Forward pass: {"loss": <float32>[batch] per-row loss (0 at weight 0), ...predictions,
     "metrics": {name: (numerator, denominator)}}."""
     raise NotImplementedError
-
-  def loss_denominator(self, batch) -> jax.Array:
-    """What per-row losses are summed and divided by: real rows of the whole batch."""
-    return jnp.maximum(jnp.sum(batch["weight"].astype(jnp.float32)), 1.0)
 
   # -- the Objective contract ------------------------------------------------------------------
 
@@ -328,9 +325,6 @@ class TaskObjective(Objective):
                                   f"init_from={config.init_from}" if config.init_from else "")
     return cfg
 
-  def make_model(self, config, model_config: ModelConfig) -> nn.Module:
-    return self.build_model(config, model_config)
-
   def init_batch(self, config, batch_size: int, seq_len: int,
                  num_predictions: int) -> dict[str, Any]:
     del num_predictions
@@ -344,16 +338,12 @@ class TaskObjective(Objective):
     return {k: batch[k] for k in MODEL_INPUTS}
 
   def denominators(self, batch) -> dict[str, jax.Array]:
-    return {"loss": self.loss_denominator(batch)}
+    """What per-row losses are summed and divided by: real rows of the whole batch."""
+    return {"loss": jnp.maximum(jnp.sum(batch["weight"].astype(jnp.float32)), 1.0)}
 
   def loss(self, model, params, batch, rng, denominators, deterministic):
-    out = self.outputs(model, params, batch, rng, deterministic)
+    out = self.predict(model, params, batch, rng, deterministic)
     return jnp.sum(out["loss"]) / denominators["loss"], out["metrics"]
-
-  def predictions(self, model, params, batch) -> dict[str, jax.Array]:
-    out = self.outputs(model, params, batch, jax.random.key(0), deterministic=True)
-    out.pop("metrics", None)
-    return out
 
   def build_inputs(self, config, workdir) -> inputs.Inputs:
     prepared = self.prepare(config, paths.as_path(workdir))
@@ -369,8 +359,8 @@ class TaskObjective(Objective):
     size = int(config.get("eval_batch_size", 0) or micro_batch)
 
     def eval_batches() -> Iterator[dict[str, np.ndarray]]:
-      # The generic view of the eval rows (the trainer's default evaluation reads these);
-      # this task's own `evaluate` decodes EvalSets directly.
+      # The generic view of the eval rows (the metric sums evaluator reads these); the task
+      # evaluators decode the EvalSets directly.
       for s in prepared.eval_sets:
         for batch, _ in padded_batches(s.arrays, size, jax.process_index(), jax.process_count()):
           yield batch
@@ -406,34 +396,6 @@ class TaskObjective(Objective):
     return tokenizers.train_sentencepiece(itertools.chain([first], texts), None,
                                           vocab_size=config.data.vocab_size, seed=config.seed,
                                           flag="--config.data.vocab_size")
-
-  def predict(self, params, context, eval_set: EvalSet) -> dict[str, np.ndarray]:
-    """`predictions` of every row of `eval_set`, in row order (padding rows removed), from the
-    trainer's jitted `context.predict`."""
-    size = context.eval_batch_size
-    chunks: list[dict[str, np.ndarray]] = []
-    lines = context.progress(f"eval {eval_set.name} at step {context.step}:",
-                             -(-eval_set.num_rows // size))
-    for batch, valid in padded_batches(eval_set.arrays, size, jax.process_index(),
-                                       jax.process_count()):
-      out = context.predict(params, batch)  # on the host: the line times finished work
-      chunks.append({k: v[valid] for k, v in out.items()})
-      lines.update(len(chunks))
-    result = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
-    if num_rows(result) != eval_set.num_rows:  # a bug, not a user error: never drop rows
-      raise RuntimeError(f"{eval_set.name}: {num_rows(result)} predictions for "
-                         f"{eval_set.num_rows} rows")
-    return result
-
-  def output_dir(self, context) -> paths.Path:
-    """WORKDIR/predictions/step_<N>: this evaluation's prediction files and metrics.json."""
-    path = paths.as_path(context.workdir) / "predictions" / f"step_{context.step}"
-    if jax.process_index() == 0:
-      path.mkdir(parents=True, exist_ok=True)
-    return path
-
-  def is_final(self, context) -> bool:
-    return context.step >= context.total_steps
 
 
 def head_options(config) -> dict[str, Any]:

@@ -10,10 +10,7 @@ Data: `config.data_dir` names the GLUE download (glue_data/ with one folder per 
 task's folder) in the official tsv formats (read by `bertjax.metrics.glue`); empty, the tfds
 `glue/<task>` dataset built under `config.tfds_data_dir`.
 
-Each evaluation writes WORKDIR/predictions/step_<N>/dev/<leaderboard name>.tsv (RTE.tsv,
-MNLI-m.tsv, ...) and metrics.json; the final one also writes test/<leaderboard name>.tsv when a
-test split exists: the files the GLUE server takes, and `python -m bertjax.tools.evaluate glue`
-scores.
+Its evaluator, bertjax/evaluators/glue.py, scores the dev sets and writes the prediction files.
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ import dataclasses
 import math
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -175,6 +171,7 @@ def encode_rows(tokenizer, rows: list[dict[str, Any]], max_seq_length: int,
 class GlueTask(base.TaskObjective):
   """Sequence classification (regression for stsb) on one GLUE task (`config.task`)."""
   name = "glue"
+  evaluator = "glue"
 
   @classmethod
   def main_metric(cls, settings) -> str:
@@ -207,14 +204,14 @@ class GlueTask(base.TaskObjective):
 
   # -- model and loss ------------------------------------------------------------------------------
 
-  def build_model(self, config, model_config):
+  def make_model(self, config, model_config):
     return classifiers.SequenceClassifier(model_config, num_labels=task_of(config).num_labels,
                                           **base.head_options(config))
 
   def feature_spec(self, config, seq_len):
     return {"label": ((), jnp.float32 if task_of(config).is_regression else jnp.int32)}
 
-  def outputs(self, model, params, batch, rng, deterministic):
+  def predict(self, model, params, batch, rng, deterministic):
     logits = model.apply({"params": params}, **self.model_inputs(batch),
                          deterministic=deterministic, rngs={"dropout": rng})
     w = batch["weight"].astype(jnp.float32)
@@ -233,45 +230,6 @@ class GlueTask(base.TaskObjective):
       out["metrics"] = {"accuracy": (jnp.sum(correct), jnp.sum(w))}
     out["loss"] = per_row
     return out
-
-  # -- evaluation ----------------------------------------------------------------------------------
-
-  def evaluate(self, config, params, context) -> dict[str, float]:
-    out_dir = self.output_dir(context)
-    metrics: dict[str, float] = {}
-    scores = []
-    lines = []
-    for s in context.data.eval_sets:
-      spec, t = s.meta["spec"], glue.get_task(s.meta["spec"].task)
-      logits = self.predict(params, context, s)["logits"]
-      preds = predictions_of(logits)
-      m = glue.glue_metrics(t.name, preds, s.meta["labels"])
-      scores.append(glue.glue_task_score(t.name, m))
-      prefix = f"{spec.key}_" if spec.key else ""
-      metrics.update({prefix + k: v for k, v in m.items()})
-      metrics[prefix + "loss"] = dev_loss(logits, s.meta["labels"])
-      metrics[prefix + "examples"] = len(preds)
-      path = out_dir / "dev" / t.leaderboard_file
-      if jax.process_index() == 0:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        glue.write_predictions_tsv(path, preds, t.name, indices=s.meta["idx"])
-      lines.append(f"{t.name} dev " + " ".join(f"{k} {v:.4f}" for k, v in m.items())
-                   + f" ({len(preds)} examples) -> {path}")
-    metrics["score"] = float(np.mean(scores))
-    if self.is_final(context):
-      for s in context.data.test_sets:
-        t = glue.get_task(s.meta["spec"].task)
-        preds = predictions_of(self.predict(params, context, s)["logits"])
-        path = out_dir / "test" / t.leaderboard_file
-        if jax.process_index() == 0:
-          path.parent.mkdir(parents=True, exist_ok=True)
-          glue.write_predictions_tsv(path, preds, t.name, indices=s.meta["idx"])
-        lines.append(f"{t.name} test: {len(preds)} predictions -> {path}")
-    base.write_json(out_dir / "metrics.json",
-                    {"step": context.step, "task": task_of(config).name, **metrics})
-    for line in lines:
-      base.announce(f"step {context.step}: {line}")
-    return metrics
 
 
 def task_of(config) -> glue.GlueTask:
@@ -292,18 +250,3 @@ def eval_set(config, tokenizer, spec: Split, split: str, rows) -> base.EvalSet:
   base.announce(f"glue {spec.task} {split}: {len(rows)} examples ({truncated} truncated)")
   return base.EvalSet(name=f"{spec.task} {split}", arrays=arrays,
                       meta={"spec": spec, "labels": labels, "idx": [r["idx"] for r in rows]})
-
-
-def predictions_of(logits: np.ndarray) -> np.ndarray:
-  """Class ids, or the score of a one-output (regression) head."""
-  return logits[:, 0].astype(np.float64) if logits.shape[-1] == 1 else logits.argmax(-1)
-
-
-def dev_loss(logits: np.ndarray, labels: np.ndarray) -> float:
-  """The dev set's mean loss: squared error (regression) or cross-entropy, in float64."""
-  if logits.shape[-1] == 1:
-    return float(np.mean(np.square(logits[:, 0].astype(np.float64) - labels)))
-  z = logits.astype(np.float64)
-  z = z - z.max(-1, keepdims=True)
-  log_probs = z - np.log(np.exp(z).sum(-1, keepdims=True))
-  return float(-np.mean(log_probs[np.arange(len(labels)), labels]))

@@ -6,10 +6,8 @@ boundaries into several rows, so every word of every sentence gets exactly one p
 single word with more sub-tokens than fit keeps its first ones.
 
 NER is scored at the entity level (precision, recall, F1; `bertjax.metrics.ner`, conlleval
-semantics), POS by token accuracy. Each evaluation writes WORKDIR/predictions/step_<N>/
-dev_predictions.txt (`token tag` lines, a blank line after each sentence: what
-`python -m bertjax.tools.evaluate ner` scores) and metrics.json; the final one also predicts and
-scores the test file when there is one.
+semantics), POS by token accuracy, by its evaluator, bertjax/evaluators/ner.py, which also
+writes the prediction files.
 
 Data: `config.data_dir` with CoNLL-2003 files (`token POS chunk NER` columns; names from
 train_file, dev_file, test_file), or the tfds `conll2003` dataset when data_dir is empty.
@@ -18,9 +16,8 @@ train_file, dev_file, test_file), or the tfds `conll2003` dataset when data_dir 
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import Sequence
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -154,6 +151,7 @@ def tag_features(tokenizer, sentences: Sequence[tuple[Sequence[str], Sequence[st
 class TaggingTask(base.TaskObjective):
   """NER or POS tagging on CoNLL-2003 (`config.task`: ner | pos)."""
   name = "ner"
+  evaluator = "ner"
 
   @classmethod
   def main_metric(cls, settings) -> str:
@@ -181,18 +179,19 @@ class TaggingTask(base.TaskObjective):
     test_sets = [eval_set(config, tok, "test", test)] if test is not None and test[0] else []
     return base.Prepared(train=arrays, eval_sets=[dev], tokenizer=tok, test_sets=test_sets)
 
-  def build_model(self, config, model_config):
+  def make_model(self, config, model_config):
     return classifiers.TokenClassifier(model_config, num_labels=len(LABELS[task_of(config)]),
                                        **base.head_options(config))
 
   def feature_spec(self, config, seq_len):
     return {"labels": ((seq_len,), jnp.int32), "label_weights": ((seq_len,), jnp.float32)}
 
-  def loss_denominator(self, batch):
+  def denominators(self, batch):
+    """The labelled positions of the whole batch's real rows."""
     w = batch["label_weights"].astype(jnp.float32) * batch["weight"][:, None]
-    return jnp.maximum(jnp.sum(w), 1.0)
+    return {"loss": jnp.maximum(jnp.sum(w), 1.0)}
 
-  def outputs(self, model, params, batch, rng, deterministic):
+  def predict(self, model, params, batch, rng, deterministic):
     logits = model.apply({"params": params}, **self.model_inputs(batch),
                          deterministic=deterministic, rngs={"dropout": rng})
     w = batch["label_weights"].astype(jnp.float32) * batch["weight"][:, None]
@@ -203,64 +202,6 @@ class TaggingTask(base.TaskObjective):
     return {"loss": jnp.sum(ce, -1), "predicted": predicted,
             "correct": jnp.sum(correct, -1), "labelled": jnp.sum(w, -1),
             "metrics": {"accuracy": (jnp.sum(correct), jnp.sum(w))}}
-
-  def _tags(self, eval_set: base.EvalSet, predicted: np.ndarray) -> list[list[str]]:
-    """Predicted tags per sentence, each word taken from the position its row labels."""
-    sentences = eval_set.meta["sentences"]
-    tags: list[list[str | None]] = [[None] * len(words) for words, _ in sentences]
-    owner, word = eval_set.meta["owner"], eval_set.meta["word"]
-    for r in range(len(owner)):
-      pos = np.flatnonzero(word[r] >= 0)
-      for p in pos:
-        tags[owner[r]][word[r, p]] = eval_set.meta["labels"][predicted[r, p]]
-    missing = sum(t is None for s in tags for t in s)
-    if missing:  # a bug, never a user error: every word has a labelled position
-      raise RuntimeError(f"{missing} words of the {eval_set.name} set got no prediction")
-    return tags  # type: ignore[return-value]
-
-  def _score(self, eval_set: base.EvalSet, params, context) -> tuple[dict[str, Any], list]:
-    out = self.predict(params, context, eval_set)
-    tags = self._tags(eval_set, out["predicted"])
-    gold = [t for _, t in eval_set.meta["sentences"]]
-    n_tokens = float(out["labelled"].sum())
-    metrics: dict[str, Any] = {"accuracy": float(out["correct"].sum()) / max(n_tokens, 1.0),
-                               "loss": float(out["loss"].sum()) / max(n_tokens, 1.0),
-                               "sentences": len(gold)}
-    if eval_set.meta["task"] == "ner":
-      m = ner_eval.ner_metrics(gold, tags)
-      metrics.update({k: m[k] for k in ("precision", "recall", "f1", "num_gold", "num_predicted",
-                                        "num_correct")})
-      metrics.update({f"f1_{t}": v["f1"] for t, v in m["per_type"].items()})
-    return metrics, tags
-
-  def evaluate(self, config, params, context) -> dict[str, float]:
-    task = task_of(config)
-    out_dir = self.output_dir(context)
-    dev = context.data.eval_sets[0]
-    metrics, tags = self._score(dev, params, context)
-    path = out_dir / "dev_predictions.txt"
-    if jax.process_index() == 0:
-      ner_eval.write_ner_predictions(path, [w for w, _ in dev.meta["sentences"]], tags)
-    main = self.main_metric(config)
-    lines = [f"{task} dev {main} {metrics[main]:.4f} ({metrics['sentences']} sentences) "
-             f"-> {path}"]
-    record = {"step": context.step, "task": task, "dev": metrics}
-    if self.is_final(context):
-      for s in context.data.test_sets:
-        test_metrics, test_tags = self._score(s, params, context)
-        test_path = out_dir / "test_predictions.txt"
-        if jax.process_index() == 0:
-          ner_eval.write_ner_predictions(test_path, [w for w, _ in s.meta["sentences"]],
-                                         test_tags)
-        record["test"] = test_metrics
-        metrics.update({f"test_{k}": v for k, v in test_metrics.items()
-                        if k in ("f1", "precision", "recall", "accuracy")})
-        lines.append(f"{task} test {main} {test_metrics[main]:.4f} "
-                     f"({test_metrics['sentences']} sentences) -> {test_path}")
-    base.write_json(out_dir / "metrics.json", record)
-    for line in lines:
-      base.announce(f"step {context.step}: {line}")
-    return base.finite_metrics(metrics)
 
 
 def task_of(config) -> str:

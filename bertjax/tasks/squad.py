@@ -19,9 +19,8 @@ null score is [CLS]'s start + end logit; null_odds = null score - best span scor
 question is answered "" when its odds exceed `null_score_diff_threshold`. The threshold that
 would have been best on dev (the official script's best_f1_thresh) is reported with the metrics.
 
-Each evaluation writes WORKDIR/predictions/step_<N>/predictions.json (official format),
-nbest_predictions.json, null_odds.json (v2.0) and metrics.json, scored with
-`bertjax.metrics.squad` exactly as `python -m bertjax.tools.evaluate squad` scores the files.
+Its evaluator, bertjax/evaluators/squad.py, decodes and scores the dev questions and writes the
+prediction files.
 """
 
 from __future__ import annotations
@@ -324,15 +323,6 @@ def _decode_chunk(start_logits, end_logits, passage_mask, window_mask, start_mas
   return jax.vmap(one)(start_logits, end_logits, passage_mask, window_mask, start_mask)
 
 
-def _with_probabilities(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-  if not entries:
-    return entries
-  scores = np.asarray([x["score"] for x in entries])
-  p = np.exp(scores - scores.max())
-  p /= p.sum()
-  return [{**x, "probability": float(q)} for x, q in zip(entries, p)]
-
-
 # ---------------------------------------------------------------------------------------------
 # The task.
 
@@ -340,6 +330,7 @@ def _with_probabilities(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 class SquadTask(base.TaskObjective):
   """Extractive QA on SQuAD v1.1 or v2.0 (`config.version`)."""
   name = "squad"
+  evaluator = "squad"
 
   @classmethod
   def main_metric(cls, settings) -> str:
@@ -392,14 +383,14 @@ class SquadTask(base.TaskObjective):
     return base.Prepared(train=train, eval_sets=[dev], tokenizer=tok,
                          details={"questions": len(train_examples), **counts})
 
-  def build_model(self, config, model_config):
+  def make_model(self, config, model_config):
     return classifiers.TokenClassifier(model_config, num_labels=2, head_name="qa_outputs",
                                        **base.head_options(config))
 
   def feature_spec(self, config, seq_len):
     return {"start_position": ((), jnp.int32), "end_position": ((), jnp.int32)}
 
-  def outputs(self, model, params, batch, rng, deterministic):
+  def predict(self, model, params, batch, rng, deterministic):
     logits = model.apply({"params": params}, **self.model_inputs(batch),
                          deterministic=deterministic, rngs={"dropout": rng})
     real = batch["attention_mask"] > 0
@@ -419,73 +410,6 @@ class SquadTask(base.TaskObjective):
         "start_accuracy": (jnp.sum((jnp.argmax(start, -1) == sp) * w), jnp.sum(w)),
         "end_accuracy": (jnp.sum((jnp.argmax(end, -1) == ep) * w), jnp.sum(w))}
     return out
-
-  def evaluate(self, config, params, context) -> dict[str, float]:
-    version = version_of(config)
-    dev = context.data.eval_sets[0]
-    out = self.predict(params, context, dev)
-    nbest, odds = decode(out["start_logits"], out["end_logits"], dev.meta,
-                         config.max_answer_length, config.n_best_size)
-    examples = dev.meta["examples"]
-    threshold = float(config.get("null_score_diff_threshold", 0.0))
-    predictions, null_odds, nbest_json = {}, {}, {}
-    for ex, entries, o in zip(examples, nbest, odds):
-      best = entries[0]["text"] if entries else ""
-      # JSON has no infinity: a question without any allowed span gets huge odds instead.
-      o = float(o) if np.isfinite(o) else 1e9
-      if version == "2.0":
-        null_odds[ex["id"]] = o
-        if o > threshold:
-          best = ""
-      predictions[ex["id"]] = best
-      nbest_json[ex["id"]] = _with_probabilities(entries)
-    if len(predictions) != len(examples):  # repeated ids would collapse; read_squad refuses them
-      raise RuntimeError(f"{len(predictions)} predictions for {len(examples)} questions")
-    # na_prob_thresh=1.0 is the official script's (and `python -m bertjax.tools.evaluate`'s)
-    # default.
-    metrics = squad_eval.squad_metrics(examples, predictions,
-                                       null_odds=null_odds if version == "2.0" else None,
-                                       version=version, na_prob_thresh=1.0)
-    metrics = base.finite_metrics(metrics)
-    if version == "2.0":
-      metrics["null_threshold"] = threshold
-    out_dir = self.output_dir(context)
-    base.write_json(out_dir / "predictions.json", predictions)
-    base.write_json(out_dir / "nbest_predictions.json", nbest_json)
-    if version == "2.0":
-      base.write_json(out_dir / "null_odds.json", null_odds)
-    base.write_json(out_dir / "metrics.json", {"step": context.step, "version": version,
-                                               **metrics})
-    if version == "2.0":
-      answered = sum(bool(p) for p in predictions.values())
-      base.announce(f"step {context.step}: "
-                    + v2_headline(metrics, threshold, answered) + f" -> {out_dir}")
-    else:
-      base.announce(f"step {context.step}: squad v1.1 dev exact_match "
-                    f"{metrics['exact_match']:.2f} f1 {metrics['f1']:.2f} "
-                    f"({len(predictions)} questions) -> {out_dir}")
-    return metrics
-
-
-def v2_headline(metrics: dict[str, float], threshold: float, answered: int) -> str:
-  """A SQuAD v2.0 evaluation in one line: its scores at the null threshold used (the default 0
-  said as such), how many questions got an answer (all predicted unanswerable said in words),
-  and the threshold that would have been best on dev, only where one beats answering none (the
-  official sweep reports 0 then: nothing was tuned)."""
-  total = int(metrics["total"])
-  used = f"null threshold {threshold:g}" + (" (the default, not tuned)" if threshold == 0 else "")
-  line = (f"squad v2.0 dev exact {metrics['exact']:.2f} f1 {metrics['f1']:.2f} at {used}; "
-          f"{answered} of {total} questions answered")
-  if not answered:
-    line += (" (every question predicted unanswerable: the model has not learned to answer "
-             "yet, or the threshold is too low)")
-  abstain = 100.0 * metrics.get("NoAns_total", 0) / total
-  if metrics.get("best_f1", abstain) > abstain:
-    line += (f"; best on dev: f1 {metrics['best_f1']:.2f} at threshold "
-             f"{metrics['best_f1_thresh']:.4f} (set --config.null_score_diff_threshold to use it)")
-  else:
-    line += (f"; no threshold beats answering none (f1 {abstain:.2f}), so none was tuned on dev")
-  return line
 
 
 def version_of(config) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import json
 import logging
 import pathlib
@@ -28,6 +27,8 @@ import optax
 
 from bertjax.core import paths, run_files
 from bertjax.data.tokenizers import CONFIG_FILE as TOKENIZER_MARK  # written last by its save
+from bertjax.evaluators.context import EvalContext
+from bertjax.evaluators.schedule import Evaluations
 from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
 from bertjax.objective import Schedule
@@ -41,7 +42,7 @@ from bertjax.runtime.progress import EVERY_S, Progress, real_clock_compile_secon
 from bertjax.runtime.run_record import RunRecord
 from bertjax.tasks import base as task_base
 from bertjax.trainer import run_plan
-from bertjax.trainer.eval_context import EvalContext, make_eval_step
+from bertjax.trainer.eval_context import make_eval_step, make_predict_step
 
 
 @flax.struct.dataclass
@@ -218,7 +219,7 @@ def setup(config, objective, model_cfg: ModelConfig, mesh, schedule: Schedule | 
   eval_step = jax.jit(make_eval_step(objective, model),
                       in_shardings=(state_shardings.params, batch_shard), out_shardings=metric_shard)
   # Compiled only when an evaluation calls it (a task decoding its dev set).
-  predict_step = jax.jit(functools.partial(objective.predictions, model),
+  predict_step = jax.jit(make_predict_step(objective, model),
                          in_shardings=(state_shardings.params, batch_shard))
   run = Setup(mesh=mesh, rules=sharding.rules_from_config(config), state_shardings=state_shardings,
               abstract_state=abstract_state, train_step=train_step, eval_step=eval_step,
@@ -305,14 +306,15 @@ def check_step_memory(s: Setup, state: TrainState, device_batch) -> str:
 
 def _train_loop(plan: run_plan.RunPlan, s: Setup, state: TrainState, ckpt, writer: MetricWriter,
                 run_eval: Callable, record: RunRecord, clock: Callable[[], float],
-                preemption: Preemption, started: Callable[[int], None] = lambda step: None
+                preemption: Preemption, started: Callable[[int], None] = lambda step: None,
+                eval_due: Callable[[int], bool] = lambda step: False
                 ) -> tuple[TrainState, int, str]:
-  """Steps until total_steps or SIGTERM: logging, evaluation and checkpoints on their cadence,
-  a progress line every `progress_every_s` seconds; `started(step)` once the first step is
-  trained. A SIGTERM (`preemption.requested`) lets the step, its evaluation and its saves finish,
-  then saves it. Returns the state, the step reached and why the loop ended."""
-  config, data, total_steps, eval_every = (plan.config, plan.data, plan.schedule.total_steps,
-                                           plan.schedule.eval_every)
+  """Steps until total_steps or SIGTERM: logging, evaluation (at the steps `eval_due` names) and
+  checkpoints on their cadence, a progress line every `progress_every_s` seconds; `started(step)`
+  once the first step is trained. A SIGTERM (`preemption.requested`) lets the step, its
+  evaluation and its saves finish, then saves it. Returns the state, the step reached and why the
+  loop ended."""
+  config, data, total_steps = plan.config, plan.data, plan.schedule.total_steps
   step = int(jax.device_get(state.step))
   stop_reason = "finished"
   batches = prefetch.DevicePrefetch(data.train, lambda b: sharding.shard_batch(b, s.mesh),
@@ -322,7 +324,7 @@ def _train_loop(plan: run_plan.RunPlan, s: Setup, state: TrainState, ckpt, write
                    excluded=real_clock_compile_seconds(clock))
   while step < total_steps:
     step += 1
-    quiet = not reads_devices(config, plan.schedule, step, record.compiling)
+    quiet = not (reads_devices(config, plan.schedule, step, record.compiling) or eval_due(step))
     with QUIET_STEP() if quiet else contextlib.nullcontext():
       batch, device_batch = next(batches)
       if record.compiling:  # this process's first step: known to fit before it runs
@@ -337,7 +339,7 @@ def _train_loop(plan: run_plan.RunPlan, s: Setup, state: TrainState, ckpt, write
         record.log(writer, step, metrics)
         record.watch.check()
       lines.update(step, record.shown)
-      if eval_every and step % eval_every == 0:
+      if eval_due(step):
         t_eval = time.time()
         record.last_eval = run_eval(step, state) or record.last_eval
         record.t_log += time.time() - t_eval  # evaluation time is not training time
@@ -462,18 +464,20 @@ def _train_and_evaluate(plan: run_plan.RunPlan, settings: workdir_lib.Settings, 
       _write_tokenizer(workdir, data)
     writer = MetricWriter(workdir, total_steps, tensorboard=config.tensorboard)
 
+    # The run's evaluators (bertjax/evaluators/), built once with the trainer's jitted functions.
+    evaluations = Evaluations.of(config, objective, EvalContext(
+        mesh=plan.mesh, rules=s.rules, workdir=workdir, total_steps=total_steps,
+        eval_step=s.eval_step, batches=data.eval_batches, num_batches=data.num_eval_batches,
+        predict_step=s.predict_step, eval_batch_size=plan.eval_batch_size, data=data,
+        model_config=plan.model_cfg, progress_every_s=config.get("progress_every_s", EVERY_S),
+        clock=clock), eval_every)
+
     def run_eval(step, state, last=False):
-      context = EvalContext(mesh=plan.mesh, rules=s.rules, workdir=workdir, step=step,
-                            total_steps=total_steps, eval_step=s.eval_step,
-                            batches=data.eval_batches, num_batches=data.num_eval_batches,
-                            predict_step=s.predict_step, eval_batch_size=plan.eval_batch_size,
-                            data=data,
-                            progress_every_s=config.get("progress_every_s", EVERY_S), clock=clock)
       # After the last step a SIGTERM drops the evaluation (its checkpoint is saved: a rerun
       # evaluates it); in the loop the evaluation finishes and its step is saved.
       with (preemption.abandoning(f"evaluating step {step} after the last step (its checkpoint "
                                   "is saved)") if last else contextlib.nullcontext()):
-        metrics = objective.evaluate(config, state.params, context)
+        metrics = evaluations.run(state.params, step, at_end=last)
       if metrics:  # written whole whatever comes: a SIGTERM now only sets `requested`
         writer.write(step, "eval", metrics)
         best.update(step, metrics, state.params)
@@ -488,9 +492,10 @@ def _train_and_evaluate(plan: run_plan.RunPlan, settings: workdir_lib.Settings, 
       state, step, stop_reason = _train_loop(
           plan, s, state, ckpt, writer, run_eval, record, clock, preemption,
           started=lambda step: settings.record(step0, _resolved(config, plan.model_cfg,
-                                                                plan.schedule)))
-      if (stop_reason == "finished" and eval_every and step == total_steps
-          and record.last_eval_step != step):
+                                                                plan.schedule)),
+          eval_due=evaluations.due)
+      if (stop_reason == "finished" and step == total_steps
+          and evaluations.at_end(step, record.last_eval_step)):
         record.last_eval = run_eval(step, state, last=True) or record.last_eval
   finally:
     # Also on errors: orbax's background threads must finish before the process exits.
