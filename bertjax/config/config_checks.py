@@ -80,6 +80,29 @@ def check_ranges(config) -> None:
   if config.total_steps == 0 and epochs is not _MISSING and epochs <= 0:
     fail("total_steps=0 derives the steps from num_epochs, which is not positive; fix: "
          "--config.num_epochs=3 or --config.total_steps=1000")
+  check_evals(config)
+
+
+# The evaluators `config.evals` may name: bertjax/evaluators/__init__.py's REGISTERED keys (that
+# package sits above this one; tests/test_evaluators.py keeps the two equal).
+EVALUATORS = ("metric_sums", "glue", "squad", "ner", "glue_probe")
+
+
+def check_evals(config) -> None:
+  """Every `config.evals` entry (absent: the objective's own evaluation) is a dict naming an
+  evaluator, run every positive number of steps."""
+  for i, entry in enumerate(config.get("evals", None) or ()):
+    if not hasattr(entry, "get"):
+      fail(f"evals[{i}]={entry!r} is not a dict; fix: dict(name=\"metric_sums\", every=1000)")
+    name, every = entry.get("name"), entry.get("every")
+    if name not in EVALUATORS:
+      fail(f"evals[{i}].name={name!r} is not an evaluator; fix: one of {', '.join(EVALUATORS)}")
+    if isinstance(every, bool) or not isinstance(every, int) or every <= 0:
+      fail(f"evals[{i}].every={every!r} must be a positive number of steps between its runs; "
+           f"fix: evals[{i}].every=1000")
+    if not isinstance(entry.get("prefix", ""), str):
+      fail(f"evals[{i}].prefix={entry.get('prefix')!r} must be a string; fix: "
+           f"evals[{i}].prefix=\"{name}/\"")
 
 
 def check_workdir(workdir) -> None:
