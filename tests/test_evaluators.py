@@ -77,8 +77,10 @@ def test_a_pretraining_run_with_two_evaluators_on_their_cadences(tmp_path, data_
   # The probe reads the encoder of its step: the two rows are of different parameters.
   assert probed[0]["probe_rte/loss"] != probed[1]["probe_rte/loss"]
 
-  train.train_and_evaluate(_pretraining_config(tmp_path, data_dir, total_steps=6, eval_every=2),
-                           tmp_path / "own")
+  # The same run without `evals`, on the corpus (and tokenizer) the first one prepared.
+  own_config = _pretraining_config(tmp_path, data_dir, total_steps=6, eval_every=2,
+                                   data_dir=str(tmp_path / "two" / "prepared"))
+  train.train_and_evaluate(own_config, tmp_path / "own")
   own = _eval_rows(tmp_path / "own", "mlm_loss")
   assert [{k: v for k, v in r.items() if not k.startswith("probe_")} for r in mlm] == own
 
@@ -137,3 +139,11 @@ def test_a_bad_evals_entry_stops_launch_in_one_line(tmp_path):
   lines = r.stderr.strip().splitlines()
   assert len(lines) == 1 and "evals[1].name='mlm_probe' is not an evaluator" in lines[0], r.stderr
   assert not workdir.exists()
+
+
+def test_architecture_shows_the_metric_sums_evaluator_as_it_is():
+  shown = (REPO / "ARCHITECTURE.md").read_text()
+  block = "\n".join(line[2:] for line in shown[shown.index("  class MetricSums("):].splitlines())
+  source = (REPO / "bertjax/evaluators/metric_sums.py").read_text()
+  source = source[source.index("class MetricSums("):].rstrip()
+  assert block.startswith(source + "\n")
