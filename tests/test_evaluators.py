@@ -44,7 +44,7 @@ def test_each_evaluator_scores_as_the_objective_did(family, tmp_path, data_dir):
   assert (tmp_path / "run" / "predictions" / "step_1" / "metrics.json").is_file()
 
 
-def _pretraining_config(tmp_path, data_dir, **settings):
+def _pretraining_config(**settings):
   return load_config("configs/quickstart.py:runlocal", **{
       **TINY, "data.vocab_size": 400, "model.vocab_size": 400, "max_seq_length": 32,
       "max_predictions_per_seq": 5, "batch_size": 8, "log_every": 2, **settings})
@@ -61,7 +61,7 @@ def test_a_pretraining_run_with_two_evaluators_on_their_cadences(tmp_path, data_
   its own names; the MLM rows equal those of the same run without `evals` (eval_every=2)."""
   probe = dict(name="glue_probe", every=3, task="rte", data_dir=str(data_dir / "glue"),
                train_examples=48, dev_examples=40, steps=50)
-  config = _pretraining_config(tmp_path, data_dir, total_steps=6, eval_every=2)
+  config = _pretraining_config(total_steps=6, eval_every=2)
   with config.unlocked():
     config.evals = [dict(name="metric_sums", every=2), probe]
   train.train_and_evaluate(config, tmp_path / "two")
@@ -78,7 +78,7 @@ def test_a_pretraining_run_with_two_evaluators_on_their_cadences(tmp_path, data_
   assert probed[0]["probe_rte/loss"] != probed[1]["probe_rte/loss"]
 
   # The same run without `evals`, on the corpus (and tokenizer) the first one prepared.
-  own_config = _pretraining_config(tmp_path, data_dir, total_steps=6, eval_every=2,
+  own_config = _pretraining_config(total_steps=6, eval_every=2,
                                    data_dir=str(tmp_path / "two" / "prepared"))
   train.train_and_evaluate(own_config, tmp_path / "own")
   own = _eval_rows(tmp_path / "own", "mlm_loss")
