@@ -36,7 +36,7 @@ class Inputs:
   num_train_rows: int | None = None            # a finite training set's size (fine-tuning)
   num_eval_batches: int | None = None          # how many batches eval_batches yields, if known
   # A fine-tuning task's own evaluation sets (bertjax.tasks.base.EvalSet) and task-specific
-  # counts: what its `evaluate` decodes and scores, read from the EvalContext's `data`.
+  # counts: what its evaluator (bertjax/evaluators/) decodes and scores from `EvalContext.data`.
   eval_sets: tuple = ()
   test_sets: tuple = ()
   details: dict = dataclasses.field(default_factory=dict)
