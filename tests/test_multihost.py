@@ -252,28 +252,106 @@ def test_every_other_objective_trains_the_same_on_two_processes(tmp_path, object
   assert evals(tmp_path / "2p") == pytest.approx(evals(tmp_path / "1p"), rel=1e-4)
 
 
+def on_one_and_two(tmp_path, base):
+  """`base` (a launch.py command without --workdir) run from empty workdirs by 1 process x 4
+  devices and by 2 processes x 2: their workdirs."""
+  for processes in (1, 2):
+    train(tmp_path / f"{processes}p", processes, None, base=base)
+  return tmp_path / "1p", tmp_path / "2p"
+
+
+def assert_same_losses(one, two, steps):
+  a, b = train_losses(one), train_losses(two)
+  assert sorted(a) == sorted(b) == steps
+  for step in a:
+    assert abs(a[step] - b[step]) <= 1e-4 * abs(a[step]), (step, a[step], b[step])
+
+
+def assert_same_evals(one, two, steps):
+  """The eval rows of `steps` (in-loop and final), every number alike (but for timings)."""
+  evals = lambda w: [r for r in metric_writers.read_metrics(w) if r["split"] == "eval"]
+  a, b = evals(one), evals(two)
+  assert [r["step"] for r in a] == [r["step"] for r in b] == steps
+  for x, y in zip(a, b):
+    for key, value in x.items():
+      if isinstance(value, float) and not key.endswith("_per_s"):
+        assert y[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (x["step"], key)
+
+
+def assert_same_numbers(x, y, where):
+  """Two JSON values alike: the same keys, lengths and text; numbers to float tolerance."""
+  if isinstance(x, dict):
+    assert isinstance(y, dict) and sorted(x) == sorted(y), where
+    for key in x:
+      assert_same_numbers(x[key], y[key], f"{where}/{key}")
+  elif isinstance(x, list):
+    assert isinstance(y, list) and len(x) == len(y), where
+    for i, (a, b) in enumerate(zip(x, y)):
+      assert_same_numbers(a, b, f"{where}[{i}]")
+  elif isinstance(x, float):
+    assert y == pytest.approx(x, rel=1e-4, abs=1e-6), where
+  else:
+    assert x == y, where
+
+
+def unique_keys(pairs):
+  """json.loads' object_pairs_hook: a key written twice fails (a plain dict keeps the last)."""
+  keys = [k for k, _ in pairs]
+  assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)[:5]
+  return dict(pairs)
+
+
+def prediction_files(workdir) -> dict[str, pathlib.Path]:
+  root = workdir / "predictions"
+  return {str(p.relative_to(root)): p for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def assert_same_predictions(one, two, steps):
+  """Every evaluation's files (WORKDIR/predictions/step_<N>/...) written by the 2-process run
+  as by the 1-process one: the same files, nothing left half-written beside them, text files
+  equal, JSON files equal to float tolerance (and no key twice)."""
+  a, b = prediction_files(one), prediction_files(two)
+  assert sorted(a) == sorted(b), (sorted(a), sorted(b))
+  assert sorted({name.split("/")[0] for name in b}) == sorted(f"step_{s}" for s in steps)
+  for name in a:
+    if name.endswith(".json"):
+      load = lambda p: json.loads(p.read_text(), object_pairs_hook=unique_keys)
+      assert_same_numbers(load(a[name]), load(b[name]), name)
+    else:
+      assert a[name].read_text() == b[name].read_text(), name
+
+
+def assert_same_best(one, two):
+  """best/ (best_metric's best evaluation): the same step, value and parameters."""
+  x, y = (json.loads((w / "best" / "best.json").read_text()) for w in (one, two))
+  assert y["step"] == x["step"] and y["value"] == pytest.approx(x["value"], rel=1e-4, abs=1e-6)
+  got, want = (jax.tree.leaves(checkpoints.restore_params(w / "best")) for w in (two, one))
+  assert len(got) == len(want) > 0
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.slow
 def test_two_processes_fine_tune_glue_as_one(tmp_path, data_dir):
   """RTE from empty workdirs (process 0 trains the task's tokenizer and builds its features
   while process 1 waits): 2 processes x 2 devices log the train losses and the dev metrics of
-  1 x 4; the dev set's 277 rows end in a partial, padded batch that both count alike."""
+  1 x 4, in the loop (step 3) and at the end (step 6); the dev set's 277 rows end in a partial,
+  padded batch (17 x 16 + 5) that both count alike. Process 0 writes each evaluation's
+  RTE.tsv with every dev row once, in order, as the 1-process run does, and best/ alike."""
   glue = ["launch.py", "--config", "configs/glue.py:task=rte,runlocal", "--config.tensorboard=False",
           f"--config.data_dir={data_dir / 'glue'}", "--config.data.vocab_size=300",
           "--config.model.vocab_size=300", "--config.max_seq_length=32",
           "--config.max_train_examples=48", "--config.batch_size=8", "--config.eval_batch_size=16",
-          "--config.total_steps=6", "--config.log_every=2", "--config.eval_every=6"]
-  for processes in (1, 2):
-    train(tmp_path / f"{processes}p", processes, None, base=glue)
-  a, b = train_losses(tmp_path / "1p"), train_losses(tmp_path / "2p")
-  assert sorted(a) == sorted(b) == [2, 4, 6]
-  for step in a:
-    assert abs(a[step] - b[step]) <= 1e-4 * abs(a[step]), (step, a[step], b[step])
-  evals = lambda w: [r for r in metric_writers.read_metrics(w) if r["split"] == "eval"]
-  one, two = evals(tmp_path / "1p"), evals(tmp_path / "2p")
-  assert len(one) == len(two) == 1
-  for key, value in one[0].items():
-    if isinstance(value, float) and not key.endswith("_per_s"):
-      assert two[0][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+          "--config.total_steps=6", "--config.log_every=2", "--config.eval_every=3"]
+  one, two = on_one_and_two(tmp_path, glue)
+  assert_same_losses(one, two, [2, 4, 6])
+  assert_same_evals(one, two, [3, 6])
+  assert_same_predictions(one, two, [3, 6])
+  for step in (3, 6):
+    rows = (two / "predictions" / f"step_{step}" / "dev" / "RTE.tsv").read_text().splitlines()
+    assert rows[0] == "index\tprediction"
+    assert [int(r.split("\t")[0]) for r in rows[1:]] == list(range(277))
+  assert_same_best(one, two)
 
 
 # ---------------------------------------------------------------------------------------------
