@@ -254,10 +254,9 @@ def test_every_other_objective_trains_the_same_on_two_processes(tmp_path, object
 
 def on_one_and_two(tmp_path, base):
   """`base` (a launch.py command without --workdir) run from empty workdirs by 1 process x 4
-  devices and by 2 processes x 2: their workdirs."""
-  for processes in (1, 2):
-    train(tmp_path / f"{processes}p", processes, None, base=base)
-  return tmp_path / "1p", tmp_path / "2p"
+  devices and by 2 processes x 2: their workdirs, and the 2-process run's output lines."""
+  lines = [train(tmp_path / f"{processes}p", processes, None, base=base) for processes in (1, 2)]
+  return tmp_path / "1p", tmp_path / "2p", lines[1]
 
 
 def assert_same_losses(one, two, steps):
@@ -343,7 +342,7 @@ def test_two_processes_fine_tune_glue_as_one(tmp_path, data_dir):
           "--config.model.vocab_size=300", "--config.max_seq_length=32",
           "--config.max_train_examples=48", "--config.batch_size=8", "--config.eval_batch_size=16",
           "--config.total_steps=6", "--config.log_every=2", "--config.eval_every=3"]
-  one, two = on_one_and_two(tmp_path, glue)
+  one, two, _ = on_one_and_two(tmp_path, glue)
   assert_same_losses(one, two, [2, 4, 6])
   assert_same_evals(one, two, [3, 6])
   assert_same_predictions(one, two, [3, 6])
@@ -351,6 +350,83 @@ def test_two_processes_fine_tune_glue_as_one(tmp_path, data_dir):
     rows = (two / "predictions" / f"step_{step}" / "dev" / "RTE.tsv").read_text().splitlines()
     assert rows[0] == "index\tprediction"
     assert [int(r.split("\t")[0]) for r in rows[1:]] == list(range(277))
+  assert_same_best(one, two)
+
+
+def squad_file(data_dir, title, paragraphs, path):
+  """The first `paragraphs` paragraphs of one article of the shared SQuAD v1.1 subset."""
+  data = json.loads((data_dir / "squad" / "v1.1_dev_subset.json").read_text(encoding="utf-8"))
+  article = next(a for a in data["data"] if a["title"] == title)
+  data["data"] = [{**article, "paragraphs": article["paragraphs"][:paragraphs]}]
+  path.write_text(json.dumps(data), encoding="utf-8")
+  return [q["id"] for p in data["data"][0]["paragraphs"] for q in p["qas"]]
+
+
+@pytest.mark.slow
+def test_two_processes_fine_tune_squad_as_one(tmp_path, data_dir):
+  """SQuAD v1.1 (runlocal's recipe on a few paragraphs): 2 processes x 2 devices log the losses
+  and the dev metrics of 1 x 4 at the in-loop and the final evaluation; the dev windows end in a
+  partial batch; process 0 writes predictions.json with every dev question once and
+  nbest_predictions.json as the 1-process run does."""
+  ids = squad_file(data_dir, "Normans", 5, tmp_path / "dev.json")
+  squad_file(data_dir, "Warsaw", 6, tmp_path / "train.json")
+  squad = ["launch.py", "--config", "configs/squad.py:runlocal", "--config.tensorboard=False",
+           f"--config.data_dir={tmp_path}", "--config.train_file=train.json",
+           "--config.dev_file=dev.json", "--config.data.vocab_size=500",
+           "--config.model.vocab_size=500", "--config.max_seq_length=96",
+           "--config.doc_stride=64", "--config.max_query_length=16", "--config.batch_size=8",
+           "--config.eval_batch_size=16", "--config.total_steps=4", "--config.log_every=2",
+           "--config.eval_every=2"]
+  one, two, lines = on_one_and_two(tmp_path, squad)
+  said = [l for l in lines if re.search(r"^\[p0\] .*squad v1\.1 dev .* questions in \d+ windows", l)]
+  assert len(said) == 1 and f": {len(ids)} questions in" in said[0], lines[-20:]
+  assert int(said[0].split(" in ")[-1].split()[0]) % 16  # the last batch is a partial one
+  assert_same_losses(one, two, [2, 4])
+  assert_same_evals(one, two, [2, 4])
+  assert_same_predictions(one, two, [2, 4])
+  for step in (2, 4):
+    predictions = json.loads((two / "predictions" / f"step_{step}" / "predictions.json")
+                             .read_text(), object_pairs_hook=unique_keys)
+    assert sorted(predictions) == sorted(ids)
+  assert_same_best(one, two)
+
+
+@pytest.mark.slow
+def test_two_processes_fine_tune_ner_as_one(tmp_path, data_dir):
+  """CoNLL-2003 NER (runlocal's recipe on a few sentences; long sentences split over rows): 2
+  processes x 2 devices log the losses and dev metrics of 1 x 4 at the in-loop and the final
+  evaluation, the dev rows ending in a partial batch; process 0 writes dev_predictions.txt with
+  every dev sentence once, token for token, and test_predictions.txt at the end, as the
+  1-process run does."""
+  from bertjax.metrics import ner as ner_eval  # pylint: disable=import-outside-toplevel
+  sentences = {}
+  for name, src, first, count in (("train.txt", "test.txt", 0, 60), ("valid.txt", "valid.txt", 0, 37),
+                                  ("test.txt", "test.txt", 100, 21)):
+    sentences[name] = ner_eval.read_conll(data_dir / "conll2003" / src)[first:first + count]
+    with open(tmp_path / name, "w", encoding="utf-8") as f:
+      f.write("-DOCSTART- -X- -X- O\n\n")
+      for s in sentences[name]:
+        f.writelines(" ".join(row) + "\n" for row in zip(s.tokens, s.pos, s.chunk, s.tags))
+        f.write("\n")
+  ner = ["launch.py", "--config", "configs/ner.py:runlocal", "--config.tensorboard=False",
+         f"--config.data_dir={tmp_path}", "--config.train_file=train.txt",
+         "--config.dev_file=valid.txt", "--config.test_file=test.txt",
+         "--config.data.vocab_size=300", "--config.model.vocab_size=300",
+         "--config.max_seq_length=32", "--config.batch_size=8", "--config.eval_batch_size=16",
+         "--config.total_steps=4", "--config.log_every=2", "--config.eval_every=2"]
+  one, two, lines = on_one_and_two(tmp_path, ner)
+  said = [l for l in lines if re.search(r"^\[p0\] .*ner dev \(.*\): 37 sentences -> \d+ rows", l)]
+  assert len(said) == 1, lines[-20:]
+  assert int(said[0].split("-> ")[-1].split()[0]) % 16  # the last batch is a partial one
+  assert_same_losses(one, two, [2, 4])
+  assert_same_evals(one, two, [2, 4])
+  assert_same_predictions(one, two, [2, 4])
+  for step, name, source in ((2, "dev_predictions.txt", "valid.txt"),
+                             (4, "dev_predictions.txt", "valid.txt"),
+                             (4, "test_predictions.txt", "test.txt")):
+    written = ner_eval.read_ner_predictions(two / "predictions" / f"step_{step}" / name)
+    assert [s.tokens for s in written] == [s.tokens for s in sentences[source]], (step, name)
+  assert not (two / "predictions" / "step_2" / "test_predictions.txt").exists()
   assert_same_best(one, two)
 
 
