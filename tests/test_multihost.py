@@ -331,6 +331,26 @@ def assert_same_best(one, two):
 
 
 @pytest.mark.slow
+def test_distillation_trains_the_same_on_two_processes(tmp_path):
+  """configs/distill.py:runlocal (its docstring's recipe: a 4-layer MLM quickstart teacher, a
+  2-layer student cut from it, the corpus prepared with the teacher's tokenizer), 5 steps logged
+  at each and an evaluation at step 5: 2 processes x 2 devices against 1 x 4, from empty
+  workdirs; the frozen teacher's parameters reach both runs' steps alike."""
+  teacher = tmp_path / "teacher"
+  train(teacher, 1, 1, "--config.objective=mlm", "--config.model.num_hidden_layers=4",
+        "--config.total_steps=2", "--config.eval_every=0")
+  student = ["launch.py", "--config", "configs/distill.py:runlocal", "--config.tensorboard=False",
+             f"--config.distill.teacher={teacher}", "--config.total_steps=5",
+             "--config.log_every=1", "--config.eval_every=5"]
+  one, two, _ = on_one_and_two(tmp_path, student)
+  assert_same_losses(one, two, [1, 2, 3, 4, 5])
+  assert_same_evals(one, two, [5])
+  soft = lambda w: [r["soft_kl"] for r in metric_writers.read_metrics(w) if r["split"] == "train"]
+  # soft_kl (about 4e-4 here) is small beside the loss's terms: float rounding, absolutely.
+  assert soft(two) == pytest.approx(soft(one), rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.slow
 def test_two_processes_fine_tune_glue_as_one(tmp_path, data_dir):
   """RTE from empty workdirs (process 0 trains the task's tokenizer and builds its features
   while process 1 waits): 2 processes x 2 devices log the train losses and the dev metrics of
