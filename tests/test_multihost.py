@@ -227,6 +227,58 @@ def test_resume_with_two_processes_and_with_one_from_a_two_process_save(runs, tm
     assert train_losses(workdir)[20] == pytest.approx(train_losses(reference)[20], rel=1e-4)
 
 
+@pytest.mark.slow
+def test_two_processes_resume_a_one_process_save(runs, tmp_path):
+  """The other direction: a 1x4 run whose step-20 checkpoint is lost resumes from its step-10
+  save with 2 processes x 2 devices (the input pipeline's position carried over), ending with the
+  parameters and the step-20 loss of the uninterrupted 2x2 run."""
+  whole = runs(1, "(-1,1,1)")
+  assert sorted(checkpoints.Checkpointer(whole / "checkpoints").all_steps()) == [10, 20]
+  workdir = tmp_path / "resumed"
+  shutil.copytree(whole, workdir)
+  shutil.rmtree(workdir / "checkpoints" / "20")
+  lines = train(workdir, 2, None, "--config.mesh_shape=(-1,1,1)")
+  assert any("resumed from the checkpoint at step 10" in l for l in lines), lines[-20:]
+  reference = runs(2, "(-1,1,1)")
+  got, want = params(workdir, 20), params(reference, 20)
+  assert len(got) == len(want) > 0
+  for x, y in zip(got, want):  # steps 1-10 on one process: float rounding
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-6)
+  assert train_losses(workdir)[20] == pytest.approx(train_losses(reference)[20], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_kill_9_of_one_process_then_the_next_launch_resumes_from_the_last_checkpoint(runs,
+                                                                                      tmp_path):
+  """The quickstart on 2 processes, its step-10 checkpoint saved (synchronously: complete before
+  step 11), kill -9 of process 1 once step 11 is logged: process 0 exits 69 with one line, the
+  step-20 checkpoint never comes; the same command then resumes from step 10 and ends with the
+  uninterrupted 2-process run's parameters bit for bit."""
+  workdir = tmp_path / "run"
+  command = [*QUICK, "--workdir", str(workdir), "--config.distributed=True",
+             "--config.mesh_shape=(-1,1,1)", "--config.async_checkpointing=False",
+             "--config.log_every=1"]
+  procs, out = start(command)
+  try:
+    out.wait_for(r"^\[p0\] train step 11/20:", RUN_S)
+    procs.procs[1].kill()
+    survivor = procs.procs[0].wait(timeout=int(TIMEOUTS["BERTJAX_HEARTBEAT_TIMEOUT_S"]) + 60)
+  finally:
+    stop(procs)
+  assert survivor == distributed.EXIT_PROCESS_LOST, out.lines[-30:]
+  errors = one_line_errors(out.lines, 0)
+  assert len(errors) == 1 and "process 1 of the run stopped responding" in errors[0], errors
+  assert checkpoints.Checkpointer(workdir / "checkpoints").all_steps() == [10]
+  lines = train(workdir, 2, None, "--config.mesh_shape=(-1,1,1)", "--config.async_checkpointing=False",
+                "--config.log_every=1")
+  assert any("resumed from the checkpoint at step 10" in l for l in lines), lines[-20:]
+  reference = runs(2, "(-1,1,1)")
+  got, want = params(workdir, 20), params(reference, 20)
+  assert len(got) == len(want) > 0
+  for x, y in zip(got, want):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
 OBJECTIVES = {"mlm_sop": ["--config.objective=mlm_sop"],
               "span_sbo": ["--config.objective=span_sbo"],
               "rtd": ["--config.objective=rtd"],
