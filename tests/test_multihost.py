@@ -279,6 +279,32 @@ def test_kill_9_of_one_process_then_the_next_launch_resumes_from_the_last_checkp
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.slow
+def test_convert_to_hf_of_a_two_process_workdir(runs, tmp_path):
+  """`python -m bertjax.convert to-hf` of the fsdp/tensor 2x2 workdir (its parameters saved in
+  shards by both processes), run by one process: the folder the 1x4 workdir exports, with the
+  same files, config and tokenizer, and the same tensors to float rounding."""
+  from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
+  out = {}
+  for processes in (1, 2):
+    out[processes] = tmp_path / f"hf_{processes}"
+    done = subprocess.run([sys.executable, "-m", "bertjax.convert", "to-hf", "--workdir",
+                           str(runs(processes, "(1,2,2)")), "--output", str(out[processes])],
+                          cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+  names = lambda folder: sorted(p.name for p in folder.iterdir())
+  assert names(out[2]) == names(out[1]) and "model.safetensors" in names(out[2])
+  for name in names(out[1]):
+    if name != "model.safetensors":
+      assert (out[2] / name).read_bytes() == (out[1] / name).read_bytes(), name
+  one, two = load_file(out[1] / "model.safetensors"), load_file(out[2] / "model.safetensors")
+  assert sorted(two) == sorted(one) and len(one) > 10
+  for key in one:
+    assert two[key].shape == one[key].shape, key
+    np.testing.assert_allclose(two[key], one[key], rtol=1e-4, atol=1e-6, err_msg=key)
+
+
 OBJECTIVES = {"mlm_sop": ["--config.objective=mlm_sop"],
               "span_sbo": ["--config.objective=span_sbo"],
               "rtd": ["--config.objective=rtd"],
