@@ -269,8 +269,8 @@ def test_kill_9_of_one_process_then_the_next_launch_resumes_from_the_last_checkp
   errors = one_line_errors(out.lines, 0)
   assert len(errors) == 1 and "process 1 of the run stopped responding" in errors[0], errors
   assert checkpoints.Checkpointer(workdir / "checkpoints").all_steps() == [10]
-  lines = train(workdir, 2, None, "--config.mesh_shape=(-1,1,1)", "--config.async_checkpointing=False",
-                "--config.log_every=1")
+  lines = train(workdir, 2, None, "--config.mesh_shape=(-1,1,1)",
+                "--config.async_checkpointing=False", "--config.log_every=1")
   assert any("resumed from the checkpoint at step 10" in l for l in lines), lines[-20:]
   reference = runs(2, "(-1,1,1)")
   got, want = params(workdir, 20), params(reference, 20)
@@ -476,7 +476,8 @@ def test_two_processes_fine_tune_squad_as_one(tmp_path, data_dir):
            "--config.eval_batch_size=16", "--config.total_steps=4", "--config.log_every=2",
            "--config.eval_every=2"]
   one, two, lines = on_one_and_two(tmp_path, squad)
-  said = [l for l in lines if re.search(r"^\[p0\] .*squad v1\.1 dev .* questions in \d+ windows", l)]
+  said = [l for l in lines
+          if re.search(r"^\[p0\] .*squad v1\.1 dev .* questions in \d+ windows", l)]
   assert len(said) == 1 and f": {len(ids)} questions in" in said[0], lines[-20:]
   assert int(said[0].split(" in ")[-1].split()[0]) % 16  # the last batch is a partial one
   assert_same_losses(one, two, [2, 4])
@@ -498,7 +499,8 @@ def test_two_processes_fine_tune_ner_as_one(tmp_path, data_dir):
   1-process run does."""
   from bertjax.metrics import ner as ner_eval  # pylint: disable=import-outside-toplevel
   sentences = {}
-  for name, src, first, count in (("train.txt", "test.txt", 0, 60), ("valid.txt", "valid.txt", 0, 37),
+  for name, src, first, count in (("train.txt", "test.txt", 0, 60),
+                                  ("valid.txt", "valid.txt", 0, 37),
                                   ("test.txt", "test.txt", 100, 21)):
     sentences[name] = ner_eval.read_conll(data_dir / "conll2003" / src)[first:first + count]
     with open(tmp_path / name, "w", encoding="utf-8") as f:
