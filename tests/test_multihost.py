@@ -451,6 +451,38 @@ def test_two_processes_fine_tune_glue_as_one(tmp_path, data_dir):
   assert_same_best(one, two)
 
 
+def test_task_processes_read_together_what_one_reads():
+  """The fine-tuning tasks' inputs (tasks/base.py), by example id: over an epoch of training
+  batches (across the epoch boundary) and every evaluation batch (the last one partial, padded
+  at weight 0), two processes' rows, put together in process order, are one process's, each
+  example once; a process built with the other's index (the twin) is caught."""
+  from bertjax.tasks import base as task_base  # pylint: disable=import-outside-toplevel
+  n, batch = 37, 8
+  arrays = {"example_id": np.arange(n), "input_ids": np.arange(n * 3).reshape(n, 3)}
+
+  def train_rows(process, count, steps=6):  # 48 rows: the epoch of 37 and 11 of the next
+    it = task_base.FeatureIterator(arrays, batch, 3, process, count)
+    return [next(it)["example_id"].tolist() for _ in range(steps)]
+
+  def eval_rows(process, count):
+    return [(b["example_id"][b["weight"] > 0].tolist(), b["weight"].tolist())
+            for b, _ in task_base.padded_batches(arrays, batch, process, count)]
+
+  def together(shares, one):
+    return all(sum(parts, []) == whole for whole, *parts in zip(one, *shares))
+
+  one = train_rows(0, 1)
+  assert together([train_rows(0, 2), train_rows(1, 2)], one)
+  assert sorted(sum(one, [])[:n]) == list(range(n))  # the first epoch: each example once
+  assert not together([train_rows(0, 2), train_rows(0, 2)], one)  # the twin
+  whole = [ids for ids, _ in eval_rows(0, 1)]
+  shares = [[ids for ids, _ in eval_rows(p, 2)] for p in range(2)]
+  assert together(shares, whole) and sum(whole, []) == list(range(n))
+  # 37 = 4 x 8 + 5: process 1's last rows are example 36 and 3 padding rows at weight 0.
+  assert eval_rows(1, 2)[-1] == ([36], [1.0, 0.0, 0.0, 0.0])
+  assert not together([shares[0], shares[0]], whole)
+
+
 def squad_file(data_dir, title, paragraphs, path):
   """The first `paragraphs` paragraphs of one article of the shared SQuAD v1.1 subset."""
   data = json.loads((data_dir / "squad" / "v1.1_dev_subset.json").read_text(encoding="utf-8"))
