@@ -97,6 +97,11 @@ def define_flags(argv) -> flags.FlagValues:
                       flag_values=fv)
   flags.DEFINE_string("hosts", None, "with --sweep: h1,h2: one process per ssh host (GPU hosts)",
                       flag_values=fv)
+  flags.DEFINE_integer("local_processes", None, "with --sweep: run each point on N local CPU "
+                       "processes joined by JAX's distributed runtime (bertjax.tools.multihost)",
+                       flag_values=fv)
+  flags.DEFINE_integer("devices_per_process", None, "with --local_processes: CPU devices each "
+                       "process fakes", flag_values=fv)
   return fv
 
 
@@ -122,8 +127,10 @@ def parse_args(argv):
     fail("give --config configs/<exp>.py (or --sweep experiments/<name>.py)")
   if args.sweep and args.config is not None:
     fail("--sweep takes the config from the sweep file; drop --config")
-  if not args.sweep and (args.dry_run or args.tpu or args.hosts):
-    fail("--dry_run, --tpu and --hosts go with --sweep experiments/<name>.py")
+  if not args.sweep and (args.dry_run or args.tpu or args.hosts or args.local_processes
+                         or args.devices_per_process):
+    fail("--dry_run, --tpu, --hosts and --local_processes go with --sweep experiments/<name>.py "
+         "(one run on several local processes: python -m bertjax.tools.multihost)")
   return args, overrides
 
 
@@ -170,7 +177,8 @@ def main(argv=None):
       signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the sweep's runs handle their own
     record = sweep.run_sweep(args.sweep, args.workdir, dry_run=args.dry_run, tpu=args.tpu,
                              zone=args.zone, project=args.project, hosts=args.hosts,
-                             overrides=overrides)
+                             overrides=overrides, local_processes=args.local_processes,
+                             devices_per_process=args.devices_per_process)
     sys.exit(1 if record["failed"] else 0)
   # From here to the end a SIGTERM stops the run as preempted (exit 75, one line; see
   # bertjax/runtime/preemption.py); a sweep's runs are processes of their own.

@@ -227,6 +227,84 @@ def test_resume_with_two_processes_and_with_one_from_a_two_process_save(runs, tm
     assert train_losses(workdir)[20] == pytest.approx(train_losses(reference)[20], rel=1e-4)
 
 
+@pytest.mark.slow
+def test_two_processes_resume_a_one_process_save(runs, tmp_path):
+  """The other direction: a 1x4 run whose step-20 checkpoint is lost resumes from its step-10
+  save with 2 processes x 2 devices (the input pipeline's position carried over), ending with the
+  parameters and the step-20 loss of the uninterrupted 2x2 run."""
+  whole = runs(1, "(-1,1,1)")
+  assert sorted(checkpoints.Checkpointer(whole / "checkpoints").all_steps()) == [10, 20]
+  workdir = tmp_path / "resumed"
+  shutil.copytree(whole, workdir)
+  shutil.rmtree(workdir / "checkpoints" / "20")
+  lines = train(workdir, 2, None, "--config.mesh_shape=(-1,1,1)")
+  assert any("resumed from the checkpoint at step 10" in l for l in lines), lines[-20:]
+  reference = runs(2, "(-1,1,1)")
+  got, want = params(workdir, 20), params(reference, 20)
+  assert len(got) == len(want) > 0
+  for x, y in zip(got, want):  # steps 1-10 on one process: float rounding
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-6)
+  assert train_losses(workdir)[20] == pytest.approx(train_losses(reference)[20], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_kill_9_of_one_process_then_the_next_launch_resumes_from_the_last_checkpoint(runs,
+                                                                                      tmp_path):
+  """The quickstart on 2 processes, its step-10 checkpoint saved (synchronously: complete before
+  step 11), kill -9 of process 1 once step 11 is logged: process 0 exits 69 with one line, the
+  step-20 checkpoint never comes; the same command then resumes from step 10 and ends with the
+  uninterrupted 2-process run's parameters bit for bit."""
+  workdir = tmp_path / "run"
+  command = [*QUICK, "--workdir", str(workdir), "--config.distributed=True",
+             "--config.mesh_shape=(-1,1,1)", "--config.async_checkpointing=False",
+             "--config.log_every=1"]
+  procs, out = start(command)
+  try:
+    out.wait_for(r"^\[p0\] train step 11/20:", RUN_S)
+    procs.procs[1].kill()
+    survivor = procs.procs[0].wait(timeout=int(TIMEOUTS["BERTJAX_HEARTBEAT_TIMEOUT_S"]) + 60)
+  finally:
+    stop(procs)
+  assert survivor == distributed.EXIT_PROCESS_LOST, out.lines[-30:]
+  errors = one_line_errors(out.lines, 0)
+  assert len(errors) == 1 and "process 1 of the run stopped responding" in errors[0], errors
+  assert checkpoints.Checkpointer(workdir / "checkpoints").all_steps() == [10]
+  lines = train(workdir, 2, None, "--config.mesh_shape=(-1,1,1)",
+                "--config.async_checkpointing=False", "--config.log_every=1")
+  assert any("resumed from the checkpoint at step 10" in l for l in lines), lines[-20:]
+  reference = runs(2, "(-1,1,1)")
+  got, want = params(workdir, 20), params(reference, 20)
+  assert len(got) == len(want) > 0
+  for x, y in zip(got, want):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.slow
+def test_convert_to_hf_of_a_two_process_workdir(runs, tmp_path):
+  """`python -m bertjax.convert to-hf` of the fsdp/tensor 2x2 workdir (its parameters saved in
+  shards by both processes), run by one process: the folder the 1x4 workdir exports, with the
+  same files, config and tokenizer, and the same tensors to float rounding."""
+  from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
+  out = {}
+  for processes in (1, 2):
+    out[processes] = tmp_path / f"hf_{processes}"
+    done = subprocess.run([sys.executable, "-m", "bertjax.convert", "to-hf", "--workdir",
+                           str(runs(processes, "(1,2,2)")), "--output", str(out[processes])],
+                          cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+  names = lambda folder: sorted(p.name for p in folder.iterdir())
+  assert names(out[2]) == names(out[1]) and "model.safetensors" in names(out[2])
+  for name in names(out[1]):
+    if name != "model.safetensors":
+      assert (out[2] / name).read_bytes() == (out[1] / name).read_bytes(), name
+  one, two = load_file(out[1] / "model.safetensors"), load_file(out[2] / "model.safetensors")
+  assert sorted(two) == sorted(one) and len(one) > 10
+  for key in one:
+    assert two[key].shape == one[key].shape, key
+    np.testing.assert_allclose(two[key], one[key], rtol=1e-4, atol=1e-6, err_msg=key)
+
+
 OBJECTIVES = {"mlm_sop": ["--config.objective=mlm_sop"],
               "span_sbo": ["--config.objective=span_sbo"],
               "rtd": ["--config.objective=rtd"],
@@ -252,28 +330,236 @@ def test_every_other_objective_trains_the_same_on_two_processes(tmp_path, object
   assert evals(tmp_path / "2p") == pytest.approx(evals(tmp_path / "1p"), rel=1e-4)
 
 
+def on_one_and_two(tmp_path, base):
+  """`base` (a launch.py command without --workdir) run from empty workdirs by 1 process x 4
+  devices and by 2 processes x 2: their workdirs, and the 2-process run's output lines."""
+  lines = [train(tmp_path / f"{processes}p", processes, None, base=base) for processes in (1, 2)]
+  return tmp_path / "1p", tmp_path / "2p", lines[1]
+
+
+def assert_same_losses(one, two, steps):
+  a, b = train_losses(one), train_losses(two)
+  assert sorted(a) == sorted(b) == steps
+  for step in a:
+    assert abs(a[step] - b[step]) <= 1e-4 * abs(a[step]), (step, a[step], b[step])
+
+
+def assert_same_evals(one, two, steps):
+  """The eval rows of `steps` (in-loop and final), every number alike (but for timings)."""
+  evals = lambda w: [r for r in metric_writers.read_metrics(w) if r["split"] == "eval"]
+  a, b = evals(one), evals(two)
+  assert [r["step"] for r in a] == [r["step"] for r in b] == steps
+  for x, y in zip(a, b):
+    for key, value in x.items():
+      if isinstance(value, float) and not key.endswith("_per_s"):
+        assert y[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (x["step"], key)
+
+
+def assert_same_numbers(x, y, where):
+  """Two JSON values alike: the same keys, lengths and text; numbers to float tolerance."""
+  if isinstance(x, dict):
+    assert isinstance(y, dict) and sorted(x) == sorted(y), where
+    for key in x:
+      assert_same_numbers(x[key], y[key], f"{where}/{key}")
+  elif isinstance(x, list):
+    assert isinstance(y, list) and len(x) == len(y), where
+    for i, (a, b) in enumerate(zip(x, y)):
+      assert_same_numbers(a, b, f"{where}[{i}]")
+  elif isinstance(x, float):
+    assert y == pytest.approx(x, rel=1e-4, abs=1e-6), where
+  else:
+    assert x == y, where
+
+
+def unique_keys(pairs):
+  """json.loads' object_pairs_hook: a key written twice fails (a plain dict keeps the last)."""
+  keys = [k for k, _ in pairs]
+  assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)[:5]
+  return dict(pairs)
+
+
+def prediction_files(workdir) -> dict[str, pathlib.Path]:
+  root = workdir / "predictions"
+  return {str(p.relative_to(root)): p for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def assert_same_predictions(one, two, steps):
+  """Every evaluation's files (WORKDIR/predictions/step_<N>/...) written by the 2-process run
+  as by the 1-process one: the same files, nothing left half-written beside them, text files
+  equal, JSON files equal to float tolerance (and no key twice)."""
+  a, b = prediction_files(one), prediction_files(two)
+  assert sorted(a) == sorted(b), (sorted(a), sorted(b))
+  assert sorted({name.split("/")[0] for name in b}) == sorted(f"step_{s}" for s in steps)
+  for name in a:
+    if name.endswith(".json"):
+      load = lambda p: json.loads(p.read_text(), object_pairs_hook=unique_keys)
+      assert_same_numbers(load(a[name]), load(b[name]), name)
+    else:
+      assert a[name].read_text() == b[name].read_text(), name
+
+
+def assert_same_best(one, two):
+  """best/ (best_metric's best evaluation): the same step, value and parameters."""
+  x, y = (json.loads((w / "best" / "best.json").read_text()) for w in (one, two))
+  assert y["step"] == x["step"] and y["value"] == pytest.approx(x["value"], rel=1e-4, abs=1e-6)
+  got, want = (jax.tree.leaves(checkpoints.restore_params(w / "best")) for w in (two, one))
+  assert len(got) == len(want) > 0
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_distillation_trains_the_same_on_two_processes(tmp_path):
+  """configs/distill.py:runlocal (its docstring's recipe: a 4-layer MLM quickstart teacher, a
+  2-layer student cut from it, the corpus prepared with the teacher's tokenizer), 5 steps logged
+  at each and an evaluation at step 5: 2 processes x 2 devices against 1 x 4, from empty
+  workdirs; the frozen teacher's parameters reach both runs' steps alike."""
+  teacher = tmp_path / "teacher"
+  train(teacher, 1, 1, "--config.objective=mlm", "--config.model.num_hidden_layers=4",
+        "--config.total_steps=2", "--config.eval_every=0")
+  student = ["launch.py", "--config", "configs/distill.py:runlocal", "--config.tensorboard=False",
+             f"--config.distill.teacher={teacher}", "--config.total_steps=5",
+             "--config.log_every=1", "--config.eval_every=5"]
+  one, two, _ = on_one_and_two(tmp_path, student)
+  assert_same_losses(one, two, [1, 2, 3, 4, 5])
+  assert_same_evals(one, two, [5])
+  soft = lambda w: [r["soft_kl"] for r in metric_writers.read_metrics(w) if r["split"] == "train"]
+  # soft_kl (about 4e-4 here) is small beside the loss's terms: float rounding, absolutely.
+  assert soft(two) == pytest.approx(soft(one), rel=1e-4, abs=1e-6)
+
+
 @pytest.mark.slow
 def test_two_processes_fine_tune_glue_as_one(tmp_path, data_dir):
   """RTE from empty workdirs (process 0 trains the task's tokenizer and builds its features
   while process 1 waits): 2 processes x 2 devices log the train losses and the dev metrics of
-  1 x 4; the dev set's 277 rows end in a partial, padded batch that both count alike."""
+  1 x 4, in the loop (step 3) and at the end (step 6); the dev set's 277 rows end in a partial,
+  padded batch (17 x 16 + 5) that both count alike. Process 0 writes each evaluation's
+  RTE.tsv with every dev row once, in order, as the 1-process run does, and best/ alike."""
   glue = ["launch.py", "--config", "configs/glue.py:task=rte,runlocal", "--config.tensorboard=False",
           f"--config.data_dir={data_dir / 'glue'}", "--config.data.vocab_size=300",
           "--config.model.vocab_size=300", "--config.max_seq_length=32",
           "--config.max_train_examples=48", "--config.batch_size=8", "--config.eval_batch_size=16",
-          "--config.total_steps=6", "--config.log_every=2", "--config.eval_every=6"]
-  for processes in (1, 2):
-    train(tmp_path / f"{processes}p", processes, None, base=glue)
-  a, b = train_losses(tmp_path / "1p"), train_losses(tmp_path / "2p")
-  assert sorted(a) == sorted(b) == [2, 4, 6]
-  for step in a:
-    assert abs(a[step] - b[step]) <= 1e-4 * abs(a[step]), (step, a[step], b[step])
-  evals = lambda w: [r for r in metric_writers.read_metrics(w) if r["split"] == "eval"]
-  one, two = evals(tmp_path / "1p"), evals(tmp_path / "2p")
-  assert len(one) == len(two) == 1
-  for key, value in one[0].items():
-    if isinstance(value, float) and not key.endswith("_per_s"):
-      assert two[0][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+          "--config.total_steps=6", "--config.log_every=2", "--config.eval_every=3"]
+  one, two, _ = on_one_and_two(tmp_path, glue)
+  assert_same_losses(one, two, [2, 4, 6])
+  assert_same_evals(one, two, [3, 6])
+  assert_same_predictions(one, two, [3, 6])
+  for step in (3, 6):
+    rows = (two / "predictions" / f"step_{step}" / "dev" / "RTE.tsv").read_text().splitlines()
+    assert rows[0] == "index\tprediction"
+    assert [int(r.split("\t")[0]) for r in rows[1:]] == list(range(277))
+  assert_same_best(one, two)
+
+
+def test_task_processes_read_together_what_one_reads():
+  """The fine-tuning tasks' inputs (tasks/base.py), by example id: over an epoch of training
+  batches (across the epoch boundary) and every evaluation batch (the last one partial, padded
+  at weight 0), two processes' rows, put together in process order, are one process's, each
+  example once; a process built with the other's index (the twin) is caught."""
+  from bertjax.tasks import base as task_base  # pylint: disable=import-outside-toplevel
+  n, batch = 37, 8
+  arrays = {"example_id": np.arange(n), "input_ids": np.arange(n * 3).reshape(n, 3)}
+
+  def train_rows(process, count, steps=6):  # 48 rows: the epoch of 37 and 11 of the next
+    it = task_base.FeatureIterator(arrays, batch, 3, process, count)
+    return [next(it)["example_id"].tolist() for _ in range(steps)]
+
+  def eval_rows(process, count):
+    return [(b["example_id"][b["weight"] > 0].tolist(), b["weight"].tolist())
+            for b, _ in task_base.padded_batches(arrays, batch, process, count)]
+
+  def together(shares, one):
+    return all(sum(parts, []) == whole for whole, *parts in zip(one, *shares))
+
+  one = train_rows(0, 1)
+  assert together([train_rows(0, 2), train_rows(1, 2)], one)
+  assert sorted(sum(one, [])[:n]) == list(range(n))  # the first epoch: each example once
+  assert not together([train_rows(0, 2), train_rows(0, 2)], one)  # the twin
+  whole = [ids for ids, _ in eval_rows(0, 1)]
+  shares = [[ids for ids, _ in eval_rows(p, 2)] for p in range(2)]
+  assert together(shares, whole) and sum(whole, []) == list(range(n))
+  # 37 = 4 x 8 + 5: process 1's last rows are example 36 and 3 padding rows at weight 0.
+  assert eval_rows(1, 2)[-1] == ([36], [1.0, 0.0, 0.0, 0.0])
+  assert not together([shares[0], shares[0]], whole)
+
+
+def squad_file(data_dir, title, paragraphs, path):
+  """The first `paragraphs` paragraphs of one article of the shared SQuAD v1.1 subset."""
+  data = json.loads((data_dir / "squad" / "v1.1_dev_subset.json").read_text(encoding="utf-8"))
+  article = next(a for a in data["data"] if a["title"] == title)
+  data["data"] = [{**article, "paragraphs": article["paragraphs"][:paragraphs]}]
+  path.write_text(json.dumps(data), encoding="utf-8")
+  return [q["id"] for p in data["data"][0]["paragraphs"] for q in p["qas"]]
+
+
+@pytest.mark.slow
+def test_two_processes_fine_tune_squad_as_one(tmp_path, data_dir):
+  """SQuAD v1.1 (runlocal's recipe on a few paragraphs): 2 processes x 2 devices log the losses
+  and the dev metrics of 1 x 4 at the in-loop and the final evaluation; the dev windows end in a
+  partial batch; process 0 writes predictions.json with every dev question once and
+  nbest_predictions.json as the 1-process run does."""
+  ids = squad_file(data_dir, "Normans", 5, tmp_path / "dev.json")
+  squad_file(data_dir, "Warsaw", 6, tmp_path / "train.json")
+  squad = ["launch.py", "--config", "configs/squad.py:runlocal", "--config.tensorboard=False",
+           f"--config.data_dir={tmp_path}", "--config.train_file=train.json",
+           "--config.dev_file=dev.json", "--config.data.vocab_size=500",
+           "--config.model.vocab_size=500", "--config.max_seq_length=96",
+           "--config.doc_stride=64", "--config.max_query_length=16", "--config.batch_size=8",
+           "--config.eval_batch_size=16", "--config.total_steps=4", "--config.log_every=2",
+           "--config.eval_every=2"]
+  one, two, lines = on_one_and_two(tmp_path, squad)
+  said = [l for l in lines
+          if re.search(r"^\[p0\] .*squad v1\.1 dev .* questions in \d+ windows", l)]
+  assert len(said) == 1 and f": {len(ids)} questions in" in said[0], lines[-20:]
+  assert int(said[0].split(" in ")[-1].split()[0]) % 16  # the last batch is a partial one
+  assert_same_losses(one, two, [2, 4])
+  assert_same_evals(one, two, [2, 4])
+  assert_same_predictions(one, two, [2, 4])
+  for step in (2, 4):
+    predictions = json.loads((two / "predictions" / f"step_{step}" / "predictions.json")
+                             .read_text(), object_pairs_hook=unique_keys)
+    assert sorted(predictions) == sorted(ids)
+  assert_same_best(one, two)
+
+
+@pytest.mark.slow
+def test_two_processes_fine_tune_ner_as_one(tmp_path, data_dir):
+  """CoNLL-2003 NER (runlocal's recipe on a few sentences; long sentences split over rows): 2
+  processes x 2 devices log the losses and dev metrics of 1 x 4 at the in-loop and the final
+  evaluation, the dev rows ending in a partial batch; process 0 writes dev_predictions.txt with
+  every dev sentence once, token for token, and test_predictions.txt at the end, as the
+  1-process run does."""
+  from bertjax.metrics import ner as ner_eval  # pylint: disable=import-outside-toplevel
+  sentences = {}
+  for name, src, first, count in (("train.txt", "test.txt", 0, 60),
+                                  ("valid.txt", "valid.txt", 0, 37),
+                                  ("test.txt", "test.txt", 100, 21)):
+    sentences[name] = ner_eval.read_conll(data_dir / "conll2003" / src)[first:first + count]
+    with open(tmp_path / name, "w", encoding="utf-8") as f:
+      f.write("-DOCSTART- -X- -X- O\n\n")
+      for s in sentences[name]:
+        f.writelines(" ".join(row) + "\n" for row in zip(s.tokens, s.pos, s.chunk, s.tags))
+        f.write("\n")
+  ner = ["launch.py", "--config", "configs/ner.py:runlocal", "--config.tensorboard=False",
+         f"--config.data_dir={tmp_path}", "--config.train_file=train.txt",
+         "--config.dev_file=valid.txt", "--config.test_file=test.txt",
+         "--config.data.vocab_size=300", "--config.model.vocab_size=300",
+         "--config.max_seq_length=32", "--config.batch_size=8", "--config.eval_batch_size=16",
+         "--config.total_steps=4", "--config.log_every=2", "--config.eval_every=2"]
+  one, two, lines = on_one_and_two(tmp_path, ner)
+  said = [l for l in lines if re.search(r"^\[p0\] .*ner dev \(.*\): 37 sentences -> \d+ rows", l)]
+  assert len(said) == 1, lines[-20:]
+  assert int(said[0].split("-> ")[-1].split()[0]) % 16  # the last batch is a partial one
+  assert_same_losses(one, two, [2, 4])
+  assert_same_evals(one, two, [2, 4])
+  assert_same_predictions(one, two, [2, 4])
+  for step, name, source in ((2, "dev_predictions.txt", "valid.txt"),
+                             (4, "dev_predictions.txt", "valid.txt"),
+                             (4, "test_predictions.txt", "test.txt")):
+    written = ner_eval.read_ner_predictions(two / "predictions" / f"step_{step}" / name)
+    assert [s.tokens for s in written] == [s.tokens for s in sentences[source]], (step, name)
+  assert not (two / "predictions" / "step_2" / "test_predictions.txt").exists()
+  assert_same_best(one, two)
 
 
 # ---------------------------------------------------------------------------------------------

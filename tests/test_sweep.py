@@ -244,6 +244,53 @@ def test_remote_flags_are_checked(tmp_path):
     sweep.run_sweep("experiments/quickstart_sweep.py", tmp_path, tpu="t", zone="z", hosts="h")
 
 
+def test_local_processes_flags_are_checked(tmp_path):
+  """--local_processes (each point on N local processes): one line for what cannot run."""
+  qs = "experiments/quickstart_sweep.py"
+  for kwargs, needle in (
+      ({"local_processes": 2, "hosts": "h1,h2"}, "give it or --tpu/--hosts, not both"),
+      ({"devices_per_process": 2}, "--devices_per_process goes with --local_processes"),
+      ({"local_processes": 1}, "--local_processes=1 must be at least 2"),
+      ({"local_processes": 2, "devices_per_process": 0}, "--devices_per_process=0 must be"),
+      ({"local_processes": 3}, "batch_size=8, which does not split over --local_processes=3")):
+    with pytest.raises(UserError, match=re.escape(needle)) as e:
+      sweep.run_sweep(qs, tmp_path / "w", dry_run=True, **kwargs)
+    assert "\n" not in str(e.value)
+  assert not (tmp_path / "w").exists()
+  r = run_launch("--config", "configs/quickstart.py:runlocal", "--workdir", str(tmp_path / "w"),
+                 "--local_processes=2")
+  assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  assert r.stderr.strip().splitlines() == [
+      "error: --dry_run, --tpu, --hosts and --local_processes go with --sweep "
+      "experiments/<name>.py (one run on several local processes: python -m "
+      "bertjax.tools.multihost)"]
+
+
+def test_local_processes_dry_run_runs_each_point_through_the_multihost_launcher(tmp_path,
+                                                                                capsys):
+  path = write_sweep(tmp_path / "one.py", {"config": "configs/quickstart.py:runlocal",
+                                           "points": [{"seed": 7}]})
+  record = sweep.run_sweep(path, tmp_path / "w", dry_run=True, local_processes=2,
+                           devices_per_process=3)
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[-1] == shlex.join([
+      sys.executable, "-m", "bertjax.tools.multihost", "--processes", "2",
+      "--devices-per-process", "3", "--", "launch.py", "--config", "configs/quickstart.py:runlocal",
+      "--workdir", str(tmp_path / "w" / "seed=7"), "--config.seed=7",
+      "--config.distributed=True"])
+  assert record["mode"] == "local, 2 processes each"
+
+
+def test_the_line_of_a_failed_multi_process_point_is_its_first_error():
+  log = ("[p1] 10:00:01 INFO model: 1 parameters\n"
+         "[p0] error: mesh_shape=(1, 1, 4) splits the batch 1 ways\n"
+         "[p1] error: mesh_shape=(1, 1, 4) splits the batch 1 ways (process 1)\n"
+         "multihost: process 0 exited with status 2; stopping the others\n"
+         "[p1] preempted: SIGTERM while loading the libraries\n")
+  assert sweep.last_line(log) == "[p0] error: mesh_shape=(1, 1, 4) splits the batch 1 ways"
+  assert sweep.last_line("a\nTraceback\nValueError: x\n") == "ValueError: x"
+
+
 # ---------------------------------------------------------------------------------------------
 # Local runs.
 
@@ -377,3 +424,34 @@ def test_points_share_their_corpus_and_the_sweep_shows_their_progress(tmp_path, 
   files = lambda d: {str(f.relative_to(d)): f.read_bytes()
                      for f in sorted((d / "prepared").rglob("*")) if f.is_file()}
   assert files(first) == files(second) and "prepared/meta.json" in files(first)
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_points_run_on_two_local_processes(tmp_path, monkeypatch):
+  """Two points (seeds 0 and 1), each on 2 local processes x 2 devices (`--local_processes 2
+  --devices_per_process 2`): both finish, each log holds both processes' lines and process 0's
+  end, each record says the run was distributed, and a rerun skips them."""
+  workdir = tmp_path / "w"
+  path = write_sweep(tmp_path / "two.py", {"config": "configs/quickstart.py:runlocal",
+                                           "product": {"seed": [0, 1]}})
+  args = ["--sweep", path, "--workdir", str(workdir), "--local_processes=2",
+          "--devices_per_process=2", *FAST, "--config.total_steps=4", "--config.log_every=2",
+          "--config.eval_every=4", "--config.checkpoint_every=4"]
+  monkeypatch.setenv("BERTJAX_JOIN_TIMEOUT_S", "60")  # a stuck point fails in minutes, not hours
+  monkeypatch.setenv("BERTJAX_HEARTBEAT_TIMEOUT_S", "15")
+  first = run_launch(*args)
+  assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
+  record = json.loads((workdir / "sweep.json").read_text())
+  assert [(p["name"], p["status"]) for p in record["points"]] == [
+      ("seed=0", "finished"), ("seed=1", "finished")]
+  for p in record["points"]:
+    point_dir = workdir / p["name"]
+    log = (point_dir / "log.txt").read_text()
+    assert "[p0] train step 4/4:" in log and "[p1] " in log, log[-2000:]
+    assert f"[p0] run finished at step 4: {point_dir}" in log
+    assert json.loads((point_dir / "config.json").read_text())["distributed"] is True
+    assert json.loads((point_dir / "summary.json").read_text())["step"] == 4
+    assert [r["step"] for r in metric_writers.read_metrics(point_dir)
+            if r["split"] == "train"] == [2, 4]  # one record, process 0's
+  second = run_launch(*args)
+  assert second.returncode == 0 and "2 already finished, 0 to run" in second.stdout

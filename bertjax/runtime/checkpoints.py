@@ -407,12 +407,15 @@ def restore_checkpoint_params(workdir: str | pathlib.Path, step: int | None = No
 
 def _restore_here(manager, step: int):
   """A checkpoint's state on the devices it was saved from, or, where they are not all here (one
-  written by several processes, read by one), on this process's first device."""
-  try:
-    return manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-  except ValueError as e:
-    if "topology" not in str(e).lower() and "devices are different" not in str(e):
-      raise
+  written by several processes, read by one), on this process's first device. Every process of a
+  multi-process run reads it whole onto its own first device (the devices it was saved from may
+  belong to another process: a teacher or init_from saved by one process)."""
+  if jax.process_count() == 1:
+    try:
+      return manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+    except ValueError as e:
+      if "topology" not in str(e).lower() and "devices are different" not in str(e):
+        raise
   reader = ocp.CheckpointManager(manager.directory, item_names=("state", "data"),
                                  item_handlers={"state": ocp.StandardCheckpointHandler()})
   try:

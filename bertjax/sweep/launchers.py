@@ -13,9 +13,18 @@ from bertjax.sweep.spec import (COORDINATOR_PORT, PACK_EXCLUDES, REMOTE_DIR, REP
                                 Point, Sweep)
 
 
-def local_command(sweep: Sweep, point: Point, workdir: pathlib.Path) -> list[str]:
-  return [sys.executable, "launch.py", "--config", sweep.config, "--workdir",
-          str(workdir / point.name), *point.args]
+def local_command(sweep: Sweep, point: Point, workdir: pathlib.Path, processes: int = 0,
+                  devices_per_process: int = 0) -> list[str]:
+  """The point's launch.py command here; with `processes`, run on that many local processes
+  joined by JAX's distributed runtime (bertjax.tools.multihost: CPU devices, gloo collectives,
+  `devices_per_process` each when given), as a pod's hosts would run it."""
+  run = ["launch.py", "--config", sweep.config, "--workdir", str(workdir / point.name),
+         *point.args]
+  if not processes:
+    return [sys.executable, *run]
+  devices = ["--devices-per-process", str(devices_per_process)] if devices_per_process else []
+  return [sys.executable, "-m", "bertjax.tools.multihost", "--processes", str(processes),
+          *devices, "--", *run, "--config.distributed=True"]
 
 
 def _remote_launch(sweep: Sweep, point: Point, workdir: str, env: str = "") -> str:

@@ -9,6 +9,7 @@ import datetime
 import json
 import os
 import pathlib
+import re
 import shlex
 import signal
 import subprocess
@@ -47,8 +48,13 @@ def is_finished(point_dir: str | os.PathLike, total_steps: int) -> bool:
 
 
 def last_line(text: str) -> str:
-  """The last non-blank line (a traceback's ends with the exception; a UserError's is it)."""
+  """The last non-blank line (a traceback's ends with the exception; a UserError's is it). Of a
+  point run on several local processes (lines prefixed `[pN] `), the first one-line error of a
+  process when there is one: what comes after it says only that the others were stopped."""
   lines = [l.strip() for l in text.replace("\r", "\n").splitlines() if l.strip()]
+  errors = [l for l in lines if re.match(r"\[p\d+\] error: ", l)]
+  if errors:
+    return errors[0][:500]
   return lines[-1][:500] if lines else "(no output)"
 
 
@@ -100,8 +106,8 @@ PREPARED_CACHE = "BERTJAX_PREPARED_CACHE"
 
 def _progress_line(text: str) -> str | None:
   """The latest progress line of a point's output (a train or eval line), if any."""
-  lines = [l.strip() for l in text.replace("\r", "\n").splitlines()
-           if l.strip().startswith(("train step", "eval "))]
+  lines = [re.sub(r"^\[p0\] ", "", l.strip()) for l in text.replace("\r", "\n").splitlines()]
+  lines = [l for l in lines if l.startswith(("train step", "eval "))]  # [p0]'s of several
   return lines[-1][:300] if lines else None
 
 
@@ -191,8 +197,25 @@ def _remote_hosts(tpu, zone, project, hosts) -> list[str]:
   return list(hosts or [])
 
 
+def _local_processes(remote: bool, processes: int | None, devices_per_process: int | None
+                     ) -> tuple[int, int]:
+  """(processes, devices per process) of a local sweep whose points run on several local
+  processes (0, 0: one process each), after checking the flags."""
+  if processes is not None and remote:
+    fail("--local_processes runs each point on this machine; give it or --tpu/--hosts, not both")
+  if devices_per_process is not None and processes is None:
+    fail("--devices_per_process goes with --local_processes N (each point on N local processes)")
+  if processes is not None and processes < 2:
+    fail(f"--local_processes={processes} must be at least 2 (leave it out to run each point in "
+         "one process)")
+  if devices_per_process is not None and devices_per_process < 1:
+    fail(f"--devices_per_process={devices_per_process} must be at least 1")
+  return processes or 0, devices_per_process or 0
+
+
 def _commands(sweep: Sweep, local_dir: paths.Path, remote_dir: str, tpu, zone, project,
-              hosts: list[str]) -> tuple[list[list[str]], dict[str, list[list[str]]]]:
+              hosts: list[str], processes: int = 0, devices_per_process: int = 0
+              ) -> tuple[list[list[str]], dict[str, list[list[str]]]]:
   """(install commands, each point's commands) for where the sweep runs."""
   if tpu:
     return (tpu_install_commands(tpu, zone, project),
@@ -201,7 +224,8 @@ def _commands(sweep: Sweep, local_dir: paths.Path, remote_dir: str, tpu, zone, p
   if hosts:
     return (hosts_install_commands(hosts),
             {p.name: hosts_point_commands(sweep, p, remote_dir, hosts) for p in sweep.points})
-  return [], {p.name: [local_command(sweep, p, local_dir)] for p in sweep.points}
+  return [], {p.name: [local_command(sweep, p, local_dir, processes, devices_per_process)]
+              for p in sweep.points}
 
 
 def _plan(sweep: Sweep, local_dir: paths.Path, mode: str,
@@ -272,19 +296,33 @@ def _run_point(point: Point, entry: dict[str, Any], commands: list[list[str]],
 def run_sweep(path: str, workdir: str | os.PathLike, dry_run: bool = False, tpu: str | None = None,
               zone: str | None = None, project: str | None = None,
               hosts: str | Sequence[str] | None = None,
-              overrides: Sequence[str] = ()) -> dict[str, Any]:
+              overrides: Sequence[str] = (), local_processes: int | None = None,
+              devices_per_process: int | None = None) -> dict[str, Any]:
   """Runs (or with dry_run prints) every point of the sweep file `path` into `workdir`.
 
+  `local_processes` N runs each point here on N processes joined by JAX's distributed runtime
+  (bertjax.tools.multihost), `devices_per_process` CPU devices each.
   Returns the sweep record written to WORKDIR/sweep.json (with dry_run: the planned points and
   commands, nothing written), with counts `finished`, `failed` and `skipped` (done before).
   """
   hosts = _remote_hosts(tpu, zone, project, hosts)
   remote = bool(tpu or hosts)
-  # Remote commands add --config.distributed=True themselves: the config must have the key.
-  sweep = load_sweep(path, overrides, also_check=["distributed=True"] if remote else [])
+  processes, devices = _local_processes(remote, local_processes, devices_per_process)
+  # Remote and multi-process commands add --config.distributed=True themselves: the config must
+  # have the key.
+  sweep = load_sweep(path, overrides,
+                     also_check=["distributed=True"] if remote or processes else [])
+  if processes:
+    for point in sweep.points:
+      batch = dict(point.resolved).get("batch_size")
+      if isinstance(batch, int) and batch % processes:
+        fail(f"sweep {sweep.path}: point {point.name} has batch_size={batch}, which does not "
+             f"split over --local_processes={processes}; make it a multiple of {processes}")
   local_dir = paths.absolute(workdir)  # a local folder or a remote one (gs://...)
-  install, commands = _commands(sweep, local_dir, str(workdir), tpu, zone, project, hosts)
-  mode = f"tpu {tpu}" if tpu else ("hosts " + ",".join(hosts) if hosts else "local")
+  install, commands = _commands(sweep, local_dir, str(workdir), tpu, zone, project, hosts,
+                                processes, devices)
+  mode = (f"tpu {tpu}" if tpu else "hosts " + ",".join(hosts) if hosts else
+          f"local, {processes} processes each" if processes else "local")
   record = _plan(sweep, local_dir, mode, commands)
   if dry_run:
     _print_plan(sweep, local_dir, install, commands)
