@@ -35,8 +35,8 @@ from typing import Callable, Iterator
 LOOP = "_train_loop"
 PACKAGE = "bertjax"
 MODELS = f"{PACKAGE}.models"
-# A line deriving the eval batch size: the setting, else a batch size as its fallback.
-DERIVES_EVAL_SIZE = re.compile(r"eval_batch_size.*\bor\b.*batch_size")
+# A line deriving the eval batch size: the setting, else a fallback (the micro-batch, the batch).
+DERIVES_EVAL_SIZE = re.compile(r"eval_batch_size.*\bor\b")
 
 
 @dataclasses.dataclass

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import inputs
-from bertjax.config import config_checks
+from bertjax.config import config_checks, settings as settings_table
 from bertjax.core import paths
 from bertjax.core.errors import fail
 from bertjax.data import tokenizers
@@ -355,7 +355,7 @@ class TaskObjective(Objective):
     out.pop("metrics", None)
     return out
 
-  def build_inputs(self, config, workdir) -> inputs.Inputs:
+  def build_inputs(self, config, workdir, eval_batch_size: int | None = None) -> inputs.Inputs:
     prepared = self.prepare(config, paths.as_path(workdir))
     for s in prepared.eval_sets:
       if s.num_rows == 0:
@@ -365,8 +365,8 @@ class TaskObjective(Objective):
     train_arrays["weight"] = np.ones((n,), np.float32)
     train = FeatureIterator(train_arrays, config.batch_size, config.seed, jax.process_index(),
                             jax.process_count(), int(config.get("pad_to_multiple_of", 0)))
-    micro_batch = config.batch_size // config.grad_accum_steps
-    size = int(config.get("eval_batch_size", 0) or micro_batch)
+    # The run's plan hands its eval batch size; a caller outside a run, the config's.
+    size = settings_table.eval_batch_size(config) if eval_batch_size is None else eval_batch_size
 
     def eval_batches() -> Iterator[dict[str, np.ndarray]]:
       # The generic view of the eval rows (the trainer's default evaluation reads these);
