@@ -339,10 +339,7 @@ def check_objective(config, objective) -> None:
     fail("no training data: set --config.data_dir to a prepared corpus or --config.data.corpus to "
          "raw text files")
   objective.masking(config)
-  # The instances built: data.kind when set (ModernBERT's recipe packs single ones for mlm; the
-  # pipeline checks the pair against the objective, bertjax.inputs.data_kind), else the
-  # objective's.
-  kind = config.data.get("kind", "") or objective.data_kind
+  kind = check_data_kind(config, objective)
   instances.check_kind(kind, config.max_seq_length)
   if config.data.pack:
     packing.check_packing(kind, config.data.pack_bins)
@@ -390,6 +387,22 @@ def check(config, workdir, objective, devices: Sequence[Any] | None = None) -> C
   check_objective(config, objective)
   return Checked(mesh=mesh, rules=rules, model_cfg=model_cfg, grad_accum_steps=accum,
                  eval_batch_size=eval_size)
+
+
+# Unlabelled kinds: an objective that reads no sentence-pair label may train on either.
+UNLABELLED_KINDS = ("full", "single")
+
+
+def check_data_kind(config, objective) -> str:
+  """The instances the pipeline builds: `data.kind` when set (ModernBERT's recipe packs 'single'
+  ones, each [CLS] document [SEP] split to fit, for mlm), else the objective's; refused where
+  they do not suit the objective."""
+  kind = config.data.get("kind", "") or objective.data_kind
+  if kind != objective.data_kind and {kind, objective.data_kind} - set(UNLABELLED_KINDS):
+    fail(f"data.kind={kind!r} does not suit objective {objective.name!r} (its instances are "
+         f"{objective.data_kind!r}); fix: --config.data.kind= (empty), or full or single for an "
+         "objective without a sentence-pair label")
+  return kind
 
 
 def check_freeze(config, objective, model_cfg) -> None:
