@@ -14,6 +14,8 @@ It imports nothing but bertjax and the standard library, so it walks any checkou
              the import contract's (.importlinter at the checkout's root): the package's layers,
              then each folder's own
   entries of a function: how many times it was called (e.g. `sharding.rules_from_config`)
+  (a generator's frames are left out: each item drawn resumes one, which is iteration, not a
+  call)
   derivations of the eval batch size: executions of a bertjax line that derives it (reads the
              `eval_batch_size` setting with the micro-batch or batch as its fallback), wherever
              it is written.
@@ -24,6 +26,7 @@ from __future__ import annotations
 import configparser
 import contextlib
 import dataclasses
+import inspect
 import linecache
 import pathlib
 import re
@@ -34,6 +37,7 @@ from typing import Callable, Iterator
 # The run's start ends where this function of bertjax.trainer.train is entered.
 LOOP = "_train_loop"
 PACKAGE = "bertjax"
+GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 MODELS = f"{PACKAGE}.models"
 # A line deriving the eval batch size: the setting, else a fallback (the micro-batch, the batch).
 DERIVES_EVAL_SIZE = re.compile(r"eval_batch_size.*\bor\b")
@@ -143,12 +147,15 @@ def recording(start: str = "train_and_evaluate", stop: str = LOOP) -> Iterator[W
     walk.sequence.append(module)
 
   def profile(frame, event, arg):
-    if event == "return" and state["on"] and not state["done"] and _module_of(frame):
+    if (event == "return" and state["on"] and not state["done"] and _module_of(frame)
+        and not frame.f_code.co_flags & GENERATOR_FLAGS):
       now_in(_bertjax_caller(frame))
     if event != "call" or state["done"]:
       return
     module = _module_of(frame)
     if module is None or frame.f_code.co_name == "<module>":
+      return
+    if frame.f_code.co_flags & GENERATOR_FLAGS:  # iterating a generator: not counted as calls
       return
     function = frame.f_code.co_name
     if module == train_module and function == start:
@@ -188,18 +195,32 @@ def recording(start: str = "train_and_evaluate", stop: str = LOOP) -> Iterator[W
 
 def tiny_quickstart(**overrides):
   """The runlocal quickstart, one step on synthetic data with a tiny model."""
-  import bertjax
-  from bertjax.config import config_lib
-  root = pathlib.Path(bertjax.__file__).resolve().parent.parent
-  config = config_lib.load_config_file(str(root / "configs/quickstart.py") + ":runlocal")
   base = {"data.synthetic": True, "model.vocab_size": 200, "model.hidden_size": 32,
           "model.intermediate_size": 64, "model.num_attention_heads": 2,
           "model.num_hidden_layers": 2, "max_seq_length": 16, "max_predictions_per_seq": 4,
           "tensorboard": False, "async_checkpointing": False, "total_steps": 1,
           "eval_every": 0, "log_every": 1, "checkpoint_every": 1}
   base.update(overrides)
+  return _load("configs/quickstart.py:runlocal", base)
+
+
+def tiny_glue(data_dir: str, **overrides):
+  """The runlocal GLUE RTE fine-tuning, one step with a tiny model on `data_dir`'s RTE/ (its
+  tokenizer trained on the training text)."""
+  return _load("configs/glue.py:task=rte,runlocal", {
+      "model.hidden_size": 32, "model.intermediate_size": 64, "model.num_attention_heads": 2,
+      "model.num_hidden_layers": 2, "tensorboard": False, "async_checkpointing": False,
+      "checkpoint_every": 100000, "total_steps": 1, "eval_every": 0, "data_dir": data_dir,
+      **overrides})
+
+
+def _load(spec: str, overrides: dict):
+  import bertjax
+  from bertjax.config import config_lib
+  root = pathlib.Path(bertjax.__file__).resolve().parent.parent
+  config = config_lib.load_config_file(str(root / spec))
   config_lib.apply_overrides(config, [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
-                                      for k, v in base.items()])
+                                      for k, v in overrides.items()])
   return config
 
 
@@ -216,6 +237,13 @@ RULES = [(f"{PACKAGE}.runtime.sharding", "rules_from_config")]
 VALIDATOR = f"{PACKAGE}.config.config_checks"
 
 
+def _counted(items: list) -> list[tuple]:
+  counts: dict = {}
+  for item in items:
+    counts[item] = counts.get(item, 0) + 1
+  return list(counts.items())
+
+
 def report(walk: Walk) -> str:
   figures = walk.figures()
   outside = walk.outside_models()
@@ -229,13 +257,20 @@ def report(walk: Walk) -> str:
            "rules derived: " + ", ".join(f"{f} x{walk.entries(m, f)}" for m, f in RULES),
            f"eval batch size derived {sum(walk.derived_lines.values())} times: " + ", ".join(
                f"{w.removeprefix('bertjax.')} x{n}" for w, n in sorted(walk.derived_lines.items())),
-           "climbs: " + "; ".join(f"{a.removeprefix('bertjax.')} -> {b.removeprefix('bertjax.')}"
-                                  f".{f}" for a, b, f in walk.climbs)]
+           "climbs: " + "; ".join(
+               f"{a.removeprefix('bertjax.')} -> {b.removeprefix('bertjax.')}.{f}"
+               + (f" x{n}" if n > 1 else "") for (a, b, f), n in _counted(walk.climbs))]
   return "\n".join(lines)
 
 
 if __name__ == "__main__":
+  # python tests/run_walk.py [GLUE_ROOT]: with a GLUE folder (holding RTE/), a fine-tuning run's
+  # walk (tiny_glue) after the pretraining one's.
   import jax
   jax.config.update("jax_platforms", "cpu")
   with tempfile.TemporaryDirectory() as tmp:
+    print("pretraining (configs/quickstart.py:runlocal, 1 step):")
     print(report(walk_a_run(pathlib.Path(tmp) / "run")))
+    if len(sys.argv) > 1:
+      print(f"fine-tuning (configs/glue.py:task=rte,runlocal, 1 step, data_dir={sys.argv[1]}):")
+      print(report(walk_a_run(pathlib.Path(tmp) / "glue", tiny_glue(sys.argv[1]))))

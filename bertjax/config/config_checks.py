@@ -322,9 +322,9 @@ def check_run(config, objective, model_cfg, mesh, workdir=None, *, rules=None,
   batch_warmup.check(config, accum, task=objective.data_kind == "task")
   if getattr(objective, "pair_head", False):  # NSP/SOP: refused before any data is prepared
     refuse_pair_head(model_cfg)
-  check_positions(config, model_cfg)
-  check_mesh(config, model_cfg, mesh, from_checkpoint=model_from_checkpoint(config, objective),
-             rules=rules)
+  from_checkpoint = model_from_checkpoint(config, objective)
+  check_positions(config, model_cfg, f"init_from={config.init_from}" if from_checkpoint else "")
+  check_mesh(config, model_cfg, mesh, from_checkpoint=from_checkpoint, rules=rules)
   check_corpus_tokenizer(config, objective, workdir)
   check_freeze(config, objective, model_cfg)
   return accum
