@@ -406,14 +406,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   It reads top to bottom: check, lock the workdir, inputs, setup, then (`_train_and_evaluate`)
   restore and the loop."""
   with Preemption() as preemption, contextlib.ExitStack() as held:
-    # ----------------------------------------------------------------------------------------
+    # ----------------------------------------------------------------------------------------------
     # Check: every setting, before anything is created, prepared, trained or written.
     with preemption.abandoning(CHECKING):
       paths.check_output_folder(workdir)  # "" (an unset variable): the current folder
       workdir = paths.as_path(workdir)
       plan = run_plan.plan(config, workdir)
 
-    # ------------------------------------------------------------------------------------------
+    # ----------------------------------------------------------------------------------------------
     # Lock the workdir: made and held. Then a SIGTERM drops everything up to the first step:
     # reads, and writes staged then moved into place whole (the prepared corpus, a trained
     # tokenizer); a resumed run's settings are checked against its config.json before anything
@@ -425,7 +425,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
                                       trained=workdir_lib.has_checkpoints(workdir))
       settings.check(_resolved(config, plan.model_cfg), pending=workdir_lib.SCHEDULE)
 
-      # --------------------------------------------------------------------------------------
+      # --------------------------------------------------------------------------------------------
       # Inputs: process 0 builds what is built once (a tokenizer, the prepared corpus, a task's
       # features); the others wait for it, then read them. Then the schedule (a task's from its
       # training rows) and the inputs against the model.
@@ -435,7 +435,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       plan = run_plan.with_inputs(plan, data)
       settings.check(_resolved(config, plan.model_cfg, plan.schedule))
 
-      # --------------------------------------------------------------------------------------
+      # --------------------------------------------------------------------------------------------
       # Setup: the model, optimizer and shardings; the sharded train state; the jitted steps.
       s, state = setup(config, plan.objective, plan.model_cfg, plan.mesh, plan.schedule,
                        plan.grad_accum_steps, plan.rules)
@@ -460,7 +460,7 @@ def _train_and_evaluate(plan: run_plan.RunPlan, settings: workdir_lib.Settings, 
       workdir / "checkpoints", keep=config.keep_checkpoints, async_save=config.async_checkpointing,
       record=json.loads(json.dumps(_resolved(config, plan.model_cfg, plan.schedule), default=str)))
   try:
-    # ------------------------------------------------------------------------------------------
+    # ----------------------------------------------------------------------------------------------
     # Restore: the latest checkpoint, else init_from's weights.
     with preemption.abandoning(STARTING):
       windows = []
@@ -501,7 +501,7 @@ def _train_and_evaluate(plan: run_plan.RunPlan, settings: workdir_lib.Settings, 
         config.get("nonfinite_policy", "stop"), int(jax.device_get(state.step)),
         config.learning_rate, plan.model_cfg.dtype))
     record.resume_window(windows[-1] if restored is not None and windows else None)
-    # ------------------------------------------------------------------------------------------
+    # ----------------------------------------------------------------------------------------------
     # Loop.
     with distributed.watching_the_others():  # several processes: one lost ends the others
       state, step, stop_reason = _train_loop(
