@@ -39,6 +39,20 @@ def test_nothing_calls_back_up_into_the_trainer(walk):
   assert walk.figures()["modules"] > 10  # the walk saw the run's start, not an empty trace
 
 
+def test_a_fine_tuning_run_derives_its_eval_batch_size_once(tmp_path, data_dir):
+  """A GLUE task's start: the eval batch size derived by the plan and handed to the task's
+  inputs (it was derived three times: the checks, the plan, the task), the validator entered
+  from the plan only (the task re-checked the positions itself)."""
+  from tests.helpers import glue_data
+  root = glue_data(tmp_path / "data", data_dir)
+  walk = run_walk.walk_a_run(tmp_path / "run",
+                             run_walk.tiny_glue(str(root), **{"data.vocab_size": 500}))
+  assert sum(walk.derived_lines.values()) == 1, walk.derived_lines
+  assert walk.entries("bertjax.runtime.sharding", "rules_from_config") == 1
+  assert {caller for caller, callee, _ in walk.visits if callee == CHECKS} == {RUN_PLAN}
+  assert walk.entries(CHECKS, "check") == 1 and walk.entries(CHECKS, "check_positions") == 1
+
+
 def test_the_walker_counts_climbs_by_the_import_contract():
   import bertjax
   import pathlib
