@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import jax
 import numpy as np
 
+from bertjax.config import config_checks
 from bertjax.core import paths
 from bertjax.core.errors import fail
 from bertjax.data import (batch_warmup, packing, pipeline, prepare, records, sources, synthetic,
@@ -221,19 +222,10 @@ def build(config, workdir: paths.Path, objective) -> Inputs:
   return dataclasses.replace(built, train=batch_warmup.GrowingBatches(built.train, counts, accum))
 
 
-# Unlabelled kinds: an objective that reads no sentence-pair label may train on either.
-UNLABELLED_KINDS = ("full", "single")
-
-
 def data_kind(config, objective) -> str:
-  """The instances the pipeline builds: `data.kind`, or the objective's. ModernBERT's packed
-  documents are 'single' instances (each [CLS] document [SEP], split to fit) with data.pack."""
-  kind = config.data.get("kind", "") or objective.data_kind
-  if kind != objective.data_kind and {kind, objective.data_kind} - set(UNLABELLED_KINDS):
-    fail(f"data.kind={kind!r} does not suit objective {objective.name!r} (its instances are "
-         f"{objective.data_kind!r}); fix: --config.data.kind= (empty), or full or single for an "
-         "objective without a sentence-pair label")
-  return kind
+  """The instances the pipeline builds: `data.kind`, or the objective's, refused where they do
+  not suit the objective (config_checks.check_data_kind; a run's plan checked it already)."""
+  return config_checks.check_data_kind(config, objective)
 
 
 def _build(config, workdir: paths.Path, objective, per_process: int, train_rows: int,
@@ -255,18 +247,18 @@ def _build(config, workdir: paths.Path, objective, per_process: int, train_rows:
   if config.data.pack:
     packing.check_packing(kind, config.data.pack_bins)
   if config.data.generated:
-    return _generated(config, objective, per_process, train_rows, step_of_row)
+    return _generated(config, objective, kind, per_process, train_rows, step_of_row)
   corpus = prepare.PreparedCorpus(prepared_corpus_dir(config, workdir))
   tokenizer = corpus.tokenizer
   n = len(corpus)
   n_eval = min(config.data.eval_documents, n // 5) if config.eval_every else 0
   return _pretraining_inputs(
-      config, objective, per_process, train_rows, DocumentSlice(corpus, 0, n - n_eval),
+      config, objective, kind, per_process, train_rows, DocumentSlice(corpus, 0, n - n_eval),
       DocumentSlice(corpus, n - n_eval, n), SpecialIds.from_tokenizer(tokenizer),
       tokenizer.word_start_mask(), tokenizer.vocab_size, tokenizer, step_of_row)
 
 
-def _generated(config, objective, per_process: int, train_rows: int,
+def _generated(config, objective, kind: str, per_process: int, train_rows: int,
                step_of_row: Callable[[int], int] | None) -> Inputs:
   """The generated corpus `config.data.generated` names (bertjax/data/synthetic.py): training
   documents from seed `config.seed`, held-out ones from another seed, of the same language."""
@@ -278,15 +270,15 @@ def _generated(config, objective, per_process: int, train_rows: int,
   train = synthetic.CycleDocuments(language, synthetic.TRAIN_DOCUMENTS, seed=config.seed)
   held_out = synthetic.CycleDocuments(language, config.data.eval_documents if config.eval_every
                                       else 0, seed=config.seed + synthetic.TRAIN_DOCUMENTS)
-  return _pretraining_inputs(config, objective, per_process, train_rows, train, held_out,
+  return _pretraining_inputs(config, objective, kind, per_process, train_rows, train, held_out,
                              language.special_ids(), language.word_start_mask(),
                              language.vocab_size, None, step_of_row)
 
 
-def _pretraining_inputs(config, objective, per_process: int, train_rows: int, train_docs,
+def _pretraining_inputs(config, objective, kind: str, per_process: int, train_rows: int, train_docs,
                         eval_docs, special, word_start_mask, vocab_size: int, tokenizer,
                         step_of_row: Callable[[int], int] | None = None) -> Inputs:
-  rows = pipeline.Instances(kind=data_kind(config, objective),
+  rows = pipeline.Instances(kind=kind,
                             max_seq_length=config.max_seq_length,
                             short_seq_prob=config.data.short_seq_prob, pack=config.data.pack,
                             pack_bins=config.data.pack_bins)

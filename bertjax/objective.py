@@ -69,8 +69,11 @@ class Objective:
     """The encoder's `ModelConfig`: from `config.model` (fine-tuning tasks take init_from's)."""
     return ModelConfig.from_dict(config.model.to_dict())
 
-  def build_inputs(self, config, workdir):
-    """The train iterator and eval batches (see `bertjax.inputs.Inputs`)."""
+  def build_inputs(self, config, workdir, eval_batch_size: int | None = None):
+    """The train iterator and eval batches (see `bertjax.inputs.Inputs`); `eval_batch_size`:
+    the run's rows per evaluation batch (its plan's), where the objective's eval batches are
+    cut from rows it reads (fine-tuning tasks)."""
+    del eval_batch_size  # pretraining evaluates batches of the training batch's shape
     return inputs.build(config, workdir, self)
 
   def schedule(self, config, data: inputs.Inputs) -> Schedule:

@@ -69,6 +69,18 @@ def test_a_squad_question_longer_than_the_row_is_refused_before_reading_data(tmp
   assert not (tmp_path / "run").exists()  # refused before the workdir is even created
 
 
+def test_a_pretraining_run_with_no_data_source_is_refused_before_the_workdir(tmp_path):
+  """configs/bert.py names no corpus: refused in one line before the workdir is made or locked
+  (it used to be refused by the input builder, inside a made and locked workdir)."""
+  from tests.test_config_checks import one_error_line
+  from tests.test_train import run_launch
+  workdir = tmp_path / "x"
+  r = run_launch("--config", "configs/bert.py", "--workdir", str(workdir))
+  one_error_line(r, "no training data: set --config.data_dir to a prepared corpus or "
+                    "--config.data.corpus to raw text files")
+  assert not workdir.exists()
+
+
 # --------------------------------------------------------------------------- sweeps
 
 

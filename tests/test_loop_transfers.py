@@ -1,6 +1,6 @@
 """The train loop reads nothing from the devices between logging, evaluation and checkpoint steps.
 
-Every other step runs under `train.QUIET_STEP`, set here to a guard that raises on a read of a
+Every other step runs under `train_and_evaluate`'s `quiet_step`, here a guard that raises on a read of a
 device value. jax's own `transfer_guard_device_to_host("disallow")` is part of it, but XLA:CPU
 does not enforce it (a CPU array is host memory already), so on a CPU the guard also trips at
 jax.Array's conversions to host values (`_value`, which float(), int(), bool(), str() and
@@ -103,8 +103,7 @@ def _config():
 
 @pytest.mark.slow
 def test_steps_between_logging_eval_and_checkpoints_read_nothing(tmp_path, guard, monkeypatch):
-  monkeypatch.setattr(train, "QUIET_STEP", guard)
-  summary = train.train_and_evaluate(_config(), tmp_path)
+  summary = train.train_and_evaluate(_config(), tmp_path, quiet_step=guard)
   assert summary["step"] == 12 and summary["status"] == "finished"
   assert guard.steps == 12 - 5  # 2, 3, 4, 6, 8, 9, 11
   rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -117,7 +116,6 @@ def test_steps_between_logging_eval_and_checkpoints_read_nothing(tmp_path, guard
 def test_a_loss_read_at_every_step_is_caught(tmp_path, guard, monkeypatch):
   """The twin: `float(loss)` at every step (here through the non-finite watch's per-step hook)
   fails at the first step that must not read the devices, step 2."""
-  monkeypatch.setattr(train, "QUIET_STEP", guard)
   add = divergence.Watch.add
   seen = []
 
@@ -127,6 +125,6 @@ def test_a_loss_read_at_every_step_is_caught(tmp_path, guard, monkeypatch):
 
   monkeypatch.setattr(divergence.Watch, "add", add_and_read)
   with pytest.raises((DeviceRead, jax.errors.JaxRuntimeError)) as e:
-    train.train_and_evaluate(_config(), tmp_path)
+    train.train_and_evaluate(_config(), tmp_path, quiet_step=guard)
   assert len(seen) == 1 and guard.steps == 1, (seen, guard.steps)
   assert "must not read the devices" in str(e.value) or "Disallowed" in str(e.value)

@@ -7,7 +7,6 @@ import pytest
 
 from bertjax.config import config_checks
 from bertjax.core.errors import UserError
-from bertjax.registry import get_objective
 from bertjax.trainer import run_plan, train
 from tests.test_config_checks import fake_mesh
 from tests.test_train import REPO, tiny_config
@@ -47,18 +46,23 @@ def test_train_reaches_the_checks_from_one_place():
 def test_a_run_is_planned_once_and_trains_the_config_it_was_given(tmp_path, monkeypatch):
   """One plan per run; every step's cadence is read from the caller's own config object (a
   copy mid-run would fail `is`), which the run leaves as it was."""
-  plans, configs = [], []
-  real_plan, real_reads = run_plan.plan, train.reads_devices
+  plans, finished, configs = [], [], []
+  real_plan, real_with_inputs, real_reads = run_plan.plan, run_plan.with_inputs, train.reads_devices
 
   def counting_plan(*args, **kwargs):
     plans.append(real_plan(*args, **kwargs))
     return plans[-1]
+
+  def counting_with_inputs(*args, **kwargs):
+    finished.append(real_with_inputs(*args, **kwargs))
+    return finished[-1]
 
   def watching_step(config, *args, **kwargs):
     configs.append(config)
     return real_reads(config, *args, **kwargs)
 
   monkeypatch.setattr(run_plan, "plan", counting_plan)
+  monkeypatch.setattr(run_plan, "with_inputs", counting_with_inputs)
   monkeypatch.setattr(train, "reads_devices", watching_step)
   config = tiny_config(total_steps=3, eval_every=2, log_every=1, checkpoint_every=3,
                        batch_size=8, grad_accum_steps=2)
@@ -66,21 +70,41 @@ def test_a_run_is_planned_once_and_trains_the_config_it_was_given(tmp_path, monk
   summary = train.train_and_evaluate(config, tmp_path / "run")
   assert summary["step"] == 3 and summary["status"] == "finished"
   assert len(plans) == 1 and plans[0].config is config
-  assert (plans[0].schedule.total_steps, plans[0].schedule.eval_every) == (3, 2)
-  assert (plans[0].grad_accum_steps, plans[0].eval_batch_size) == (2, 4)  # the micro-batch
+  assert len(finished) == 1 and finished[0].config is config
+  assert (finished[0].schedule.total_steps, finished[0].schedule.eval_every) == (3, 2)
+  assert (finished[0].grad_accum_steps, finished[0].eval_batch_size) == (2, 4)  # the micro-batch
   assert len(configs) == 3 and all(c is config for c in configs)
   assert config.to_dict() == before
 
 
-def test_plan_refuses_before_it_prepares(tmp_path):
-  """A bad setting is refused in the plan's first phase: `prepare` never runs."""
-  def prepare(objective, model_cfg):
-    raise AssertionError("the inputs were prepared before the settings were refused")
-
+def test_plan_refuses_before_anything_is_made(tmp_path):
+  """A bad setting is refused by the plan, which prepares and writes nothing."""
   with pytest.raises(UserError, match="batch_size=12 must be divisible"):
-    run_plan.plan(tiny_config(batch_size=12, grad_accum_steps=5), tmp_path / "run",
-                  get_objective, prepare)
+    run_plan.plan(tiny_config(batch_size=12, grad_accum_steps=5), tmp_path / "run")
   assert not (tmp_path / "run").exists()
+
+
+def test_the_plan_is_a_function_of_the_config_and_the_devices(tmp_path):
+  """No callback and no state: the same config and devices give the same plan; the workdir is
+  not made, the config not changed; the inputs and the schedule come from `with_inputs`."""
+  import inspect
+  import jax
+  config = tiny_config(batch_size=8, grad_accum_steps=2)
+  before = config.to_dict()
+  a = run_plan.plan(config, tmp_path / "run", jax.devices()[:1])
+  b = run_plan.plan(config, tmp_path / "run", jax.devices()[:1])
+  fields = lambda p: (p.rules, p.model_cfg, p.grad_accum_steps, p.eval_batch_size,
+                      dict(p.mesh.shape), p.data, p.schedule)
+  assert fields(a) == fields(b) == (fields(a)[0], fields(a)[1], 2, 4, {"data": 1, "fsdp": 1,
+                                                                        "tensor": 1}, None, None)
+  assert config.to_dict() == before and not (tmp_path / "run").exists()
+  assert list(inspect.signature(run_plan.plan).parameters) == ["config", "workdir", "devices"]
+  data = a.objective.build_inputs(config, tmp_path / "run", eval_batch_size=a.eval_batch_size)
+  done = run_plan.with_inputs(a, data)
+  assert done.data is data and (done.schedule.total_steps, done.schedule.eval_every) == (
+      config.total_steps, config.eval_every)
+  assert a.data is None  # frozen: with_inputs returns a new plan
+  assert not hasattr(train, "QUIET_STEP")  # the quiet-step guard is an argument
 
 
 def test_eval_batch_size_is_computed_by_the_plan_and_refused_by_the_checks():

@@ -1,36 +1,44 @@
 """Settings checked before a run prepares, trains or writes anything; each failure is one line.
 
-The trainer reaches them through its run plan (bertjax/trainer/run_plan.py `plan`), which calls, in
-order:
+The one validator of settings. A run's plan (bertjax/trainer/run_plan.py `plan`) enters it once,
+through `check`, before anything is created, and the modules below trust what the plan hands
+them. `check` runs, in order:
   `check_settings`  the config alone (every numeric setting's range), the workdir and init_from
                     paths: before the objective, the mesh or the workdir exist;
+  the objective's own `check(config)`;
   `check_init_from_model`  init_from's architecture against the run's, and every
                     `--config.model.*` given against init_from's model where that is what trains;
+  `check_process_rows`  the mesh made of the devices gives each process its block of the batch;
   `check_run`       the mesh and the model actually trained (fine-tuning takes init_from's
                     architecture): the batch against the data-parallel size and accumulation,
-                    mesh axes against heads and hidden sizes, max_seq_length against the position
-                    table; still before any input is prepared;
-  `check_objective` what the objective asks of the pretraining data (masking, row length,
-                    packing); before the workdir is made, a tokenizer trained or a corpus prepared;
+                    the evaluation batch, mesh axes against heads and hidden sizes,
+                    max_seq_length against the position table;
+  `check_objective` what the objective asks of the pretraining data (a source, masking, row
+                    length, packing); before the workdir is made, a tokenizer trained or a corpus
+                    prepared;
+and returns what it checked (`Checked`: the mesh, the logical rules, the model trained,
+accumulation, the evaluation batch size). Two checks need what only comes later:
   `check_data`      the built inputs: the tokenizer against the model's vocabulary and against
-                    the one init_from was trained with; before anything is initialized or written.
+                    the one init_from was trained with; before anything is initialized or written;
+  `check_param_shardings`  the last word on the layout, parameter by parameter.
 A sweep runs `check_config` (the ranges, the model's fields, its positions) on every point
-before the first runs. `check_param_shardings` is the last word on the layout, parameter by
-parameter. Every message names `setting=value`, what it must be and the fix (`errors.fail`:
-exit status 2, one line).
+before the first runs. Every message names `setting=value`, what it must be and the fix
+(`errors.fail`: exit status 2, one line).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
 import os
 import pathlib
+from typing import Any, Sequence
 
 import jax
 
-from bertjax.config import config_lib, config_rules
+from bertjax.config import config_lib, config_rules, settings
 from bertjax.core import paths
 from bertjax.runtime import checkpoints, sharding
 # The table of allowed values (bertjax/config/config_rules.py); its names are also read from here.
@@ -297,9 +305,10 @@ def _mesh_axes(rules, name: str) -> tuple[str, ...]:
   return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
 
 
-def check_mesh(config, model_cfg, mesh, from_checkpoint: bool = False) -> None:
-  """Each model dimension divisible by the mesh axes its logical axis is sharded over."""
-  rules = sharding.rules_from_config(config)
+def check_mesh(config, model_cfg, mesh, from_checkpoint: bool = False, rules=None) -> None:
+  """Each model dimension divisible by the mesh axes its logical axis is sharded over (`rules`:
+  the run's logical rules, by default the config's)."""
+  rules = sharding.rules_from_config(config) if rules is None else rules
   shape = dict(mesh.shape)
   for name, setting, value in _model_dims(model_cfg):
     axes = _mesh_axes(rules, name)
@@ -320,12 +329,15 @@ def check_mesh(config, model_cfg, mesh, from_checkpoint: bool = False) -> None:
          f"{tuple(shape.values())}); fix: {fix or 'a --config.mesh_shape whose sizes divide it'}")
 
 
-def check_run(config, objective, model_cfg, mesh, workdir=None) -> int:
+def check_run(config, objective, model_cfg, mesh, workdir=None, *, rules=None,
+              eval_batch_size: int | None = None) -> int:
   """The checks that need the mesh and the model trained (and, pretraining from init_from on raw
-  text, its tokenizer); returns grad_accum_steps."""
+  text, its tokenizer); returns grad_accum_steps. `rules` and `eval_batch_size`: the run's, by
+  default the config's."""
   accum = accumulation_steps(config, mesh)
   if "eval_batch_size" in config:
-    check_eval_batch_size(int(config.eval_batch_size or config.batch_size // accum), mesh)
+    check_eval_batch_size(settings.eval_batch_size(config) if eval_batch_size is None
+                          else eval_batch_size, mesh)
   if objective.data_kind != "task" and config.max_predictions_per_seq >= config.max_seq_length:
     fail(f"max_predictions_per_seq={config.max_predictions_per_seq} must be below max_seq_length="
          f"{config.max_seq_length}; fix: --config.max_predictions_per_seq="
@@ -333,8 +345,9 @@ def check_run(config, objective, model_cfg, mesh, workdir=None) -> int:
   batch_warmup.check(config, accum, task=objective.data_kind == "task")
   if getattr(objective, "pair_head", False):  # NSP/SOP: refused before any data is prepared
     refuse_pair_head(model_cfg)
-  check_positions(config, model_cfg)
-  check_mesh(config, model_cfg, mesh, from_checkpoint=model_from_checkpoint(config, objective))
+  from_checkpoint = model_from_checkpoint(config, objective)
+  check_positions(config, model_cfg, f"init_from={config.init_from}" if from_checkpoint else "")
+  check_mesh(config, model_cfg, mesh, from_checkpoint=from_checkpoint, rules=rules)
   check_corpus_tokenizer(config, objective, workdir)
   check_freeze(config, objective, model_cfg)
   return accum
@@ -345,14 +358,74 @@ def check_objective(config, objective) -> None:
   corpus prepared: its masking (span_sbo: span), its rows' length, packing."""
   if objective.data_kind == "task" or config.data.synthetic:
     return
+  if not (config.data.generated or config.get("data_dir") or config.data.corpus):
+    fail("no training data: set --config.data_dir to a prepared corpus or --config.data.corpus to "
+         "raw text files")
   objective.masking(config)
-  # The instances built: data.kind when set (ModernBERT's recipe packs single ones for mlm; the
-  # pipeline checks the pair against the objective, bertjax.inputs.data_kind), else the
-  # objective's.
-  kind = config.data.get("kind", "") or objective.data_kind
+  kind = check_data_kind(config, objective)
   instances.check_kind(kind, config.max_seq_length)
   if config.data.pack:
     packing.check_packing(kind, config.data.pack_bins)
+
+
+def check_process_rows(mesh) -> None:
+  """Process p of n feeds rows [p/n, (p+1)/n) of every global batch (`sharding.shard_batch`, the
+  input pipeline's shares): refused, in one line, where the mesh's batch axes do not give each
+  process that block of the batch (fewer batch shards than processes, or devices of several
+  processes interleaved along them)."""
+  n, p = jax.process_count(), jax.process_index()
+  shards = sharding.data_parallel_size(mesh)
+  starts = sorted({idx[0].start or 0 for idx in
+                   sharding.batch_sharding(mesh).addressable_devices_indices_map((shards,)).values()})
+  if shards % n or starts != list(range(p * shards // n, (p + 1) * shards // n)):
+    fail(f"mesh_shape={tuple(mesh.shape.values())} splits the batch {shards} ways over the "
+         f"{sharding.BATCH_AXES} axes, which does not give each of the {n} processes its own "
+         f"block of rows; make data * fsdp a multiple of {n} (e.g. --config.mesh_shape='({n}, -1, "
+         "1)')")
+
+
+@dataclasses.dataclass(frozen=True)
+class Checked:
+  """What `check` checked the config against, derived once: the run's own."""
+  mesh: Any
+  rules: Any                # logical axis rules (bertjax/runtime/sharding.py)
+  model_cfg: ModelConfig    # the model trained: fine-tuning takes init_from's
+  grad_accum_steps: int
+  eval_batch_size: int      # rows per evaluation batch
+
+
+def check(config, workdir, objective, devices: Sequence[Any] | None = None) -> Checked:
+  """Every check of a run's settings that comes before its inputs (the module docstring's order),
+  on the mesh of `devices` (default: every device); returns what they were checked against."""
+  check_settings(config, workdir)
+  objective.check(config)
+  check_init_from_model(config, objective)
+  mesh = sharding.make_mesh(config.mesh_shape, devices)
+  check_process_rows(mesh)  # several processes: each feeds its block of the batch
+  model_cfg = objective.model_config(config)  # trained: fine-tuning takes init_from's
+  rules = sharding.rules_from_config(config)
+  eval_size = settings.eval_batch_size(config)
+  accum = check_run(config, objective, model_cfg, mesh, workdir, rules=rules,
+                    eval_batch_size=eval_size)
+  check_objective(config, objective)
+  return Checked(mesh=mesh, rules=rules, model_cfg=model_cfg, grad_accum_steps=accum,
+                 eval_batch_size=eval_size)
+
+
+# Unlabelled kinds: an objective that reads no sentence-pair label may train on either.
+UNLABELLED_KINDS = ("full", "single")
+
+
+def check_data_kind(config, objective) -> str:
+  """The instances the pipeline builds: `data.kind` when set (ModernBERT's recipe packs 'single'
+  ones, each [CLS] document [SEP] split to fit, for mlm), else the objective's; refused where
+  they do not suit the objective."""
+  kind = config.data.get("kind", "") or objective.data_kind
+  if kind != objective.data_kind and {kind, objective.data_kind} - set(UNLABELLED_KINDS):
+    fail(f"data.kind={kind!r} does not suit objective {objective.name!r} (its instances are "
+         f"{objective.data_kind!r}); fix: --config.data.kind= (empty), or full or single for an "
+         "objective without a sentence-pair label")
+  return kind
 
 
 def check_freeze(config, objective, model_cfg) -> None:

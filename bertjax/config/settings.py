@@ -192,6 +192,13 @@ TASK: tuple[Setting, ...] = (
     S("n_best_size", 20, AT_LEAST_1, "answer candidates per question"),
 )
 
+def eval_batch_size(config) -> int:
+  """Rows per evaluation batch, derived here only: `eval_batch_size`, else the training
+  micro-batch (batch_size / grad_accum_steps)."""
+  micro_batch = config.batch_size // max(int(config.get("grad_accum_steps", 1)), 1)
+  return int(config.get("eval_batch_size", 0) or micro_batch)
+
+
 def model_settings() -> tuple[Setting, ...]:
   """The model's settings, declared on ModelConfig's fields (`models.config.setting`): each
   field that names a check, with its default, check and help."""

@@ -103,13 +103,14 @@ class Masking:
            word_start_mask: np.ndarray | None = None,
            step: int | None = None) -> dict[str, np.ndarray]:
     """`mask_tokens` with these settings, at the rate of training step `step` (None: mask_rate,
-    as for evaluation)."""
+    as for evaluation). The settings were checked once (`check`, before the first example):
+    an example is masked without checking them again."""
     rate = self.mask_rate if step is None else rate_at(step, self.mask_rate, self.rate_schedule)
-    return mask_tokens(input_ids, special, rng, mask_rate=rate,
-                       max_predictions=self.max_predictions, strategy=self.strategy,
-                       word_start_mask=word_start_mask, max_ngram=self.max_ngram,
-                       span_p=self.span_p, span_max=self.span_max,
-                       replace_probs=self.replace_probs)
+    return _mask_tokens(input_ids, special, rng, mask_rate=rate,
+                        max_predictions=self.max_predictions, strategy=self.strategy,
+                        word_start_mask=word_start_mask, max_ngram=self.max_ngram,
+                        span_p=self.span_p, span_max=self.span_max,
+                        replace_probs=self.replace_probs)
 
 
 class Span(NamedTuple):
@@ -262,8 +263,19 @@ def select_spans(input_ids: np.ndarray, special: SpecialIds, rng: np.random.Gene
   ('ngram') or a SpanBERT span ('span'). `mask_tokens` calls this; it is public so the unit
   length distributions can be checked directly.
   """
-  input_ids = np.asarray(input_ids)
   _check_config(special, mask_rate, max_predictions, strategy, word_start_mask)
+  return _select_spans(input_ids, special, rng, mask_rate=mask_rate,
+                       max_predictions=max_predictions, strategy=strategy,
+                       word_start_mask=word_start_mask, max_ngram=max_ngram, span_p=span_p,
+                       span_max=span_max)
+
+
+def _select_spans(input_ids: np.ndarray, special: SpecialIds, rng: np.random.Generator, *,
+                  mask_rate: float, max_predictions: int, strategy: str,
+                  word_start_mask: np.ndarray | None, max_ngram: int, span_p: float,
+                  span_max: int) -> list[Span]:
+  """`select_spans` on settings already checked."""
+  input_ids = np.asarray(input_ids)
   if word_start_mask is not None:
     word_start_mask = np.asarray(word_start_mask, bool)
   budget = num_to_predict(input_ids, special, mask_rate, max_predictions)
@@ -312,12 +324,26 @@ def mask_tokens(input_ids: np.ndarray, special: SpecialIds, rng: np.random.Gener
     outside each masked token's span, and span_offset `<int32>[P]`, its 0-based position inside
     the span.
   """
+  _check_replace_probs(replace_probs)
+  _check_config(special, mask_rate, max_predictions, strategy, word_start_mask)
+  return _mask_tokens(input_ids, special, rng, mask_rate=mask_rate,
+                      max_predictions=max_predictions, strategy=strategy,
+                      word_start_mask=word_start_mask, max_ngram=max_ngram, span_p=span_p,
+                      span_max=span_max, replace_probs=replace_probs)
+
+
+def _mask_tokens(input_ids: np.ndarray, special: SpecialIds, rng: np.random.Generator, *,
+                 mask_rate: float, max_predictions: int, strategy: str,
+                 word_start_mask: np.ndarray | None, max_ngram: int, span_p: float,
+                 span_max: int, replace_probs: Sequence[float]) -> dict[str, np.ndarray]:
+  """`mask_tokens` on settings already checked: `Masking.mask` draws every example through it
+  (its settings checked once by `Masking.check`, before the pipeline's first example)."""
   input_ids = np.asarray(input_ids, np.int32)
-  probs = _check_replace_probs(replace_probs)
-  units = select_spans(input_ids, special, rng, mask_rate=mask_rate,
-                       max_predictions=max_predictions, strategy=strategy,
-                       word_start_mask=word_start_mask, max_ngram=max_ngram, span_p=span_p,
-                       span_max=span_max)
+  probs = np.asarray(replace_probs, np.float64)
+  units = _select_spans(input_ids, special, rng, mask_rate=mask_rate,
+                        max_predictions=max_predictions, strategy=strategy,
+                        word_start_mask=word_start_mask, max_ngram=max_ngram, span_p=span_p,
+                        span_max=span_max)
   unit_lengths = np.array([u.end - u.start for u in units], np.int64)
   unit_starts = np.array([u.start for u in units], np.int64)
   unit_of = np.repeat(np.arange(len(units)), unit_lengths)

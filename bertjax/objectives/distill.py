@@ -241,11 +241,11 @@ class Distill(DistillationBase):
     checked_settings(config, ModelConfig.from_dict(config.model.to_dict()),
                      teacher_of(config, self.head))
 
-  def build_inputs(self, config, workdir):
+  def build_inputs(self, config, workdir, eval_batch_size=None):
     teacher = teacher_of(config, self.head)
     config = with_teacher_tokenizer(config, teacher,
                                     allowed=not config.data_dir and not config.data.synthetic)
-    data = super().build_inputs(config, workdir)
+    data = super().build_inputs(config, workdir, eval_batch_size)
     check_tokenizers(data.tokenizer, teacher)
     return data
 
@@ -284,10 +284,10 @@ class DistillGlue(DistillationBase):
       checked_settings(config, ModelConfig.from_dict(config.model.to_dict()),
                        teacher_of(config, self.head, self.num_labels(config)))
 
-  def build_inputs(self, config, workdir):
+  def build_inputs(self, config, workdir, eval_batch_size=None):
     teacher = teacher_of(config, self.head, self.num_labels(config))
     config = with_teacher_tokenizer(config, teacher, allowed=not config.init_from)
-    data = self.task.build_inputs(config, workdir)
+    data = self.task.build_inputs(config, workdir, eval_batch_size)
     check_tokenizers(data.tokenizer, teacher)
     return data
 

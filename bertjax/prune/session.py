@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bertjax.config import config_lib
+from bertjax.config import config_lib, settings
 from bertjax.convert import sources
 from bertjax.core import paths
 from bertjax.core.errors import fail, read_text
@@ -107,7 +107,7 @@ class Session:
     evaluation keeps on the host (GLUE). A task whose dev rows have no such labels (SQuAD,
     CoNLL) is scored on as many training batches instead, which is said."""
     spec = self.objective.feature_spec(self.config, self.config.max_seq_length)
-    size = int(self.config.get("eval_batch_size", 0) or self.config.batch_size)
+    size = settings.eval_batch_size(self.config)
     sets = self.data.eval_sets
     if "label" in spec and all("labels" in e.meta for e in sets):
       out = []

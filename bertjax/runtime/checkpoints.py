@@ -506,9 +506,7 @@ class BestKeeper:
 
   def __init__(self, workdir: paths.Path, metric: str, mode: str):
     self.dir = paths.as_path(workdir) / "best"
-    self.metric, self.mode = metric, mode
-    if mode not in ("max", "min"):
-      fail(f"best_mode={mode!r} must be max or min")
+    self.metric, self.mode = metric, mode  # best_mode: max or min, checked with the settings
     # A damaged best.json (a warning names it) holds no value: the next evaluation replaces it.
     self.value = run_files.read_number(self.dir / "best.json", "value")
 

@@ -70,7 +70,7 @@ class Watch:
   loop reads metrics anyway, `check_checkpoint` before each save."""
 
   def __init__(self, policy: str, start_step: int, learning_rate: float, dtype: str):
-    self.policy = check_policy(policy)
+    self.policy = policy  # checked with the settings (config_checks: one of POLICIES)
     self.start_step = start_step
     self.learning_rate = learning_rate
     self.dtype = dtype

@@ -88,21 +88,6 @@ def data_parallel_size(mesh: Mesh) -> int:
   return math.prod(mesh.shape[a] for a in BATCH_AXES)
 
 
-def check_process_rows(mesh: Mesh) -> None:
-  """Process p of n feeds rows [p/n, (p+1)/n) of every global batch (`shard_batch`, the input
-  pipeline's shares): refused, in one line, where the mesh's batch axes do not give each process
-  that block of the batch (fewer batch shards than processes, or devices of several processes
-  interleaved along them)."""
-  n, p = jax.process_count(), jax.process_index()
-  shards = data_parallel_size(mesh)
-  starts = sorted({idx[0].start or 0 for idx in
-                   batch_sharding(mesh).addressable_devices_indices_map((shards,)).values()})
-  if shards % n or starts != list(range(p * shards // n, (p + 1) * shards // n)):
-    fail(f"mesh_shape={tuple(mesh.shape.values())} splits the batch {shards} ways over the "
-         f"{BATCH_AXES} axes, which does not give each of the {n} processes its own block of rows; "
-         f"make data * fsdp a multiple of {n} (e.g. --config.mesh_shape='({n}, -1, 1)')")
-
-
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import inputs
-from bertjax.config import config_checks
+from bertjax.config import settings as settings_table
 from bertjax.core import paths
 from bertjax.core.errors import fail
 from bertjax.data import tokenizers
@@ -321,9 +321,7 @@ class TaskObjective(Objective):
       cfg = ModelConfig.from_dict(fields)
     else:
       cfg = ModelConfig.from_dict(config.model.to_dict())
-    config_checks.check_positions(config, cfg,
-                                  f"init_from={config.init_from}" if config.init_from else "")
-    return cfg
+    return cfg  # max_seq_length against its positions: config_checks.check_run
 
   def init_batch(self, config, batch_size: int, seq_len: int,
                  num_predictions: int) -> dict[str, Any]:
@@ -345,7 +343,7 @@ class TaskObjective(Objective):
     out = self.predict(model, params, batch, rng, deterministic)
     return jnp.sum(out["loss"]) / denominators["loss"], out["metrics"]
 
-  def build_inputs(self, config, workdir) -> inputs.Inputs:
+  def build_inputs(self, config, workdir, eval_batch_size: int | None = None) -> inputs.Inputs:
     prepared = self.prepare(config, paths.as_path(workdir))
     for s in prepared.eval_sets:
       if s.num_rows == 0:
@@ -355,8 +353,8 @@ class TaskObjective(Objective):
     train_arrays["weight"] = np.ones((n,), np.float32)
     train = FeatureIterator(train_arrays, config.batch_size, config.seed, jax.process_index(),
                             jax.process_count(), int(config.get("pad_to_multiple_of", 0)))
-    micro_batch = config.batch_size // config.grad_accum_steps
-    size = int(config.get("eval_batch_size", 0) or micro_batch)
+    # The run's plan hands its eval batch size; a caller outside a run, the config's.
+    size = settings_table.eval_batch_size(config) if eval_batch_size is None else eval_batch_size
 
     def eval_batches() -> Iterator[dict[str, np.ndarray]]:
       # The generic view of the eval rows (the metric sums evaluator reads these); the task

@@ -29,7 +29,7 @@ import numpy as np
 import optax
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as P
 
-from bertjax.config import config_lib
+from bertjax.config import config_checks, config_lib
 from bertjax.core.errors import fail, run_cli
 from bertjax.models import kernels, splash
 from bertjax.registry import get_objective
@@ -124,7 +124,9 @@ def main(argv=None):
     shape = ()
   if len(shape) != 3 or min(shape) < 1:
     fail(f"--mesh={args.mesh!r} takes three sizes data,fsdp,tensor, e.g. 4,2,2")
-  exported = export_train_step(config_lib.load_config_file(args.config), shape)
+  config = config_lib.load_config_file(args.config)
+  config_checks.check_settings(config)  # the settings the optimizer and model trust
+  exported = export_train_step(config, shape)
   print(f"{args.config}: the TPU-set train step lowers for TPU over a {math.prod(shape)}-device "
         f"mesh {shape}; custom calls: {', '.join(custom_calls(exported)) or 'none'}")
 

@@ -1,26 +1,31 @@
 """The run plan: what a training run is, decided once before its first step.
 
-`plan` is the trainer's one entry into the settings checks (bertjax/config/config_checks.py). It
-runs them in the trainer's order and returns a frozen `RunPlan`: the checked config (the caller's
-own object, never copied or changed), the objective, the mesh and its logical rules, the model
-actually trained, gradient accumulation, the evaluation batch size, the prepared inputs and the
-schedule. Code that needs the run's length or evaluation cadence reads `plan.schedule`, not the
-config (a fine-tuning task derives them from its training rows while `config.total_steps` stays 0).
+`plan(config, workdir, devices)` is a pure function of the config and the devices: it checks every
+setting (bertjax/config/config_checks.py, the one validator) and derives, once, what the rest of
+the run reads: the objective, the mesh and its logical rules, the model actually trained,
+gradient accumulation and the evaluation batch size. It creates, prepares and writes nothing.
+
+A run's length and evaluation cadence may need its inputs (a fine-tuning task counts its
+training rows), so they are a second pure step: `with_inputs(plan, data)` checks the prepared
+inputs against the model and returns the plan with them and their `schedule`. Code that needs
+the run's length or evaluation cadence reads `plan.schedule`, not the config (a task's
+`config.total_steps` stays 0). The config handed in is the caller's own object, never copied or
+changed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from typing import Any, Callable, ContextManager
+from typing import Any, Sequence
 
 import flax.linen as nn
 import ml_collections
 
-from bertjax.config import config_checks
+from bertjax.config import config_checks, settings
 from bertjax.core import paths
 from bertjax.models.config import ModelConfig
 from bertjax.objective import Schedule
+from bertjax.registry import objective_class
 from bertjax.runtime import sharding
 
 
@@ -35,8 +40,8 @@ class RunPlan:
   model_cfg: ModelConfig             # the model trained: fine-tuning takes init_from's
   grad_accum_steps: int
   eval_batch_size: int               # rows per evaluation batch
-  data: Any                          # the prepared inputs (bertjax.inputs.Inputs)
-  schedule: Schedule                 # total_steps and eval_every of this run
+  data: Any = None                   # the prepared inputs (bertjax.inputs.Inputs): with_inputs
+  schedule: Schedule | None = None   # total_steps and eval_every of this run: with_inputs
 
 
 def accumulation_steps(config, mesh) -> int:
@@ -46,9 +51,9 @@ def accumulation_steps(config, mesh) -> int:
 
 
 def eval_batch_size(config, mesh) -> int:
-  """Rows per evaluation batch: `eval_batch_size`, or the training micro-batch; refused where it
-  does not split over the data-parallel devices and the processes."""
-  size = int(config.get("eval_batch_size", 0) or config.batch_size // config.grad_accum_steps)
+  """Rows per evaluation batch (`settings.eval_batch_size`), refused where they do not split over
+  the data-parallel devices and the processes: an evaluation outside a run's plan."""
+  size = settings.eval_batch_size(config)
   config_checks.check_eval_batch_size(size, mesh)
   return size
 
@@ -61,36 +66,23 @@ def param_shardings(abstract_boxed, mesh, rules):
   return shardings
 
 
-def plan(config, workdir: paths.Path, objective_of: Callable[[Any], Any],
-         prepare: Callable[[Any, ModelConfig], Any],
-         checking: ContextManager = contextlib.nullcontext()) -> RunPlan:
-  """Checks `config` for a run in `workdir` and returns its plan, in two phases.
+def plan(config, workdir: paths.Path, devices: Sequence[Any] | None = None) -> RunPlan:
+  """Checks `config` for a run in `workdir` on `devices` (default: every device) and returns its
+  plan, before anything is created, prepared or written: the validator
+  (bertjax/config/config_checks.py `check`), entered once, checks the config, the paths, the
+  objective, init_from's model, the mesh, the batch, accumulation, positions and what the
+  objective asks of its data, and hands back what it checked them against."""
+  objective = objective_class(config.objective)()  # its own check(config) runs in the validator
+  checked = config_checks.check(config, workdir, objective, devices)
+  return RunPlan(config=config, workdir=workdir, objective=objective, mesh=checked.mesh,
+                 rules=checked.rules, model_cfg=checked.model_cfg,
+                 grad_accum_steps=checked.grad_accum_steps,
+                 eval_batch_size=checked.eval_batch_size)
 
-  Phase 1, under `checking` (before anything is created, prepared or written): the config alone
-  and the paths (`check_settings`); then the objective (`objective_of(config)`) and init_from's
-  model against the run's (`check_init_from_model`), the mesh and the model trained; the batch,
-  accumulation, mesh and positions against them (`check_run`); what the objective asks of the
-  data (`check_objective`).
-  Then `prepare(objective, model_cfg)` prepares the inputs (the trainer makes and holds the
-  workdir first, and checks a resumed run's settings).
-  Phase 2, which needs the prepared inputs: the objective's schedule and the data against the
-  model and init_from (`check_data`).
-  """
-  with checking:
-    config_checks.check_settings(config, workdir)
-    objective = objective_of(config)
-    config_checks.check_init_from_model(config, objective)
-    mesh = sharding.make_mesh(config.mesh_shape)
-    sharding.check_process_rows(mesh)  # several processes: each feeds its block of the batch
-    model_cfg = objective.model_config(config)  # trained: fine-tuning takes init_from's
-    accum = config_checks.check_run(config, objective, model_cfg, mesh, workdir)
-    config_checks.check_objective(config, objective)
-    # A set eval_batch_size was refused above where it does not split; the default (the
-    # micro-batch) splits as the batch does.
-    eval_size = int(config.get("eval_batch_size", 0) or config.batch_size // accum)
-  data = prepare(objective, model_cfg)
-  schedule = objective.schedule(config, data)
-  config_checks.check_data(config, objective, model_cfg, data, workdir)
-  return RunPlan(config=config, workdir=workdir, objective=objective, mesh=mesh,
-                 rules=sharding.rules_from_config(config), model_cfg=model_cfg,
-                 grad_accum_steps=accum, eval_batch_size=eval_size, data=data, schedule=schedule)
+
+def with_inputs(run: RunPlan, data) -> RunPlan:
+  """`run` with its prepared inputs `data` and its schedule (a task's from its training rows),
+  the inputs checked against the model and init_from (`check_data`)."""
+  schedule = run.objective.schedule(run.config, data)
+  config_checks.check_data(run.config, run.objective, run.model_cfg, data, run.workdir)
+  return dataclasses.replace(run, data=data, schedule=schedule)

@@ -32,7 +32,6 @@ from bertjax.evaluators.schedule import Evaluations
 from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
 from bertjax.objective import Schedule
-from bertjax.registry import get_objective
 from bertjax.runtime import (checkpoints, distributed, divergence, freezing, optim, prefetch,
                              sharding, step_memory, workdir as workdir_lib)
 from bertjax.runtime import metric_writers
@@ -126,27 +125,31 @@ def abstract_params_of(objective, model, init_batch):
   return jax.eval_shape(lambda r: objective.init_params(model, r, init_batch), jax.random.key(0))
 
 
-def param_shardings_for(objective, model, config, mesh, init_batch, abstract_boxed=None):
-  """(abstract boxed params, NamedSharding per param) without allocating anything."""
+def param_shardings_for(objective, model, config, mesh, init_batch, abstract_boxed=None,
+                        rules=None):
+  """(abstract boxed params, NamedSharding per param) without allocating anything (`rules`: the
+  run's logical rules, by default the config's)."""
   if abstract_boxed is None:
     abstract_boxed = abstract_params_of(objective, model, init_batch)
-  shardings = run_plan.param_shardings(abstract_boxed, mesh, sharding.rules_from_config(config))
+  rules = sharding.rules_from_config(config) if rules is None else rules
+  shardings = run_plan.param_shardings(abstract_boxed, mesh, rules)
   return abstract_boxed, shardings
 
 
 def create_train_state(objective, model, optimizer, config, mesh, init_batch, abstract_boxed=None,
-                       partition: freezing.Partition | None = None):
+                       partition: freezing.Partition | None = None, rules=None):
   """Parameters and optimizer state created already sharded: shapes, specs, one jitted init.
 
   The model's init is traced once for the shapes (or not at all, given `abstract_boxed`) and
   once more by the jitted init that allocates them. With `partition`, the optimizer state
-  covers its trainable parameters only.
+  covers its trainable parameters only. `rules`: the run's logical rules, by default the
+  config's.
   """
   partition = partition or freezing.Partition(frozenset(), frozen_any=False)
-  rules = sharding.rules_from_config(config)
+  rules = sharding.rules_from_config(config) if rules is None else rules
   rng = jax.random.key(config.seed)
   abstract_boxed, param_shardings = param_shardings_for(objective, model, config, mesh, init_batch,
-                                                        abstract_boxed)
+                                                        abstract_boxed, rules)
   abstract_params = nn.meta.unbox(abstract_boxed)
   abstract_opt = jax.eval_shape(optimizer.init, partition.trainable(abstract_params))
   repl = sharding.replicated(mesh)
@@ -189,12 +192,13 @@ class Setup:
 
 
 def setup(config, objective, model_cfg: ModelConfig, mesh, schedule: Schedule | None = None,
-          grad_accum_steps: int | None = None) -> tuple[Setup, TrainState]:
+          grad_accum_steps: int | None = None, rules=None) -> tuple[Setup, TrainState]:
   """The jitted steps of `objective` under `config` (model, optimizer, shardings) and its freshly
   initialized, sharded train state. A run's plan (bertjax/trainer/run_plan.py) gives `schedule` (the
-  learning rate runs to its total_steps, else to config.total_steps) and `grad_accum_steps`
-  (already checked; else checked here)."""
+  learning rate runs to its total_steps, else to config.total_steps), `grad_accum_steps`
+  (already checked; else checked here) and `rules` (else the config's)."""
   accum = grad_accum_steps or run_plan.accumulation_steps(config, mesh)
+  rules = sharding.rules_from_config(config) if rules is None else rules
   model = objective.make_model(config, model_cfg)
   init_batch = objective.init_batch(config, 1, config.max_seq_length, config.max_predictions_per_seq)
   # The optimizer sees the parameter tree (shapes only) for per-layer learning-rate scales.
@@ -207,10 +211,10 @@ def setup(config, objective, model_cfg: ModelConfig, mesh, schedule: Schedule | 
                                    scalar_clipping=kernels.for_model(model_cfg).scalar_clipping,
                                    total_steps=schedule.total_steps if schedule else None)
   state, state_shardings, abstract_state = create_train_state(
-      objective, model, optimizer, config, mesh, init_batch, abstract_boxed, partition)
+      objective, model, optimizer, config, mesh, init_batch, abstract_boxed, partition, rules)
   batch_shard = sharding.batch_sharding(mesh)
   metric_shard = sharding.replicated(mesh)
-  skip = divergence.check_policy(config.get("nonfinite_policy", "stop")) == "skip"
+  skip = config.get("nonfinite_policy", "stop") == "skip"  # checked: config_checks
   micro_rows = config.batch_size // accum if config.get("batch_warmup_tokens", 0) else None
   train_step = jax.jit(make_train_step(objective, model, optimizer, accum, skip, partition,
                                        micro_rows),
@@ -221,7 +225,7 @@ def setup(config, objective, model_cfg: ModelConfig, mesh, schedule: Schedule | 
   # Compiled only when an evaluation calls it (a task decoding its dev set).
   predict_step = jax.jit(make_predict_step(objective, model),
                          in_shardings=(state_shardings.params, batch_shard))
-  run = Setup(mesh=mesh, rules=sharding.rules_from_config(config), state_shardings=state_shardings,
+  run = Setup(mesh=mesh, rules=rules, state_shardings=state_shardings,
               abstract_state=abstract_state, train_step=train_step, eval_step=eval_step,
               predict_step=predict_step,
               num_params=sum(x.size for x in jax.tree.leaves(state.params)), partition=partition)
@@ -270,10 +274,10 @@ def _write_tokenizer(workdir: paths.Path, data) -> None:
 
 
 # What every step that reads nothing from the devices (`reads_devices`) runs under: a factory of
-# context managers, none in a run. tests/test_loop_transfers.py sets one that raises on any
+# context managers, none in a run. tests/test_loop_transfers.py passes one that raises on any
 # device-to-host read (`jax.transfer_guard_device_to_host("disallow")` where the backend enforces
 # it), so a read slipped into those steps, which would make the devices wait, fails a test.
-QUIET_STEP: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+QuietStep = Callable[[], contextlib.AbstractContextManager]
 
 
 def reads_devices(config, schedule: Schedule, step: int, first: bool) -> bool:
@@ -307,13 +311,13 @@ def check_step_memory(s: Setup, state: TrainState, device_batch) -> str:
 def _train_loop(plan: run_plan.RunPlan, s: Setup, state: TrainState, ckpt, writer: MetricWriter,
                 run_eval: Callable, record: RunRecord, clock: Callable[[], float],
                 preemption: Preemption, started: Callable[[int], None] = lambda step: None,
-                eval_due: Callable[[int], bool] = lambda step: False
-                ) -> tuple[TrainState, int, str]:
+                eval_due: Callable[[int], bool] = lambda step: False,
+                quiet_step: QuietStep = contextlib.nullcontext) -> tuple[TrainState, int, str]:
   """Steps until total_steps or SIGTERM: logging, evaluation (at the steps `eval_due` names) and
   checkpoints on their cadence, a progress line every `progress_every_s` seconds; `started(step)`
-  once the first step is trained. A SIGTERM (`preemption.requested`) lets the step, its
-  evaluation and its saves finish, then saves it. Returns the state, the step reached and why the
-  loop ended."""
+  once the first step is trained; a step that reads nothing from the devices (`reads_devices`)
+  runs under `quiet_step()`. A SIGTERM (`preemption.requested`) lets the step, its evaluation and
+  its saves finish, then saves it. Returns the state, the step reached and why the loop ended."""
   config, data, total_steps = plan.config, plan.data, plan.schedule.total_steps
   step = int(jax.device_get(state.step))
   stop_reason = "finished"
@@ -325,7 +329,7 @@ def _train_loop(plan: run_plan.RunPlan, s: Setup, state: TrainState, ckpt, write
   while step < total_steps:
     step += 1
     quiet = not (reads_devices(config, plan.schedule, step, record.compiling) or eval_due(step))
-    with QUIET_STEP() if quiet else contextlib.nullcontext():
+    with quiet_step() if quiet else contextlib.nullcontext():
       batch, device_batch = next(batches)
       if record.compiling:  # this process's first step: known to fit before it runs
         check_step_memory(s, state, device_batch)
@@ -389,50 +393,60 @@ CHECKING = "checking the settings (nothing was written)"
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
-                       clock: Callable[[], float] = time.monotonic) -> dict:
+                       clock: Callable[[], float] = time.monotonic,
+                       quiet_step: QuietStep = contextlib.nullcontext) -> dict:
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns a summary.
   One run at a time holds the workdir (bertjax/runtime/workdir.py). `clock` times the progress lines
-  (bertjax/runtime/progress.py). A SIGTERM at any point ends the run as preempted
+  (bertjax/runtime/progress.py); `quiet_step` is what the loop's steps that read nothing from the
+  devices run under (`QuietStep`). A SIGTERM at any point ends the run as preempted
   (bertjax/runtime/preemption.py): a summary saying so, its checkpoint saved, or `errors.Preempted`
   where a step was not trained since the last checkpoint; either way the same call goes on. The run
   is planned once (bertjax/trainer/run_plan.py): `config` is that of every step, never copied or
-  changed."""
+  changed.
+
+  It reads top to bottom: check, lock the workdir, inputs, setup, then (`_train_and_evaluate`)
+  restore and the loop."""
   with Preemption() as preemption, contextlib.ExitStack() as held:
+    # ----------------------------------------------------------------------------------------------
+    # Check: every setting, before anything is created, prepared, trained or written.
     with preemption.abandoning(CHECKING):
       paths.check_output_folder(workdir)  # "" (an unset variable): the current folder
       workdir = paths.as_path(workdir)
-    settings = []
+      plan = run_plan.plan(config, workdir)
 
-    def prepare(objective, model_cfg):
-      # Every check before the inputs has passed: the workdir is made and held. A SIGTERM drops
-      # everything from now to the first step: reads, and writes staged then moved into place
-      # whole (the prepared corpus, a trained tokenizer). A resumed run's settings against its
-      # config.json before anything is prepared or written; the schedule once it is derived.
-      workdir.mkdir(parents=True, exist_ok=True)
-      held.enter_context(workdir_lib.locked(workdir))
-      starting.enter_context(preemption.abandoning(STARTING))
-      settings.append(workdir_lib.Settings(workdir, config.get("allow_changed_settings", False),
-                                           trained=workdir_lib.has_checkpoints(workdir)))
-      settings[0].check(_resolved(config, model_cfg), pending=workdir_lib.SCHEDULE)
-      # Process 0 builds what is built once (a tokenizer, the prepared corpus, a task's
-      # features); the others wait for it, then read them.
+    # ----------------------------------------------------------------------------------------------
+    # Lock the workdir: made and held. Then a SIGTERM drops everything up to the first step:
+    # reads, and writes staged then moved into place whole (the prepared corpus, a trained
+    # tokenizer); a resumed run's settings are checked against its config.json before anything
+    # is prepared or written (the schedule once it is derived).
+    workdir.mkdir(parents=True, exist_ok=True)
+    held.enter_context(workdir_lib.locked(workdir))
+    with preemption.abandoning(STARTING):
+      settings = workdir_lib.Settings(workdir, config.get("allow_changed_settings", False),
+                                      trained=workdir_lib.has_checkpoints(workdir))
+      settings.check(_resolved(config, plan.model_cfg), pending=workdir_lib.SCHEDULE)
+
+      # --------------------------------------------------------------------------------------------
+      # Inputs: process 0 builds what is built once (a tokenizer, the prepared corpus, a task's
+      # features); the others wait for it, then read them. Then the schedule (a task's from its
+      # training rows) and the inputs against the model.
       with distributed.built_by_process_0("the inputs (tokenizer, prepared corpus or task "
                                           "features)"):
-        return objective.build_inputs(config, workdir)
+        data = plan.objective.build_inputs(config, workdir, eval_batch_size=plan.eval_batch_size)
+      plan = run_plan.with_inputs(plan, data)
+      settings.check(_resolved(config, plan.model_cfg, plan.schedule))
 
-    with contextlib.ExitStack() as starting:
-      # Settings are checked before anything is created, prepared, trained or written.
-      plan = run_plan.plan(config, workdir, get_objective, prepare,
-                           checking=preemption.abandoning(CHECKING))
-      settings[0].check(_resolved(config, plan.model_cfg, plan.schedule))
+      # --------------------------------------------------------------------------------------------
+      # Setup: the model, optimizer and shardings; the sharded train state; the jitted steps.
       s, state = setup(config, plan.objective, plan.model_cfg, plan.mesh, plan.schedule,
-                       plan.grad_accum_steps)
-    return _train_and_evaluate(plan, settings[0], s, state, clock, preemption)
+                       plan.grad_accum_steps, plan.rules)
+    return _train_and_evaluate(plan, settings, s, state, clock, preemption, quiet_step)
 
 
 def _train_and_evaluate(plan: run_plan.RunPlan, settings: workdir_lib.Settings, s: Setup,
-                        state: TrainState, clock: Callable[[], float],
-                        preemption: Preemption) -> dict:
+                        state: TrainState, clock: Callable[[], float], preemption: Preemption,
+                        quiet_step: QuietStep = contextlib.nullcontext) -> dict:
+  """A planned and set-up run's restore and loop (`train_and_evaluate`'s second half)."""
   config, workdir, objective, data = plan.config, plan.workdir, plan.objective, plan.data
   total_steps, eval_every = plan.schedule.total_steps, plan.schedule.eval_every
   logging.info("model: %s parameters", f"{s.num_params:,}")
@@ -447,6 +461,8 @@ def _train_and_evaluate(plan: run_plan.RunPlan, settings: workdir_lib.Settings, 
       workdir / "checkpoints", keep=config.keep_checkpoints, async_save=config.async_checkpointing,
       record=json.loads(json.dumps(_resolved(config, plan.model_cfg, plan.schedule), default=str)))
   try:
+    # ----------------------------------------------------------------------------------------------
+    # Restore: the latest checkpoint, else init_from's weights.
     with preemption.abandoning(STARTING):
       windows = []
       restored = ckpt.restore_latest(
@@ -488,12 +504,14 @@ def _train_and_evaluate(plan: run_plan.RunPlan, settings: workdir_lib.Settings, 
         config.get("nonfinite_policy", "stop"), int(jax.device_get(state.step)),
         config.learning_rate, plan.model_cfg.dtype))
     record.resume_window(windows[-1] if restored is not None and windows else None)
+    # ----------------------------------------------------------------------------------------------
+    # Loop.
     with distributed.watching_the_others():  # several processes: one lost ends the others
       state, step, stop_reason = _train_loop(
           plan, s, state, ckpt, writer, run_eval, record, clock, preemption,
           started=lambda step: settings.record(step0, _resolved(config, plan.model_cfg,
                                                                 plan.schedule)),
-          eval_due=evaluations.due)
+          eval_due=evaluations.due, quiet_step=quiet_step)
       if (stop_reason == "finished" and step == total_steps
           and evaluations.at_end(step, record.last_eval_step)):
         record.last_eval = run_eval(step, state, last=True) or record.last_eval
