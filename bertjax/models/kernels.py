@@ -32,8 +32,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+from typing import Any, Mapping
 
 import jax
+import ml_collections
 
 PLATFORMS = ("cpu", "gpu", "tpu")
 KERNEL_SETTINGS = ("auto",) + PLATFORMS + ("tpu-xla", "stock")
@@ -235,54 +237,94 @@ def for_platform(platform: str) -> Kernels:
   return _BY_PLATFORM.get(platform, CPU)
 
 
-def parse_overrides(text: str) -> dict:
-  """"flat_dense=False,row_multiple=2" -> {"flat_dense": False, "row_multiple": 2}: fields of
-  `Kernels` with values of their type. Raises ValueError naming what is wrong."""
-  types = {f.name: f.type for f in dataclasses.fields(Kernels) if f.name != "platform"}
+class Overrides(ml_collections.ConfigDict):
+  """`config.model.kernel_overrides`: fields of `Kernels` changed in the chosen set, each None (the
+  set's own) until given, e.g. `--config.model.kernel_overrides.fused_residual=True` (for
+  ablations: one choice changed in a set). As data (`to_dict`: config.json, the resolved configs)
+  it holds only the fields given, and "" while none is, which is how configs and run records
+  written before the overrides were fields hold the setting."""
+
+  def __init__(self, values: Mapping[str, Any] | None = None):
+    super().__init__({name: values.get(name) if values else None for name in FIELDS})
+
+  def to_dict(self, visit_map=None, preserve_field_references=False):
+    given = {k: v for k, v in super().to_dict(visit_map, preserve_field_references).items()
+             if v is not None}
+    return given or ""
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(Kernels) if f.name != "platform")
+_TYPES = {f.name: f.type for f in dataclasses.fields(Kernels)}
+
+
+def parse_overrides(value) -> dict:
+  """The overrides a model config holds (a mapping of `Kernels` fields, its (field, value) pairs,
+  or "" for none) as a dict of the fields given, each checked against its field's type. Raises
+  ValueError naming what is wrong; the former "field=value,..." string is refused so, naming
+  the fields' form."""
+  if isinstance(value, str):
+    if not value.strip():
+      return {}
+    first = value.split(",")[0].strip() or "fused_residual=True"
+    raise ValueError(f"the 'field=value,...' string is no longer read; give each field as its "
+                     f"own setting, e.g. --config.model.kernel_overrides.{first}")
   out = {}
-  for item in filter(None, (part.strip() for part in text.split(","))):
-    name, eq, value = item.partition("=")
-    name, value = name.strip(), value.strip()
-    if not eq or name not in types:
-      raise ValueError(f"{item!r} is not FIELD=VALUE with FIELD one of {', '.join(types)}")
-    if types[name] in (bool, "bool"):
-      if value not in ("True", "False", "true", "false", "1", "0"):
-        raise ValueError(f"{name} takes True or False, not {value!r}")
-      out[name] = value in ("True", "true", "1")
-    elif types[name] in (int, "int"):
-      if not value.isdigit():
-        raise ValueError(f"{name} takes a whole number, not {value!r}")
-      out[name] = int(value)
-    else:
-      out[name] = value
+  for name, given in (value.items() if isinstance(value, Mapping) else value):
+    if given is None:
+      continue
+    if name not in FIELDS:
+      raise ValueError(f"{name!r} is not a field of the kernel set; use one of {', '.join(FIELDS)}")
+    kind = {"bool": bool, "int": int, "str": str}.get(_TYPES[name], _TYPES[name])
+    if not isinstance(given, kind) or (kind is int and isinstance(given, bool)):
+      raise ValueError(f"{name} takes {'True or False' if kind is bool else kind.__name__}, "
+                       f"not {given!r}")
+    out[name] = given
   return out
 
 
 def for_model(cfg) -> Kernels:
   """The choices for a `ModelConfig`: its `kernels` setting, "auto" meaning JAX's backend, with
-  its `kernel_overrides` ("field=value,..."; for ablations: one choice changed in a set)."""
+  its `kernel_overrides` (fields of the set changed). A model resolves it once, when it is built
+  (`bertjax.models.layers.layers_for`)."""
   setting = getattr(cfg, "kernels", "auto")
   chosen = for_platform(backend() if setting == "auto" else setting)
-  overrides = getattr(cfg, "kernel_overrides", "")
-  return dataclasses.replace(chosen, **parse_overrides(overrides)) if overrides else chosen
+  overrides = parse_overrides(getattr(cfg, "kernel_overrides", ""))
+  return dataclasses.replace(chosen, **overrides) if overrides else chosen
 
 
-def attention_dropout_for(cfg) -> str:
-  """"explicit" or "pallas": the model's `attention_dropout_kernel`, "auto" meaning its set's,
-  and for "auto" the explicit path under a mesh of several devices: a pallas_call is not
-  partitioned by XLA (its operands would be gathered to every device), and the set's choice was
-  measured on one device. `attention_dropout_kernel="pallas"` asks for it anyway."""
+def attention_dropout_setting(cfg, chosen: Kernels) -> str:
+  """"explicit" or "pallas" as the model's `attention_dropout_kernel` says, "auto" meaning the
+  set's (`chosen`) and written "auto:pallas" where that is the Pallas kernel: the path a trace
+  under a mesh of several devices leaves for the explicit one (`attention_dropout_path`)."""
   setting = getattr(cfg, "attention_dropout_kernel", "auto")
   if setting != "auto":
     return setting
-  chosen = for_model(cfg).attention_dropout
-  if chosen == "pallas" and jax.sharding.get_abstract_mesh().size > 1:
-    return "explicit"
-  return chosen
+  return "auto:pallas" if chosen.attention_dropout == "pallas" else chosen.attention_dropout
+
+
+def attention_dropout_path(setting: str) -> str:
+  """The path a trace takes for `attention_dropout_setting`'s answer: "auto:pallas" is the
+  explicit path under a mesh of several devices (a pallas_call is not partitioned by XLA, its
+  operands would be gathered to every device, and the set's choice was measured on one device);
+  `attention_dropout_kernel="pallas"` asks for the kernel anyway."""
+  if setting != "auto:pallas":
+    return setting
+  return "explicit" if jax.sharding.get_abstract_mesh().size > 1 else "pallas"
+
+
+def dropout_setting(cfg, chosen: Kernels) -> str:
+  """The dropout implementation of a model: its `dropout_impl`, "auto" meaning the set's."""
+  setting = getattr(cfg, "dropout_impl", "auto")
+  return chosen.dropout if setting == "auto" else setting
+
+
+def attention_dropout_for(cfg) -> str:
+  """"explicit" or "pallas": the path of `cfg`'s training steps with attention dropout here
+  (`attention_dropout_setting`, then `attention_dropout_path`)."""
+  return attention_dropout_path(attention_dropout_setting(cfg, for_model(cfg)))
 
 
 def dropout_for_model(cfg) -> str:
   """The dropout implementation for a `ModelConfig`: its `dropout_impl`, "auto" meaning the
   kernel set's."""
-  setting = getattr(cfg, "dropout_impl", "auto")
-  return for_model(cfg).dropout if setting == "auto" else setting
+  return dropout_setting(cfg, for_model(cfg))
