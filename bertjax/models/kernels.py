@@ -318,12 +318,6 @@ def dropout_setting(cfg, chosen: Kernels) -> str:
   return chosen.dropout if setting == "auto" else setting
 
 
-def attention_dropout_for(cfg) -> str:
-  """"explicit" or "pallas": the path of `cfg`'s training steps with attention dropout here
-  (`attention_dropout_setting`, then `attention_dropout_path`)."""
-  return attention_dropout_path(attention_dropout_setting(cfg, for_model(cfg)))
-
-
 def dropout_for_model(cfg) -> str:
   """The dropout implementation for a `ModelConfig`: its `dropout_impl`, "auto" meaning the
   kernel set's."""
