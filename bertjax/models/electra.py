@@ -35,7 +35,6 @@ from bertjax.models.bert import (Encoder, MLMHead, PairHead, SequenceHead,  # no
 from bertjax.models.config import ModelConfig
 from bertjax.models.heads import DiscriminatorHead
 from bertjax.models.layers import Layered, Layers
-from bertjax.models.pretraining import PretrainingModel
 
 
 class ElectraDiscriminator(Layered):
@@ -56,12 +55,6 @@ class ElectraDiscriminator(Layered):
     out = self.encoder(input_ids, attention_mask, token_type_ids, segment_ids=segment_ids,
                        deterministic=deterministic)
     return {"output": out, "rtd_logits": self.rtd(out.last_hidden_state)}
-
-
-class ElectraGenerator(PretrainingModel):
-  """The generator: a `PretrainingModel` without the pair head (its MLM head is ELECTRA's
-  generator_predictions + generator_lm_head, whose weight is tied to the word embeddings)."""
-  pair_head: bool = False
 
 
 def generator_config(disc: ModelConfig, hidden_fraction: float,

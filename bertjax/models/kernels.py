@@ -1,13 +1,14 @@
 """Device-specific implementation choices of the encoder and optimizer, all in this one module.
 
 The model code (`encoder.py`, `heads.py`) is built from `flax.linen` layers (`nn.Dense`,
-`nn.Einsum`, `nn.LayerNorm`, `nn.Embed`, `nn.Dropout`) and asks `for_model(cfg)` where a
-hand-written form replaces one: each such form is a field of `Kernels`, and a field turned off
-gives the stock layer or function. Each choice of a platform's set is either measured on the
-device it is made for (with the figure and where it is recorded) or marked unmeasured. The
-GPU and TPU sets keep the forms the CPU measurements brought in where nothing on the device
-says otherwise (unmeasured there); the TPU set's splash attention, unmeasured, is chosen as the
-accelerator issue directs.
+`nn.Einsum`, `nn.LayerNorm`, `nn.Embed`, `nn.Dropout`), with a hand-written form where a set asks
+for one: each such form is a field of `Kernels`, and a field turned off gives the stock layer or
+function. A model resolves its set once, when it is built (`for_model`, called by
+`bertjax.models.layers.layers_for`), and hands the chosen layers down to its modules. Each choice
+of a platform's set is either measured on the device it is made for (with the figure and where it
+is recorded) or marked unmeasured. The GPU and TPU sets keep the forms the CPU measurements
+brought in where nothing on the device says otherwise (unmeasured there); the TPU set's splash
+attention, unmeasured, is the TPU counterpart of the GPU set's fused kernel.
 
 `model.kernels` picks the set: "auto" (the default) takes the backend JAX runs on; "cpu",
 "gpu" or "tpu" force one, so that, say, the CPU choices can be measured on a GPU with
@@ -67,17 +68,17 @@ class Kernels:
     one-hot product, whose gradient is a small matrix product instead of a scatter-add of every
     token into a few rows (0: never).
   float32_lookup: embedding rows looked up on the float32 table and cast after the lookup
-    (`embeddings.Embed`), so the gradient's scatter-add runs in float32; off: `nn.Embed`, which
+    (`layers.Embed`), so the gradient's scatter-add runs in float32; off: `nn.Embed`, which
     casts the table to the compute dtype first (with `one_hot_rows` 0).
   float32_gather: half-precision hidden states gathered at the masked positions from a float32
-    view (`encoder.gather_positions`), for the same reason; off: gathered in their own dtype.
+    view (`layers.gather_positions`), for the same reason; off: gathered in their own dtype.
   dropout: how dropout draws and keeps its masks: one of bertjax's forms
     (bertjax.models.dropout.IMPLEMENTATIONS) or "flax" (`nn.Dropout`, a boolean mask from
     `jax.random.bernoulli` that autodiff keeps); what `model.dropout_impl="auto"` uses.
   erf_gelu: the exact GELU as x * Phi(x) through erf (`layers.exact_gelu`, PyTorch's formula),
     instead of `nn.gelu(approximate=False)`, which goes through erfc.
   bias_product: the MLM decoder's vocabulary bias added as an outer product with ones
-    (`heads.add_vocab_bias`), so its gradient is a matrix-vector product instead of a column
+    (`layers.add_vocab_bias`), so its gradient is a matrix-vector product instead of a column
     sum; off: a broadcast add.
   scalar_clipping: global-norm clipping as one multiply by min(1, max_norm / norm)
     (`bertjax.runtime.optim.clip_by_global_norm`), instead of `optax.clip_by_global_norm`.
@@ -111,27 +112,29 @@ class Kernels:
   fused_residual: bool = False
 
 
-# CPU (XLA:CPU, measured on 2-core x86 machines; PERFORMANCE.md):
+# CPU (XLA:CPU on 2-core x86 machines, bertjax.tools.benchmark; PERFORMANCE.md):
 # - flat_dense: XLA:CPU hands its matmul kernels row-major 2-D operands only; a dot_general over
 #   several axes made it write transposed copies of activations, gradients and 3-D kernels around
-#   every attention projection. bert-base step 343 -> 382 tokens/s, XLA temp 1068 -> 962 MB
-#   (fourth round).
-# - layer_norm_vjp: bert-base (batch 8, seq 128) step temp 1146 -> 1077 MB (third round).
-# - remat_activation: bert-base step temp 1279 -> 1147 MB, speed within noise (third round).
+#   every attention projection. 2-core x86 (oneDNN on), 2026-11-23: bert-base batch 8 step
+#   343 -> 382 tokens/s, XLA temp 1068 -> 962 MB.
+# - layer_norm_vjp: 2-core x86, 2026-11-22: bert-base (batch 8, seq 128) step temp 1146 -> 1077 MB.
+# - remat_activation: 2-core x86, 2026-11-22: bert-base step temp 1279 -> 1147 MB, speed within
+#   noise.
 # - attention "xla" with a boolean mask: the only implementation XLA:CPU has.
 # - one_hot_rows: the 2-row token-type lookup as a one-hot product against the float32
-#   scatter-add of its gradient (fifth round).
+#   scatter-add of its gradient: 2-core x86, 2026-11-23, bert-mini batch 16 6766-6939 against
+#   6437-7017 tokens/s (medians 6872 vs 6454).
 # - dropout "packed32": the bit-packed mask let each layer's random words die after the forward
 #   pass, bert-base batch 8 temp 1231 -> 962 MB (bertjax/models/dropout.py). The other forms are
 #   unmeasured on a CPU.
 # - attention_dropout "explicit": the Pallas kernel runs only interpreted on a CPU (for tests).
-# - erf_gelu: XLA:CPU expands erfc into about twice the work of erf; with the row-maximum top-1
-#   and bias_product, bert-mini 3821 -> 3860-3960 tokens/s (second round).
-# - bias_product: the MLM bias gradient, a column sum over [320, 30522], 21 ms -> ~3 ms of a
-#   bert-mini step (second round).
+# - erf_gelu: XLA:CPU expands erfc into about twice the work of erf; 2-core x86, 2026-11-22: with
+#   the row-maximum top-1 and bias_product, bert-mini batch 16 3821 -> 3860-3960 tokens/s.
+# - bias_product: the MLM bias gradient, a column sum over [320, 30522]: 2-core x86, 2026-11-22,
+#   21 ms -> ~3 ms of a bert-mini batch 16 step.
 # - scalar_clipping: optax's divide kept every clipped gradient as its own buffer, the step's peak
-#   in the optimizer; bert-base step temp 1077 -> 1068 MB with the peak back in the backward
-#   pass (third round).
+#   in the optimizer; 2-core x86, 2026-11-22: bert-base step temp 1077 -> 1068 MB with the peak
+#   back in the backward pass.
 # - float32_lookup, float32_gather: for half precision; the bf16 scatter-add they avoid is
 #   unmeasured on a CPU (float32 runs, the CPU's default, read the same values either way).
 CPU = Kernels(platform="cpu", flat_dense=True, layer_norm_vjp=True, remat_activation=True,
@@ -139,8 +142,8 @@ CPU = Kernels(platform="cpu", flat_dense=True, layer_norm_vjp=True, remat_activa
               erf_gelu=True, float32_lookup=True, float32_gather=True, bias_product=True,
               scalar_clipping=True, attention_dropout="explicit")
 
-# GPU (H100, jax 0.11.2, the issue's measurement: bf16 bert-base, seq 128, batch 256, MLM+NSP,
-# dropout 0.1; tokens/s, one H100):
+# GPU (one H100 80GB, jax 0.11.2, commit 297e3fb, recorded in PERFORMANCE.md 2026-11-25: bf16
+# bert-base, seq 128, batch 256, MLM+NSP, dropout 0.1; tokens/s) unless a line says otherwise:
 # - attention: the fused cuDNN kernel with key lengths, attention forward+backward at
 #   [32, 512, 16 heads] 0.61 ms against 2.2 ms composed by XLA.
 # - one_hot_rows: the token-type gradient 89 ms as a bf16 scatter-add, 0.22 ms as a float32 one,
@@ -159,13 +162,14 @@ CPU = Kernels(platform="cpu", flat_dense=True, layer_norm_vjp=True, remat_activa
 #   492,281 -> 549,204 tokens/s (+11.6%), peak 13,562 -> 11,362 MiB (one `--ablate` row each,
 #   PERFORMANCE.md). Its CUDA lowering is checked on the CPU (tests/test_kernel_lowering.py).
 #   One device only: under a mesh of several, "auto" keeps the explicit path
-#   (`attention_dropout_for`), as XLA does not partition a Pallas call.
+#   (`attention_dropout_path`), as XLA does not partition a Pallas call.
 # - row_multiple 8: cuDNN refuses odd query or key lengths in training ("Unsupported sequence
 #   length Q 21, KV 128" on the H100 for the gathered layer's 20 predictions + [CLS]); 8 rather
 #   than 2 because tensor cores take rows in eights (unmeasured against 2).
-# - float32_lookup: the issue's profile put 115 of the bf16 step's 177 ms in bf16 scatter-adds of
-#   the embedding gradients; the lookups on the float32 tables gave 148k -> 482k (PERFORMANCE.md,
-#   quoted, not re-measured). float32_gather, the same scatter for the masked rows: unmeasured.
+# - float32_lookup: one H100, jax 0.11.2, commit 03ffe11: a profile put 115 of the bf16 step's
+#   177 ms in bf16 scatter-adds of the embedding gradients; the lookups on the float32 tables gave
+#   148k -> 482k (PERFORMANCE.md, quoted, not re-measured). float32_gather, the same scatter for
+#   the masked rows: unmeasured.
 # - erf_gelu, bias_product, scalar_clipping: kept from the CPU, unmeasured on a GPU.
 GPU = Kernels(platform="gpu", flat_dense=True, layer_norm_vjp=True, remat_activation=False,
               attention="cudnn", attention_lengths=True, one_hot_rows=16, dropout="packed32+rbg",
@@ -176,8 +180,8 @@ GPU = Kernels(platform="gpu", flat_dense=True, layer_norm_vjp=True, remat_activa
 # cost a relayout there, so Dense stays a dot_general over the kernel's axes. Small tables as
 # one-hot products, as on GPUs: a gradient of every token added into a few rows is the operation
 # the GPU measurement found slow; on a TPU, unmeasured. Attention through the splash kernel
-# (padding and packed rows as its segment ids): unmeasured on a TPU, chosen as the accelerator
-# issue directs, the TPU counterpart of the GPU set's fused kernel; off a TPU it runs in Pallas's
+# (padding and packed rows as its segment ids): unmeasured on a TPU, the TPU counterpart of the
+# GPU set's fused kernel; off a TPU it runs in Pallas's
 # interpret mode, a correctness check (tests/test_splash_attention.py). XLA's attention stays
 # one setting away: `model.kernels=tpu-xla`. Attention dropout explicit: the Pallas flash kernel
 # is untried on TPUs (it would run interpreted there). Dropout as on CPUs (threefry draws, packed

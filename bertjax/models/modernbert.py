@@ -253,7 +253,7 @@ class ModernBertEmbeddings(Layered):
   def setup(self):
     cfg = self.config
     # Looked up on the float32 table and cast afterwards: the gradient's scatter-add stays in
-    # float32 (see bertjax.models.embeddings.lookup).
+    # float32 (see bertjax.models.layers.lookup).
     self.tok_embeddings = nn.Embed(
         cfg.vocab_size, cfg.embed_size, dtype=jnp.float32, param_dtype=jnp.float32,
         embedding_init=nn.with_logical_partitioning(truncated_init(cfg), ("vocab", "embed")))
