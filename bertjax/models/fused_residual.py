@@ -15,7 +15,7 @@ Rows are processed one per program with the hidden size padded up to a power of 
 kernel (masked loads: Triton's blocks are powers of two; BERT's 768 is not). The kernels are
 written for Triton (`compiler_params`), run in Pallas interpret mode on a CPU (tests), and their
 GPU speed is unmeasured: the `fused_residual` field of the kernel sets is off everywhere until a
-device run shows it faster (`model.kernel_overrides='fused_residual=True'` for an ablation row).
+device run shows it faster (`--config.model.kernel_overrides.fused_residual=True` for an ablation row).
 The projection's bias is an input, so a layer may hand it over unadded; bertjax's layers keep
 their Dense with its bias (the same parameters as every other set) and pass a zero bias.
 """
