@@ -28,7 +28,7 @@ from bertjax.models.attention import (AttentionMask, attention_implementation, a
 from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import Encoder
 from bertjax.registry import get_objective
-from bertjax.runtime import sharding
+from bertjax.runtime import sharding, workdir
 from bertjax.trainer import train
 from tests.helpers import load_config
 
@@ -357,6 +357,9 @@ def test_kernel_overrides_change_one_field_and_bad_ones_are_one_line():
                                                "layer_norm_vjp": False, "row_multiple": 2}
   assert kernels.for_model(ModelConfig(kernels="gpu")) == kernels.GPU
   assert ModelConfig().to_dict()["kernel_overrides"] == ""  # none: as records always held it
+  # A placement setting, field by field: a resumed run may change them as model.kernels.
+  for old, new in (("(absent)", True), (False, True), (True, "(absent)")):
+    assert workdir.allowed("model.kernel_overrides.fused_residual", old, new) is None
   for bad, needle in [(("flat", True), "not a field"), (("flat_dense", "yes"), "True or False"),
                       (("row_multiple", "two"), "takes int")]:
     with pytest.raises(UserError, match=needle):

@@ -31,7 +31,7 @@ from bertjax.core.errors import fail
 from bertjax.models.architectures import encoder_for, mlm_head_for
 # The architecture "electra" is the BERT family's: bertjax.models.architectures finds these here.
 from bertjax.models.bert import (Encoder, MLMHead, PairHead, SequenceHead,  # noqa: F401
-                                 TokenHead, pool)
+                                 TokenHead, pool)  # noqa: F401
 from bertjax.models.config import ModelConfig
 from bertjax.models.heads import DiscriminatorHead
 from bertjax.models.layers import Layered, Layers
