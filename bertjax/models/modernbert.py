@@ -12,7 +12,7 @@ Layer i attends to every position when i % global_attn_every_n_layers == 0, else
 checkpoint maps name for name (bertjax.convert.names.modernbert_entries).
 
 `bertjax.models.architectures` finds this module by the architecture's name: `Encoder`,
-`MLMHead`, `SequenceHead`, `TokenHead` and `pool` below.
+`MLMHead`, `PairHead` (refused), `SequenceHead`, `TokenHead` and `pool` below.
 
 Its settings are ModernBertConfig's names in `ModelConfig`; of the BERT family's own, it reads
 the sizes, `pad_token_id`, `dtype`, `remat`/`remat_policy` and `kernels` (which attention the
