@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bertjax.models import flash_kernels as fk
 from bertjax.models import fused_residual as fr
 from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
@@ -21,11 +22,13 @@ from bertjax.models.layers import layer_norm
 
 
 def keep_mask(seed, rows: int, hidden: int, rate: float):
-  """<bool>[rows, hidden]: the kernels' keep mask in plain JAX (the hash of the seed's key and
-  each element's (row, column), as `fused_residual._keep` computes it in the kernels)."""
+  """<bool>[rows, hidden]: the kernels' keep mask in plain JAX: the seed's 32-bit key, hashed
+  with each element's (row, column) by the attention kernel's counter-based hash."""
+  seed = jnp.asarray(seed, jnp.uint32)
+  key = fk.mix32(seed[0] ^ fk.mix32(seed[1] + jnp.uint32(0x3C6EF372)))
   r = jnp.arange(rows, dtype=jnp.uint32)[:, None]
   c = jnp.arange(hidden, dtype=jnp.uint32)[None, :]
-  return fr._keep(fr._key(seed), r, c, threshold(rate))  # pylint: disable=protected-access
+  return fk.keep_from_words(fk.row_words(key, r), fk.col_words(key, c), threshold(rate))
 
 EPS = 1e-12
 
