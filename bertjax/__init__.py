@@ -37,7 +37,7 @@ __all__ = ["from_hf", "load"]
 def _triple(converted) -> tuple["Encoder", Any, "ModelConfig"]:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from bertjax.models.modernbert import encoder_for  # pylint: disable=g-import-not-at-top
+  from bertjax.models.architectures import encoder_for  # pylint: disable=g-import-not-at-top
   params = jax.tree.map(jnp.asarray, converted.params["encoder"])
   return encoder_for(converted.config), params, converted.config
 

@@ -6,6 +6,7 @@ import ml_collections
 
 from bertjax.config import settings
 from bertjax.core.errors import fail
+from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
 from bertjax.models.presets import PRESETS
 
@@ -17,6 +18,8 @@ LOCAL_VOCAB = 4000  # the sentencepiece vocabulary trained on SAMPLE by runlocal
 def model_config(preset: str, **overrides) -> ml_collections.ConfigDict:
   """All `ModelConfig` fields of a preset, so any of them can be overridden from the command line."""
   fields = ModelConfig.from_dict({**choose(preset, PRESETS, "model preset"), **overrides}).to_dict()
+  # The kernel overrides as a field each (--config.model.kernel_overrides.flat_dense=False).
+  fields["kernel_overrides"] = kernels.Overrides(fields["kernel_overrides"] or None)
   return ml_collections.ConfigDict(fields)
 
 

@@ -1,4 +1,5 @@
-"""Helpers the fine-tuning tests share: tiny model settings, config loading, subprocess runs."""
+"""Helpers the tests share: tiny model settings, config loading, subprocess runs, and what only
+tests ask of the models (a dropout form's applied rate, the attention-dropout path of a config)."""
 
 import difflib
 import os
@@ -8,6 +9,7 @@ import subprocess
 import sys
 
 from bertjax.config import config_lib
+from bertjax.models import dropout, kernels
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 TINY = {"model.hidden_size": 32, "model.intermediate_size": 64, "model.num_attention_heads": 2,
@@ -58,3 +60,15 @@ def package_with(root: pathlib.Path, module: str, source: str, after_key: str,
              if l[:2] in ("+ ", "- ")]
   assert len(changed) == 1 and changed[0].startswith("+ ")
   return root
+
+
+def effective_rate(rate: float, bits: int = 32) -> float:
+  """The drop probability a dropout form applies for a configured `rate` with `bits`-bit draws."""
+  return dropout.threshold(rate, bits) / 2 ** bits
+
+
+def attention_dropout_for(cfg) -> str:
+  """"explicit" or "pallas": the path of `cfg`'s training steps with attention dropout, traced
+  here (under the mesh in context)."""
+  return kernels.attention_dropout_path(kernels.attention_dropout_setting(cfg,
+                                                                          kernels.for_model(cfg)))

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from bertjax import inputs
+from bertjax.config import config_lib
 from bertjax.core.errors import UserError
 from bertjax.models import kernels
 from bertjax.models.attention import (AttentionMask, attention_implementation, attention_mask_for,
@@ -27,7 +28,7 @@ from bertjax.models.attention import (AttentionMask, attention_implementation, a
 from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import Encoder
 from bertjax.registry import get_objective
-from bertjax.runtime import sharding
+from bertjax.runtime import sharding, workdir
 from bertjax.trainer import train
 from tests.helpers import load_config
 
@@ -167,7 +168,7 @@ def test_key_lengths_give_the_masked_results():
   q, k, v = qkv(1)
   mask = right_padded()
   keys = make_attention_mask(jnp.asarray(mask))
-  lengths = attention_mask_for(ModelConfig(kernels="gpu"), jnp.asarray(mask))
+  lengths = attention_mask_for(kernels.GPU, jnp.asarray(mask))
   assert lengths.lengths.tolist() == [16, 11, 5] and bool(lengths.right_padded)
   ref = value_and_grads(lambda q, k, v: explicit(q, k, v, keys), q, k, v)
   for deterministic in (True, False):  # inference checks the padding, training trusts it
@@ -196,14 +197,14 @@ def test_gathered_queries_give_the_explicit_results():
   q, k, v = qkv(3, q_len=5)
   mask = right_padded()
   keys = make_attention_mask(jnp.asarray(mask))
-  lengths = attention_mask_for(ModelConfig(kernels="gpu"), jnp.asarray(mask))
+  lengths = attention_mask_for(kernels.GPU, jnp.asarray(mask))
   ref = value_and_grads(lambda q, k, v: explicit(q, k, v, keys), q, k, v)
   assert_same(value_and_grads(lambda q, k, v: fused_attention(q, k, v, lengths, "xla", False),
                               q, k, v), ref)
 
 
 def test_implementation_follows_platform_dtype_and_head_size():
-  gpu = ModelConfig(kernels="gpu")
+  gpu = kernels.GPU
   pick = lambda cfg, head, dtype, cudnn=True: attention_implementation(cfg, head, dtype, cudnn)
   assert pick(gpu, 64, jnp.bfloat16) == "cudnn"
   assert pick(gpu, 64, jnp.float16) == "cudnn"
@@ -211,10 +212,10 @@ def test_implementation_follows_platform_dtype_and_head_size():
   assert pick(gpu, 12, jnp.bfloat16) == "xla"   # head size not a multiple of 8
   assert pick(gpu, 64, jnp.bfloat16, False) == "xla"  # the GPU set where cuDNN does not run
   assert attention_implementation(gpu, 64, jnp.bfloat16) == "xla"  # here: a CPU
-  assert pick(ModelConfig(kernels="cpu"), 64, jnp.bfloat16) == "xla"
-  assert pick(ModelConfig(kernels="tpu"), 64, jnp.bfloat16) == "splash"  # any dtype
-  assert pick(ModelConfig(kernels="tpu"), 64, jnp.float32) == "splash"
-  assert pick(ModelConfig(kernels="tpu-xla"), 64, jnp.bfloat16) == "xla"
+  assert pick(kernels.CPU, 64, jnp.bfloat16) == "xla"
+  assert pick(kernels.TPU, 64, jnp.bfloat16) == "splash"  # any dtype
+  assert pick(kernels.TPU, 64, jnp.float32) == "splash"
+  assert pick(kernels.TPU_XLA, 64, jnp.bfloat16) == "xla"
   assert kernels.for_model(ModelConfig()) == kernels.for_platform(jax.default_backend())
   assert kernels.for_platform("cuda") == kernels.GPU
 
@@ -308,7 +309,7 @@ def test_key_lengths_fall_back_on_masks_that_are_not_right_padded(kind):
     mask[2] = mask[2][::-1]
   else:
     mask[0, 4] = 0
-  am = attention_mask_for(ModelConfig(kernels="gpu"), jnp.asarray(mask))
+  am = attention_mask_for(kernels.GPU, jnp.asarray(mask))
   assert am.lengths is not None and not bool(am.right_padded)
   want = explicit(q, k, v, am.keys)
   np.testing.assert_allclose(fused_attention(q, k, v, am, "xla", deterministic=True), want,
@@ -316,7 +317,7 @@ def test_key_lengths_fall_back_on_masks_that_are_not_right_padded(kind):
   # What lengths alone would give differs: the fallback is doing the work.
   lengths_only = fused_attention(q, k, v, am, "xla", deterministic=False)
   assert np.max(np.abs(np.asarray(lengths_only) - np.asarray(want))) > 1e-3
-  right = attention_mask_for(ModelConfig(kernels="gpu"), jnp.asarray(right_padded()))
+  right = attention_mask_for(kernels.GPU, jnp.asarray(right_padded()))
   assert bool(right.right_padded)
 
 
@@ -336,21 +337,39 @@ def test_one_row_token_type_table_serves_every_id():
 def test_cudnn_takes_odd_lengths_and_per_query_masks():
   """Odd lengths are padded for cuDNN (tests/test_cudnn_rules.py), so the choice no longer
   depends on them."""
-  gpu = ModelConfig(kernels="gpu")
+  gpu = kernels.GPU
   assert attention_implementation(gpu, 64, jnp.bfloat16, True) == "cudnn"
   assert kernels.GPU.row_multiple == 8 and kernels.CPU.row_multiple == 1
 
 
 def test_kernel_overrides_change_one_field_and_bad_ones_are_one_line():
-  """model.kernel_overrides: the ablation's handle on one choice of a set."""
-  cfg = ModelConfig(kernels="gpu", kernel_overrides="flat_dense=False, layer_norm_vjp=false,"
-                                                    "row_multiple=2,dropout=packed32")
+  """model.kernel_overrides: the ablation's handle on one choice of a set, a setting per field."""
+  config = load_config("configs/quickstart.py", **{
+      "model.kernels": "gpu", "model.kernel_overrides.flat_dense": False,
+      "model.kernel_overrides.layer_norm_vjp": False, "model.kernel_overrides.row_multiple": 2,
+      "model.kernel_overrides.dropout": "packed32"})
+  cfg = ModelConfig.from_dict(config.model.to_dict())
   got = kernels.for_model(cfg)
   assert (got.flat_dense, got.layer_norm_vjp, got.row_multiple, got.dropout) == (
       False, False, 2, "packed32")
   assert got.attention == kernels.GPU.attention  # the rest of the set as it was
+  assert cfg.to_dict()["kernel_overrides"] == {"dropout": "packed32", "flat_dense": False,
+                                               "layer_norm_vjp": False, "row_multiple": 2}
   assert kernels.for_model(ModelConfig(kernels="gpu")) == kernels.GPU
-  for bad, needle in [("flat=1", "not FIELD=VALUE"), ("flat_dense", "not FIELD=VALUE"),
-                      ("flat_dense=yes", "True or False"), ("row_multiple=two", "whole number")]:
+  assert ModelConfig().to_dict()["kernel_overrides"] == ""  # none: as records always held it
+  # A placement setting, field by field: a resumed run may change them as model.kernels.
+  for old, new in (("(absent)", True), (False, True), (True, "(absent)")):
+    assert workdir.allowed("model.kernel_overrides.fused_residual", old, new) is None
+  for bad, needle in [(("flat", True), "not a field"), (("flat_dense", "yes"), "True or False"),
+                      (("row_multiple", "two"), "takes int")]:
     with pytest.raises(UserError, match=needle):
-      ModelConfig(kernel_overrides=bad)
+      ModelConfig(kernel_overrides=(bad,))
+  # The former string, in a config or on the command line: one line naming the fields' form.
+  with pytest.raises(UserError, match=r"no longer read; .*--config\.model\.kernel_overrides\."
+                                      r"flat_dense=False$"):
+    ModelConfig(kernel_overrides="flat_dense=False,row_multiple=2")
+  for text in ("fused_residual=True", "'fused_residual=True'"):
+    with pytest.raises(UserError, match=r"group of settings .*e\.g\. "
+                                        r"--config\.model\.kernel_overrides\.\w+=VALUE$"):
+      config_lib.apply_overrides(load_config("configs/quickstart.py"),
+                                 [f"--config.model.kernel_overrides={text}"])

@@ -36,9 +36,9 @@ import numpy as np
 import pytest
 
 from bertjax import inputs
+from bertjax.models import kernels
 from bertjax.models.attention import (AttentionMask, attention_implementation, attention_mask_for,
                                       explicit_attention, fused_attention, make_attention_mask)
-from bertjax.models.config import ModelConfig
 from bertjax.runtime import metric_writers
 from tests.cudnn_rules import cudnn_rules
 from tests.test_accelerator_paths import step_setup
@@ -218,7 +218,7 @@ def fused_matches_explicit(kernel_set: str, path: str, choose=attention_implemen
   per-query mask, and with gathered queries, against the explicit softmax(QK^T)V with the same
   mask, to bf16 rounding. `choose`: how the implementation is asked for (a twin passes a stale
   keyword). Returns the implementation taken."""
-  cfg = ModelConfig(kernels=kernel_set)
+  cfg = kernels.for_platform(kernel_set)
   q_len = 22 if path == "gathered" else S
   impl = choose(cfg, D, jnp.bfloat16, q_len=q_len, k_len=S)
   seg = packed_segments()

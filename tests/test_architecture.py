@@ -104,7 +104,7 @@ LAZY = {("bertjax/runtime/metric_writers.py", "tensorboardX"),
         ("bertjax/data/sources.py", "tensorflow_datasets.text"),
         ("bertjax/convert/readers.py", "torch"),
         ("bertjax/__init__.py", "jax"), ("bertjax/__init__.py", "jax.numpy"),
-        ("bertjax/__init__.py", "bertjax.models.modernbert"), ("bertjax/__init__.py", "bertjax"),
+        ("bertjax/__init__.py", "bertjax.models.architectures"), ("bertjax/__init__.py", "bertjax"),
         ("bertjax/__init__.py", "bertjax.core.errors"), ("bertjax/__init__.py", "bertjax.convert")}
 
 

@@ -240,7 +240,7 @@ def test_padded_attention_equals_unpadded(q_len, k_len, packed):
     keys = jnp.asarray((same & (real[:, None, :] > 0))[:, None])
     mask = AttentionMask(keys)
   else:
-    mask = attention_mask_for(ModelConfig(kernels="gpu"), jnp.asarray(real))
+    mask = attention_mask_for(kernels.GPU, jnp.asarray(real))
     keys = mask.keys
 
   def padded(q, k, v):

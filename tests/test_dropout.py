@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax.models.dropout import Dropout, effective_rate, keep_mask
+from bertjax.models.dropout import Dropout, keep_mask
+from tests.helpers import effective_rate
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.25, 0.5, 0.0123])

@@ -17,9 +17,9 @@ from bertjax.config import config_checks, config_lib
 from bertjax.core.errors import UserError
 from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
-from bertjax.models.dropout import Dropout, IMPLEMENTATIONS, dropout, effective_rate, threshold
+from bertjax.models.dropout import Dropout, IMPLEMENTATIONS, dropout, threshold
 from bertjax.runtime import workdir as workdir_lib
-from tests.helpers import REPO
+from tests.helpers import REPO, effective_rate
 from tests.test_accelerator_paths import step_setup
 
 SHAPE = (1024, 2, 1023)  # 2.1M elements; an odd last axis (16-bit draws pair up its halves)

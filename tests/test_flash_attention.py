@@ -23,11 +23,22 @@ from bertjax.models import attention, kernels
 from bertjax.models.attention import explicit_attention
 from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import Encoder
-from bertjax.models.flash_attention import dropout_keep_mask, dropout_seed, flash_attention
+from bertjax.models import flash_kernels as fk
+from bertjax.models.dropout import threshold
+from bertjax.models.flash_attention import dropout_seed, flash_attention
 from bertjax.registry import get_objective
 from bertjax.runtime import sharding, workdir
 from bertjax.trainer import train
-from tests.helpers import load_config
+from tests.helpers import attention_dropout_for, load_config
+
+
+def dropout_keep_mask(seed, batch: int, heads: int, q_len: int, k_len: int, rate: float):
+  """<bool>[batch, heads, q_len, k_len]: the flash kernel's keep mask for `seed` (<uint32>[2]),
+  in plain JAX (the hash of bertjax.models.flash_kernels)."""
+  keys = fk.head_keys(jnp.asarray(seed, jnp.uint32), batch, heads)[:, :, None, None]
+  rows = fk.row_words(keys, jnp.arange(q_len, dtype=jnp.uint32)[:, None])
+  cols = fk.col_words(keys, jnp.arange(k_len, dtype=jnp.uint32)[None, :])
+  return fk.keep_from_words(rows, cols, threshold(rate))
 
 B, H = 2, 2
 SEED = dropout_seed(jax.random.key(7))
@@ -282,23 +293,23 @@ def test_trainer_step_runs_through_the_kernel(monkeypatch):
 
 
 def test_the_setting_is_validated_and_pallas_only_in_the_gpu_set():
-  assert kernels.attention_dropout_for(ModelConfig()) == "explicit"  # on this CPU
-  assert kernels.attention_dropout_for(ModelConfig(kernels="gpu")) == "pallas"
+  assert attention_dropout_for(ModelConfig()) == "explicit"  # on this CPU
+  assert attention_dropout_for(ModelConfig(kernels="gpu")) == "pallas"
   for platform in ("cpu", "tpu", "tpu-xla", "stock"):
     assert kernels.for_platform(platform).attention_dropout == "explicit"
   assert kernels.for_platform("gpu").attention_dropout == "pallas"
   forced = ModelConfig(kernels="gpu", attention_dropout_kernel="explicit")
-  assert kernels.attention_dropout_for(forced) == "explicit"
+  assert attention_dropout_for(forced) == "explicit"
   # Under a mesh of several devices "auto" keeps the explicit path (a pallas_call is not
   # partitioned); one device, or the setting named, takes the kernel.
   axes = (jax.sharding.AxisType.Auto,)
   for devices, want in ((1, "pallas"), (8, "explicit")):
     mesh = jax.sharding.AbstractMesh((devices,), ("data",), axis_types=axes)
     with jax.sharding.use_abstract_mesh(mesh):
-      assert kernels.attention_dropout_for(ModelConfig(kernels="gpu")) == want
-      assert kernels.attention_dropout_for(ModelConfig(kernels="gpu",
+      assert attention_dropout_for(ModelConfig(kernels="gpu")) == want
+      assert attention_dropout_for(ModelConfig(kernels="gpu",
                                                        attention_dropout_kernel="pallas")) == "pallas"
-  assert kernels.attention_dropout_for(ModelConfig(attention_dropout_kernel="pallas")) == "pallas"
+  assert attention_dropout_for(ModelConfig(attention_dropout_kernel="pallas")) == "pallas"
   with pytest.raises(UserError, match="attention_dropout_kernel"):
     ModelConfig(attention_dropout_kernel="triton")
   # A workdir recorded before the setting existed resumes at "auto", and only there.

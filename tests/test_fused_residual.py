@@ -12,11 +12,23 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bertjax.models import flash_kernels as fk
 from bertjax.models import fused_residual as fr
 from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import Encoder
+from bertjax.models.dropout import threshold
 from bertjax.models.layers import layer_norm
+
+
+def keep_mask(seed, rows: int, hidden: int, rate: float):
+  """<bool>[rows, hidden]: the kernels' keep mask in plain JAX: the seed's 32-bit key, hashed
+  with each element's (row, column) by the attention kernel's counter-based hash."""
+  seed = jnp.asarray(seed, jnp.uint32)
+  key = fk.mix32(seed[0] ^ fk.mix32(seed[1] + jnp.uint32(0x3C6EF372)))
+  r = jnp.arange(rows, dtype=jnp.uint32)[:, None]
+  c = jnp.arange(hidden, dtype=jnp.uint32)[None, :]
+  return fk.keep_from_words(fk.row_words(key, r), fk.col_words(key, c), threshold(rate))
 
 EPS = 1e-12
 
@@ -57,7 +69,7 @@ def results(f, args):
 def test_kernel_equals_the_explicit_path_under_the_same_mask(dtype, hidden, rate):
   args = operands(hidden, dtype)
   seed = jnp.array([3, 1234], jnp.uint32)
-  keep = fr.keep_mask(seed, 21, hidden, rate).reshape(3, 7, hidden)
+  keep = keep_mask(seed, 21, hidden, rate).reshape(3, 7, hidden)
   fused = lambda *a: fr.fused_residual_norm(*a, rate=rate, seed=seed, eps=EPS, interpret=True)
   got, want = results(fused, args), results(explicit(rate, keep), args)
   tol = dict(rtol=1e-5, atol=2e-5) if dtype == jnp.float32 else dict(rtol=5e-2, atol=6e-2)
@@ -75,20 +87,20 @@ def test_a_twin_with_another_mask_differs():
   args = operands(64, jnp.float32)
   seed, other = jnp.array([3, 1234], jnp.uint32), jnp.array([4, 1234], jnp.uint32)
   fused = lambda *a: fr.fused_residual_norm(*a, rate=0.25, seed=seed, eps=EPS, interpret=True)
-  keep = fr.keep_mask(other, 21, 64, 0.25).reshape(3, 7, 64)
+  keep = keep_mask(other, 21, 64, 0.25).reshape(3, 7, 64)
   assert not np.allclose(results(fused, args)[0], results(explicit(0.25, keep), args)[0],
                          atol=1e-3)
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.5])
 def test_the_mask_drops_at_the_rate_within_sampling_error(rate):
-  keep = np.asarray(fr.keep_mask(jnp.array([9, 77], jnp.uint32), 256, 768, rate))
+  keep = np.asarray(keep_mask(jnp.array([9, 77], jnp.uint32), 256, 768, rate))
   n = keep.size
   dropped = 1 - keep.mean()
   assert abs(dropped - rate) < 4 * np.sqrt(rate * (1 - rate) / n)
   # Rows and columns are not the same stream, and another seed is another mask.
   assert not np.array_equal(keep[:64, :64], keep[:64, :64].T)
-  other = np.asarray(fr.keep_mask(jnp.array([10, 77], jnp.uint32), 256, 768, rate))
+  other = np.asarray(keep_mask(jnp.array([10, 77], jnp.uint32), 256, 768, rate))
   assert 0.5 < (other == keep).mean() < 1.0
 
 
@@ -117,7 +129,7 @@ def encoder_run(cfg, deterministic):
 @pytest.mark.slow
 def test_model_with_the_fused_kernel_has_the_same_parameters_and_results():
   plain = small_cfg(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-  fused = plain.replace(kernel_overrides="fused_residual=True")
+  fused = plain.replace(kernel_overrides=(("fused_residual", True),))
   assert kernels.for_model(fused).fused_residual and not kernels.for_model(plain).fused_residual
   p1, out1, g1 = encoder_run(plain, deterministic=False)
   p2, out2, g2 = encoder_run(fused, deterministic=False)

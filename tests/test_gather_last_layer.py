@@ -7,6 +7,7 @@ import numpy as np
 
 import pytest
 
+from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
 from bertjax.models.electra import ElectraPretrainingModel
 from bertjax.models.encoder import Encoder, TransformerLayer
@@ -83,9 +84,11 @@ def test_pretraining_model_same_outputs_and_gradients(kw):
 
 def test_gathered_rows_are_padded_to_the_kernel_sets_multiple():
   from bertjax.models.encoder import last_layer_rows
-  assert last_layer_rows(config(kernels="cpu"), 20, 128) == 21
-  assert last_layer_rows(config(kernels="gpu"), 20, 128) == 24  # cuDNN: even; 8 for tensor cores
-  assert last_layer_rows(config(kernels="gpu"), 20, 24) is None  # nothing saved
+  rows = lambda kernel_set, n, seq: last_layer_rows(
+      config(kernels=kernel_set), n, seq, kernels.for_platform(kernel_set).row_multiple)
+  assert rows("cpu", 20, 128) == 21
+  assert rows("gpu", 20, 128) == 24  # cuDNN: even; 8 for tensor cores
+  assert rows("gpu", 20, 24) is None  # nothing saved
 
 
 def test_output_positions_match_the_full_encoder_rows():

@@ -19,6 +19,7 @@ from bertjax.models import flash_attention as fa
 from bertjax.models import fused_residual as fr
 from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
+from tests.helpers import attention_dropout_for
 from tests.test_accelerator_paths import step_setup
 
 import flax.linen as nn
@@ -107,7 +108,7 @@ def test_lowering_for_picks_the_device_set_and_native_kernels():
   assert kernels.for_model(cfg).platform == "cpu"
   with kernels.lowering_for("cuda"):
     assert kernels.backend() == "cuda" and kernels.for_model(cfg).platform == "gpu"
-    assert kernels.attention_dropout_for(cfg) == "pallas"
+    assert attention_dropout_for(cfg) == "pallas"
   with kernels.lowering_for("tpu"):
     assert kernels.for_model(cfg).platform == "tpu"
   assert kernels.backend() == jax.default_backend()
@@ -146,7 +147,7 @@ def test_gpu_set_step_with_the_fused_residual_kernel_lowers_for_cuda():
   one backward kernel, beside the attention kernel's three."""
   text, layers = lowered_gpu_step("configs/quickstart.py", **{
       "model.attention_probs_dropout_prob": 0.1, "model.hidden_dropout_prob": 0.1,
-      "model.kernel_overrides": "fused_residual=True"})
+      "model.kernel_overrides.fused_residual": True})
   assert text.count('name = "fused_residual_forward"') == 2 * layers
   assert text.count('name = "fused_residual_backward"') == 2 * layers
   assert text.count(TRITON) == 3 * layers + 4 * layers

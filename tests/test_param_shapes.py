@@ -29,7 +29,7 @@ import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from bertjax import convert  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bertjax.models.encoder import init_params  # pylint: disable=wrong-import-position
-from bertjax.models.modernbert import encoder_for  # pylint: disable=wrong-import-position
+from bertjax.models.architectures import encoder_for  # pylint: disable=wrong-import-position
 from bertjax.models.presets import PRESETS, preset  # pylint: disable=wrong-import-position
 
 

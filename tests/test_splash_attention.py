@@ -16,7 +16,7 @@ import numpy as np
 
 import pytest
 
-from bertjax.models import splash
+from bertjax.models import kernels, splash
 from bertjax.models.attention import (attention_implementation, attention_mask_for,
                                       explicit_attention, make_attention_mask)
 from bertjax.models.config import ModelConfig
@@ -106,7 +106,7 @@ def test_block_sizes_divide_the_padded_sequence():
 
 
 def test_tpu_set_takes_splash_except_for_gathered_queries():
-  tpu, tpu_xla = ModelConfig(kernels="tpu"), ModelConfig(kernels="tpu-xla")
+  tpu, tpu_xla = kernels.for_platform("tpu"), kernels.for_platform("tpu-xla")
   for dtype in (jnp.float32, jnp.bfloat16):
     assert attention_implementation(tpu, 64, dtype, q_len=128, k_len=128) == "splash"
   assert attention_implementation(tpu, 64, jnp.float32, q_len=21, k_len=128) == "xla"

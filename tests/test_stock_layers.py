@@ -12,7 +12,7 @@ import optax
 import pytest
 
 from bertjax.config import config_lib
-from bertjax.models import dropout, embeddings, kernels, layers
+from bertjax.models import dropout, kernels, layers
 from bertjax.models.classifiers import SequenceClassifier, TokenClassifier
 from bertjax.models.config import ModelConfig
 from bertjax.models.electra import ElectraDiscriminator
@@ -27,7 +27,7 @@ SIZES = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_h
 COMPOSITES = {"PretrainingModel", "ElectraDiscriminator", "SequenceClassifier", "TokenClassifier", "Encoder",
               "Embeddings", "TransformerLayer", "SelfAttention", "MLMHead", "PairHead",
               "DiscriminatorHead", "ClassificationHead", "TokenHead", "SpanBoundaryHead", "SpanModel"}
-HAND_WRITTEN = {layers.Dense, layers.LayerNorm, embeddings.Embed, dropout.Dropout}
+HAND_WRITTEN = {layers.Dense, layers.LayerNorm, layers.Embed, dropout.Dropout}
 
 
 def batch(seed=1):
@@ -154,7 +154,7 @@ def test_cpu_set_keeps_every_hand_written_form():
 def test_flax_dropout_is_a_setting():
   cfg = ModelConfig(**SIZES, kernels="cpu", dropout_impl="flax")
   assert kernels.dropout_for_model(cfg) == "flax"
-  assert isinstance(dropout.dropout_layer(0.1, "flax"), nn.Dropout)
+  assert isinstance(layers.layers_for(cfg).dropout(0.1), nn.Dropout)
   model, args = models(cfg)[0]
   seen, _ = modules_called(model, args, args)
   assert nn.Dropout in seen and dropout.Dropout not in seen

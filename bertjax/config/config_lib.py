@@ -59,6 +59,9 @@ def _all_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
 
 
 def _parse_value(key: str, text: str, current: Any) -> Any:
+  if isinstance(current, ml_collections.ConfigDict):
+    fail(f"--config.{key} is a group of settings ({', '.join(current)}), not one; set each on "
+         f"its own, e.g. --config.{key}.{next(iter(current), 'NAME')}=VALUE")
   if isinstance(current, str) or (current is None and not _looks_literal(text)):
     # A quoted string (as written from Python or a sweep file) means its contents.
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":

@@ -15,7 +15,7 @@ from bertjax.convert.sources import Source, TaskHead, read_source
 from bertjax.core.errors import fail
 from bertjax.models.classifiers import SequenceClassifier, TokenClassifier
 from bertjax.models.config import ModelConfig
-from bertjax.models.modernbert import encoder_for
+from bertjax.models.architectures import encoder_for
 
 
 @dataclasses.dataclass

@@ -14,7 +14,7 @@ from bertjax.models import heads as heads_lib
 from bertjax.models import layers as layers_lib
 from bertjax.models.config import ModelConfig
 from bertjax.models.electra import ElectraDiscriminator
-from bertjax.models.modernbert import encoder_for, mlm_head_for
+from bertjax.models.architectures import encoder_for, mlm_head_for
 from bertjax.models.pretraining import PretrainingModel
 
 Params = dict[str, Any]
@@ -63,8 +63,8 @@ def fresh_part(cfg: ModelConfig, part: str, seed: int) -> Params:
   x = jnp.zeros((1, 1, cfg.hidden_size), jnp.float32)
   if part == "pooler":
     # The same constructor call as Encoder.setup's pooler.
-    dense = layers_lib.make_dense
-    module, args = dense(cfg.hidden_size, ("embed", "embed_out"), "pooler", cfg), (x,)
+    dense = layers_lib.layers_for(cfg).dense
+    module, args = dense(cfg.hidden_size, ("embed", "embed_out"), "pooler"), (x,)
   elif part == "mlm":
     module, args = mlm_head_for(cfg), (x, _TiedEmbeddingStub(cfg.vocab_size))
   elif part == "pair":

@@ -1,6 +1,6 @@
 """Self-attention's inner product: the explicit path and the fused kernels, and the mask forms
-each reads. Which one runs is chosen per platform (`bertjax.models.kernels`, `attention` and
-`attention_lengths`) and per call (`output_attentions` needs the explicit path, and so does
+each reads. Which one runs is chosen per platform (the model's resolved `bertjax.models.kernels`
+set, `attention` and `attention_lengths`, handed down in its `Layers`) and per call (`output_attentions` needs the explicit path, and so does
 attention dropout unless `model.attention_dropout_kernel` picks the Pallas flash kernel).
 """
 
@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.models import kernels, splash
-from bertjax.models.config import ModelConfig
 from bertjax.models.flash_attention import dropout_seed, flash_attention
 
 Array = jax.Array
@@ -49,21 +48,21 @@ def make_attention_mask(attention_mask: Array, segment_ids: Array | None = None)
   return keys & same[:, None, :, :]
 
 
-def attention_mask_for(cfg: ModelConfig, attention_mask: Array,
+def attention_mask_for(chosen: kernels.Kernels, attention_mask: Array,
                        segment_ids: Array | None = None) -> AttentionMask:
-  """The mask in the forms the platform's attention reads: key lengths as well (GPU), for rows
-  without segments; the tokens and segment ids (TPU's splash kernel)."""
+  """The mask in the forms the attention of the kernel set `chosen` reads: key lengths as well
+  (GPU), for rows without segments; the tokens and segment ids (TPU's splash kernel)."""
   keys = make_attention_mask(attention_mask, segment_ids)
   packed = {}
   if segment_ids is not None:
     segments = jnp.asarray(segment_ids, jnp.int32)
     packed = dict(q_segments=segments,
                   kv_segments=jnp.where(attention_mask.astype(bool), segments, -1))
-  if kernels.for_model(cfg).attention == "splash":
+  if chosen.attention == "splash":
     return AttentionMask(keys, tokens=jnp.asarray(attention_mask).astype(jnp.int32), **packed)
   if segment_ids is not None:
     return AttentionMask(keys, **packed)
-  if not kernels.for_model(cfg).attention_lengths:
+  if not chosen.attention_lengths:
     return AttentionMask(keys)
   real = attention_mask.astype(bool)
   lengths = jnp.sum(real.astype(jnp.int32), axis=-1)
@@ -168,15 +167,16 @@ def cudnn_available() -> bool:
     return False
 
 
-def attention_implementation(cfg: ModelConfig, head_dim: int, dtype, cudnn: bool | None = None,
-                             q_len: int = 2, k_len: int = 2, splash_mask: bool = True) -> str:
-  """The fused implementation for this model: cuDNN where the platform's kernels ask for it and
+def attention_implementation(chosen: kernels.Kernels, head_dim: int, dtype,
+                             cudnn: bool | None = None, q_len: int = 2, k_len: int = 2,
+                             splash_mask: bool = True) -> str:
+  """The fused implementation for a model of the kernel set `chosen`: cuDNN where it asks for it and
   it applies (it runs here, `cudnn`, by default `cudnn_available()`; half precision, head size a
   multiple of 8 up to 128; odd lengths are padded for it in `fused_attention`); splash where they
   ask for it and it applies (queries at every key's position, `q_len == k_len`: gathered queries
   would be padded to a 128-row tile for a few rows; `splash_mask`, the mask carries tokens and
   segment ids); else XLA's."""
-  impl = kernels.for_model(cfg).attention
+  impl = chosen.attention
   if impl == "splash":
     return impl if q_len == k_len and splash_mask else "xla"
   if impl != "cudnn":

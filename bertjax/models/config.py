@@ -104,9 +104,10 @@ class ModelConfig:
   # "tpu-xla": the TPU set with XLA's attention instead of the splash kernel; "stock": every
   # hand-written form off (nn.Dense, nn.LayerNorm, nn.Embed, nn.Dropout, optax's clipping).
   kernels: str = "auto"
-  # Fields of that set changed, "field=value,..." (e.g. "flat_dense=False,layer_norm_vjp=False",
-  # the GPU set before the H100 measurement): for ablations; "" keeps the set as it is.
-  kernel_overrides: str = ""
+  # Fields of that set changed, as (field, value) pairs: for ablations, e.g.
+  # --config.model.kernel_overrides.flat_dense=False (in a config, `kernels.Overrides`: a field
+  # each, None for the set's own); () keeps the set as it is.
+  kernel_overrides: tuple[tuple[str, Any], ...] = ()
   # The path of training steps with attention dropout: "auto" the kernel set's ("pallas" in the
   # GPU set, measured faster on an H200; "explicit" in the others); "explicit" softmax then dropout
   # in XLA; "pallas" the fused flash kernel with counter-based dropout
@@ -274,11 +275,13 @@ class ModelConfig:
 
   def to_dict(self) -> dict[str, Any]:
     """The fields as JSON holds them: pruned_heads as lists, and only when some head is pruned
-    (so unpruned models' records, and the runs that resume them, are as before)."""
+    (so unpruned models' records, and the runs that resume them, are as before); the kernel
+    overrides as {field: value}, "" for none (as records written before they were fields)."""
     d = dataclasses.asdict(self)
     d["pruned_heads"] = [list(layer) for layer in self.pruned_heads]
     if not any(self.pruned_heads):
       del d["pruned_heads"]
+    d["kernel_overrides"] = parse_overrides(self.kernel_overrides) or ""
     return d
 
   @classmethod
@@ -290,7 +293,20 @@ class ModelConfig:
     for f in dataclasses.fields(cls):
       if f.name in d:
         _check_kind(f.name, f.type, d[f.name])
-    return cls(**dict(d))
+    d = dict(d)
+    if "kernel_overrides" in d:
+      d["kernel_overrides"] = _override_pairs(d["kernel_overrides"])
+    return cls(**d)
+
+
+def _override_pairs(value: Any) -> Any:
+  """`kernel_overrides` as a config or a record holds it ({field: value}, a `kernels.Overrides`
+  with None for the fields not given, or "" for none) as the sorted (field, value) pairs of the
+  fields given. Any other string is kept, for `parse_overrides` to refuse in one line."""
+  if isinstance(value, str):
+    return () if not value.strip() else value
+  items = value.items() if hasattr(value, "items") else value
+  return tuple(sorted((str(k), v) for k, v in items if v is not None))
 
 
 # A field's annotation -> what its value must be (a bad type failed deep inside, e.g. "not all

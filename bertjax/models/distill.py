@@ -8,12 +8,9 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from bertjax.models import kernels
+from bertjax.models.architectures import architecture
 from bertjax.models.config import ModelConfig
-from bertjax.models.heads import ClassificationHead, gather_positions
-from bertjax.models.layers import dense_init
-from bertjax.models.modernbert import (ModernBertTaskHead, encoder_for, mlm_head_for,
-                                      pool_for_sequence)
+from bertjax.models.layers import Layered, Layers, dense_init
 
 
 class Projection(nn.Module):
@@ -40,7 +37,7 @@ class Projection(nn.Module):
     return x.astype(self.dtype) @ kernel.astype(self.dtype) + bias.astype(self.dtype)
 
 
-class DistillModel(nn.Module):
+class DistillModel(Layered):
   """The encoder with an MLM head (`head="mlm"`) or a classifier on the pooled output
   (`head="classifier"`), returning what distillation compares.
 
@@ -59,15 +56,15 @@ class DistillModel(nn.Module):
   num_labels: int = 0
   proj_layers: tuple[int, ...] = ()   # indices into hidden_states to pass through distill_proj
   proj_size: int = 0
+  layers: Layers | None = None
 
   def setup(self):
-    self.encoder = encoder_for(self.config)  # BERT's family or ModernBERT's
+    arch, cfg, L = architecture(self.config), self.config, self.layers
+    self.encoder = arch.Encoder(cfg, layers=L)
     if self.head == "mlm":
-      self.mlm = mlm_head_for(self.config)
-    elif self.config.architecture == "modernbert":  # its own head, as SequenceClassifier's
-      self.classifier = ModernBertTaskHead(self.config, self.num_labels)
-    else:
-      self.classifier = ClassificationHead(self.config, self.num_labels)
+      self.mlm = arch.MLMHead(cfg, layers=L)
+    else:  # the architecture's own head, as SequenceClassifier's
+      self.classifier = arch.SequenceHead(cfg, self.num_labels, layers=L)
     if self.proj_layers:
       self.distill_proj = Projection(self.proj_size, dtype=self.config.compute_dtype)
 
@@ -78,16 +75,9 @@ class DistillModel(nn.Module):
                        output_hidden_states=output_hidden_states or bool(self.proj_layers),
                        output_attentions=output_attentions)
     if self.head == "mlm":
-      rows = gather_positions(out.last_hidden_state, masked_positions,
-                              kernels.for_model(self.config).float32_gather)
-      logits = self.mlm(rows, self.encoder)
+      logits = self.mlm(self.layers.gather(out.last_hidden_state, masked_positions), self.encoder)
     else:
-      if self.config.architecture == "modernbert":
-        pooled = pool_for_sequence(self.config, out.last_hidden_state, attention_mask)
-      elif out.pooler_output is not None:
-        pooled = out.pooler_output
-      else:
-        pooled = out.last_hidden_state[:, 0]
+      pooled = architecture(self.config).pool(self.config, out, attention_mask)
       logits = self.classifier(pooled, deterministic)
     projected = {i: self.distill_proj(out.hidden_states[i]) for i in self.proj_layers}
     return {"logits": logits, "hidden_states": out.hidden_states, "attentions": out.attentions,

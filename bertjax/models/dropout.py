@@ -59,11 +59,6 @@ def threshold(rate: float, bits: int = 32) -> int:
   return min(round(rate * 2 ** bits), 2 ** bits - 1)
 
 
-def effective_rate(rate: float, bits: int = 32) -> float:
-  """The drop probability applied for a configured `rate` with `bits`-bit draws."""
-  return threshold(rate, bits) / 2 ** bits
-
-
 def keep_mask(rng: jax.Array, shape: tuple[int, ...], rate: float) -> jax.Array:
   """<bool>[*shape]: True where an element is kept, each with probability 1 - rate (32-bit
   draws)."""
@@ -175,7 +170,7 @@ def dropout(x: jax.Array, key: jax.Array, rate: float, implementation: str = "pa
 
 class Dropout(nn.Module):
   """Drop-in for `flax.linen.Dropout(rate)(x, deterministic)`; `implementation`: one of
-  IMPLEMENTATIONS (the encoder passes `kernels.dropout_for_model(cfg)`)."""
+  IMPLEMENTATIONS (a model's `Layers.dropout` passes its setting, `kernels.dropout_setting`)."""
   rate: float
   implementation: str = "packed32"
 
@@ -189,11 +184,3 @@ class Dropout(nn.Module):
     if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):  # a raw uint32 PRNGKey
       key = jax.random.wrap_key_data(key)
     return dropout(x, key, self.rate, self.implementation)
-
-
-def dropout_layer(rate: float, implementation: str) -> nn.Module:
-  """A dropout module at `rate`: `nn.Dropout` for "flax", else `Dropout` of that implementation.
-  Both are named Dropout_<n> in their parent, so they read the same 'dropout' RNG stream."""
-  if implementation == STOCK:
-    return nn.Dropout(rate)
-  return Dropout(rate, implementation)

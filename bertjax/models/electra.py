@@ -28,35 +28,33 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.core.errors import fail
+from bertjax.models.architectures import encoder_for, mlm_head_for
+# The architecture "electra" is the BERT family's: bertjax.models.architectures finds these here.
+from bertjax.models.bert import (Encoder, MLMHead, PairHead, SequenceHead,  # noqa: F401
+                                 TokenHead, pool)  # noqa: F401
 from bertjax.models.config import ModelConfig
 from bertjax.models.heads import DiscriminatorHead
-from bertjax.models.modernbert import encoder_for, mlm_head_for
-from bertjax.models.pretraining import PretrainingModel
+from bertjax.models.layers import Layered, Layers
 
 
-class ElectraDiscriminator(nn.Module):
+class ElectraDiscriminator(Layered):
   """Encoder + replaced-token detection head.
 
   Returns a dict: `rtd_logits` <float32>[batch, seq] (one logit per token: replaced or not) and
   the encoder's `output`.
   """
   config: ModelConfig
+  layers: Layers | None = None
 
   def setup(self):
-    self.encoder = encoder_for(self.config)
-    self.rtd = DiscriminatorHead(self.config)
+    self.encoder = encoder_for(self.config, layers=self.layers)
+    self.rtd = DiscriminatorHead(self.config, self.layers)
 
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, segment_ids=None,
                deterministic: bool = True):
     out = self.encoder(input_ids, attention_mask, token_type_ids, segment_ids=segment_ids,
                        deterministic=deterministic)
     return {"output": out, "rtd_logits": self.rtd(out.last_hidden_state)}
-
-
-class ElectraGenerator(PretrainingModel):
-  """The generator: a `PretrainingModel` without the pair head (its MLM head is ELECTRA's
-  generator_predictions + generator_lm_head, whose weight is tied to the word embeddings)."""
-  pair_head: bool = False
 
 
 def generator_config(disc: ModelConfig, hidden_fraction: float,
@@ -88,13 +86,15 @@ def generator_config(disc: ModelConfig, hidden_fraction: float,
 
 class ElectraGeneratorTower(nn.Module):
   """The generator over shared embeddings: an Encoder without its own tables plus the MLM head
-  tied to the shared word embeddings. Returns <float32>[batch, predictions, vocab] logits."""
+  tied to the shared word embeddings. Returns <float32>[batch, predictions, vocab] logits.
+  `layers`: the discriminator's (the generator's config differs from it in sizes only)."""
   config: ModelConfig
   embeddings: nn.Module
+  layers: Layers
 
   def setup(self):
-    self.encoder = encoder_for(self.config, shared_embeddings=self.embeddings)
-    self.mlm = mlm_head_for(self.config)
+    self.encoder = encoder_for(self.config, shared_embeddings=self.embeddings, layers=self.layers)
+    self.mlm = mlm_head_for(self.config, layers=self.layers)
 
   def __call__(self, input_ids, attention_mask, token_type_ids, masked_positions,
                deterministic: bool):
@@ -129,7 +129,7 @@ def replace_at(ids: jax.Array, positions: jax.Array, values: jax.Array,
   return ids.at[rows, positions].set(values)
 
 
-class ElectraPretrainingModel(nn.Module):
+class ElectraPretrainingModel(Layered):
   """Generator + discriminator with shared embeddings (see the module docstring).
 
   Call with the masked batch: input_ids, attention_mask, token_type_ids <int32>[batch, seq];
@@ -146,11 +146,13 @@ class ElectraPretrainingModel(nn.Module):
   # The discriminator loss's weight against the generator's (ELECTRA: 50): no parameter depends
   # on it; the objective's loss reads it here (config.electra.disc_weight).
   disc_weight: float = 50.0
+  layers: Layers | None = None
 
   def setup(self):
-    self.encoder = encoder_for(self.config)
-    self.rtd = DiscriminatorHead(self.config)
-    self.generator = ElectraGeneratorTower(self.generator_config, self.encoder.embeddings)
+    self.encoder = encoder_for(self.config, layers=self.layers)
+    self.rtd = DiscriminatorHead(self.config, self.layers)
+    self.generator = ElectraGeneratorTower(self.generator_config, self.encoder.embeddings,
+                                           self.layers)
 
   def __call__(self, input_ids, attention_mask, token_type_ids, masked_positions, masked_ids,
                masked_weights, *, deterministic: bool = True):

@@ -22,11 +22,8 @@ from bertjax.models.attention import (AttentionMask, attention_implementation, a
                                       explicit_attention, flash_dropout_attention, flash_segments,
                                       fused_attention, round_up)
 from bertjax.models.config import ModelConfig
-from bertjax.models.dropout import dropout_layer
 from bertjax.models.embeddings import Embeddings, position_ids_for
-from bertjax.models.flash_attention import dropout_seed
-from bertjax.models.fused_residual import fused_residual_norm
-from bertjax.models.layers import activation, make_dense, make_layer_norm, rematerialized
+from bertjax.models.layers import Layered, Layers, rematerialized
 
 Array = jax.Array
 
@@ -53,7 +50,7 @@ class EncoderOutput:
   attentions: tuple[Array, ...] | None = None
 
 
-class SelfAttention(nn.Module):
+class SelfAttention(Layered):
   """Multi-head self-attention. Returns <float>[batch, seq, hidden], or with `output_attentions`
   (hidden, <float>[batch, heads, q, k] pre-softmax scores before masking).
 
@@ -64,95 +61,62 @@ class SelfAttention(nn.Module):
   """
   config: ModelConfig
   num_heads: int | None = None
+  layers: Layers | None = None
 
   @nn.compact
   def __call__(self, x, mask: AttentionMask, deterministic: bool, output_attentions: bool = False,
                keys=None):
     """`keys`: the states keys and values are computed from, when the queries `x` are only some
     of the positions (see `TransformerLayer`); None: `x` itself."""
-    cfg = self.config
+    cfg, L = self.config, self.layers
     keys = x if keys is None else keys
     heads = (self.num_heads or cfg.num_attention_heads, cfg.head_dim)
-    project = lambda name, y: make_dense(heads, ("embed", "heads", "kv"), name, cfg,
-                                     in_shape=y.shape[-1:])(y)
+    project = lambda name, y: L.dense(heads, ("embed", "heads", "kv"), name,
+                                      in_shape=y.shape[-1:])(y)
     q, k, v = project("query", x), project("key", keys), project("value", keys)
     rate = cfg.attention_probs_dropout_prob
     raw_scores = None
     if (deterministic or rate == 0.0) and not output_attentions:
       # No dropout inside the fused kernels (cuDNN's takes only a fixed seed; splash has none),
-      # so they serve inference and training without attention dropout; bertjax.models.kernels
-      # picks which.
-      impl = attention_implementation(cfg, cfg.head_dim, q.dtype, q_len=q.shape[1],
+      # so they serve inference and training without attention dropout; the kernel set picks which.
+      impl = attention_implementation(L.kernels, cfg.head_dim, q.dtype, q_len=q.shape[1],
                                       k_len=k.shape[1], splash_mask=mask.tokens is not None)
       if impl == "xla":  # lengths are what cuDNN takes, tokens what splash takes; XLA the mask
         mask = AttentionMask(mask.keys)
-      out = fused_attention(q, k, v, mask, impl, deterministic,
-                            kernels.for_model(cfg).row_multiple)
-    elif (not output_attentions and rate < 1.0 and kernels.attention_dropout_for(cfg) == "pallas"
+      out = fused_attention(q, k, v, mask, impl, deterministic, L.kernels.row_multiple)
+    elif (not output_attentions and rate < 1.0
+          and kernels.attention_dropout_path(L.attention_dropout) == "pallas"
           and (segments := flash_segments(mask, q.shape[1])) is not None):
       # Softmax and dropout inside the flash kernel; its mask is hashed from this layer's key.
       out = flash_dropout_attention(q, k, v, segments, rate, self.make_rng("dropout"))
     else:
-      drop = lambda p: dropout_layer(rate, kernels.dropout_for_model(cfg))(
-          p, deterministic=deterministic)
+      drop = lambda p: L.dropout(rate)(p, deterministic=deterministic)
       out, raw_scores = explicit_attention(q, k, v, mask.keys, drop)
     if self.has_variable("params", "head_mask"):
       out = out * self.get_variable("params", "head_mask").astype(out.dtype)[:, None]
-    out = make_dense(cfg.hidden_size, ("heads", "kv", "embed"), "output", cfg, axis=(-2, -1),
-                 in_shape=out.shape[-2:])(out)
+    out = L.dense(cfg.hidden_size, ("heads", "kv", "embed"), "output", axis=(-2, -1),
+                  in_shape=out.shape[-2:])(out)
     return (out, raw_scores) if output_attentions else out
 
 
-def gather_positions(x: Array, positions: Array, float32: bool = True) -> Array:
-  """<T>[batch, seq, ...], <int32>[batch, p] -> <T>[batch, p, ...]: the rows at `positions`.
-  `float32`: half precision gathered from a float32 view (`Kernels.float32_gather`)."""
-  index = positions.astype(jnp.int32).reshape(positions.shape + (1,) * (x.ndim - 2))
-  if float32 and jnp.dtype(x.dtype).itemsize < 4:
-    # Half precision: gathered from a float32 view, so the gradient's scatter-add (rows repeat:
-    # unused prediction slots all point at position 0) runs in float32, not bfloat16.
-    return jnp.take_along_axis(x.astype(jnp.float32), index, axis=1).astype(x.dtype)
-  return jnp.take_along_axis(x, index, axis=1)
-
-
-def last_layer_rows(cfg: ModelConfig, num_outputs: int, seq_len: int) -> int | None:
+def last_layer_rows(cfg: ModelConfig, num_outputs: int, seq_len: int,
+                    row_multiple: int) -> int | None:
   """Rows the last layer computes when asked for `num_outputs` positions: those and [CLS], padded
   with more [CLS] rows up to the kernel set's `row_multiple` (cuDNN refuses an odd query length in
   training), or None (every row: gathering is off, layers are scanned, or it would not save
   anything)."""
-  rows = round_up(num_outputs + 1, kernels.for_model(cfg).row_multiple)
+  rows = round_up(num_outputs + 1, row_multiple)
   if not cfg.gather_last_layer or cfg.scan_layers or rows >= seq_len:
     return None
   return rows
 
 
-class ResidualNorm(nn.Module):
-  """LayerNorm(residual + dropout(y)) through the fused Pallas kernel (`Kernels.fused_residual`),
-  with the parameters of `make_layer_norm`'s LayerNorm (`scale`, `bias`): the same tree."""
-  config: ModelConfig
-
-  @nn.compact
-  def __call__(self, residual, y, deterministic: bool):
-    cfg = self.config
-    size = residual.shape[-1]
-    names = ("embed",)
-    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(), names),
-                       (size,), jnp.float32)
-    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), names),
-                      (size,), jnp.float32)
-    rate = 0.0 if deterministic else cfg.hidden_dropout_prob
-    seed = (dropout_seed(self.make_rng("dropout")) if rate > 0.0
-            else jnp.zeros((2,), jnp.uint32))
-    no_bias = jnp.zeros((size,), jnp.float32)  # the Dense before it added its own
-    return fused_residual_norm(y, residual.astype(cfg.compute_dtype), no_bias, scale, bias,
-                               rate=rate, seed=seed, eps=cfg.layer_norm_eps,
-                               interpret=kernels.triton_interpreted())
-
-
-class TransformerLayer(nn.Module):
+class TransformerLayer(Layered):
   """Self-attention + feed-forward, each with a residual and LayerNorm (post-LN or pre-LN).
   `num_heads`: this layer's attention heads (None: config.num_attention_heads)."""
   config: ModelConfig
   num_heads: int | None = None
+  layers: Layers | None = None
 
   @nn.compact
   def __call__(self, x, mask, deterministic: bool, output_attentions: bool = False,
@@ -165,8 +129,7 @@ class TransformerLayer(nn.Module):
     exactly what the full layer gives there; the queries, attention output, feed-forward and
     LayerNorms run on p rows instead of seq.
     """
-    cfg = self.config
-    f32 = kernels.for_model(cfg).float32_gather
+    cfg, L = self.config, self.layers
     if not isinstance(mask, AttentionMask):  # a boolean [batch, 1, q or 1, k] mask
       mask = AttentionMask(jnp.asarray(mask))
     keys = None
@@ -174,7 +137,7 @@ class TransformerLayer(nn.Module):
       if output_attentions:
         fail("output_attentions needs every query position; call the layer without query_positions")
       keys = x
-      x = gather_positions(x, query_positions, f32)
+      x = L.gather(x, query_positions)
       if mask.keys.shape[2] > 1:  # per-query masks (packed rows): keep the chosen queries' rows
         rows = query_positions[:, None, :, None].astype(jnp.int32)
         mask = mask.replace(keys=jnp.take_along_axis(mask.keys, rows, axis=2))
@@ -182,23 +145,14 @@ class TransformerLayer(nn.Module):
           mask = mask.replace(q_segments=jnp.take_along_axis(
               mask.q_segments, query_positions.astype(jnp.int32), axis=1))
     act_names = ("act_batch", "act_len", "act_embed")
-    drop = lambda y: dropout_layer(cfg.hidden_dropout_prob, kernels.dropout_for_model(cfg))(
-        y, deterministic=deterministic)
-    attention = SelfAttention(cfg, self.num_heads, name="attention")
-    fused = kernels.for_model(cfg).fused_residual and not cfg.pre_layer_norm
-    if fused:
-      attn_ln = ResidualNorm(cfg, name="attention_layer_norm")
-      out_ln = ResidualNorm(cfg, name="output_layer_norm")
-    else:
-      attn_ln = make_layer_norm(cfg, "attention_layer_norm")
-      out_ln = make_layer_norm(cfg, "output_layer_norm")
-    intermediate = make_dense(cfg.intermediate_size, ("embed", "mlp"), "intermediate", cfg)
-    output = make_dense(cfg.hidden_size, ("mlp", "embed"), "output", cfg)
-    # Rematerialized where the platform's kernels say so: the backward pass recomputes the
-    # activation's internals from its input (one [tokens, intermediate] buffer less per layer).
-    act = activation(cfg.hidden_act, kernels.for_model(cfg).erf_gelu)
-    if kernels.for_model(cfg).remat_activation:
-      act = jax.checkpoint(act)
+    drop = lambda y: L.dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
+    attention = SelfAttention(cfg, self.num_heads, L, name="attention")
+    fused = L.residual is not None  # post-LN's residual, dropout, add and LayerNorm in one kernel
+    norm = L.residual or L.norm
+    attn_ln, out_ln = norm(name="attention_layer_norm"), norm(name="output_layer_norm")
+    intermediate = L.dense(cfg.intermediate_size, ("embed", "mlp"), "intermediate")
+    output = L.dense(cfg.hidden_size, ("mlp", "embed"), "output")
+    act = L.mlp_activation(cfg.hidden_act)
     scores = None
 
     def attend(y, y_keys):
@@ -213,7 +167,7 @@ class TransformerLayer(nn.Module):
         x = x + drop(attend(attn_ln(x), None))
       else:  # the query rows' normalized states are rows of the keys' ones
         normed_keys = attn_ln(keys)
-        x = x + drop(attend(gather_positions(normed_keys, query_positions, f32), normed_keys))
+        x = x + drop(attend(L.gather(normed_keys, query_positions), normed_keys))
       x = nn.with_logical_constraint(x, act_names)
       h = nn.with_logical_constraint(act(intermediate(out_ln(x))), ("act_batch", "act_len", "act_mlp"))
       x = x + drop(output(h))
@@ -235,16 +189,17 @@ class _ScanBody(nn.Module):
   """One layer as a scan step: carry the hidden states, also emit them (for hidden_states)."""
   config: ModelConfig
   layer_cls: Any
+  layers: Layers
 
   @nn.compact
   def __call__(self, x, mask, deterministic: bool):
     # Every scanned layer has the same head count (ModelConfig refuses pruned_heads otherwise).
-    x = self.layer_cls(self.config, self.config.layer_heads(0), name="layer")(x, mask,
-                                                                              deterministic, False)
+    x = self.layer_cls(self.config, self.config.layer_heads(0), self.layers, name="layer")(
+        x, mask, deterministic, False)
     return x, x
 
 
-class Encoder(nn.Module):
+class Encoder(Layered):
   """The encoder stack with embeddings and (optionally) the pooler.
 
   Call: input_ids, attention_mask, token_type_ids: <int32>[batch, seq]; segment_ids (packed rows:
@@ -257,32 +212,33 @@ class Encoder(nn.Module):
   """
   config: ModelConfig
   shared_embeddings: nn.Module | None = None
+  layers: Layers | None = None
 
   def setup(self):
-    cfg = self.config
+    cfg, L = self.config, self.layers
     if cfg.architecture == "modernbert":
       fail("this model is built from the BERT family's encoder, which ModernBERT is not; "
            "train ModernBERT with --config.objective=mlm (bertjax.models.modernbert)")
     if self.shared_embeddings is not None:
       self.embeddings = self.shared_embeddings
     else:
-      self.embeddings = Embeddings(cfg)
+      self.embeddings = Embeddings(cfg, L)
     if has_embedding_projection(cfg):
-      self.embedding_projection = make_dense(cfg.hidden_size, ("embed_in", "embed"),
-                                             "embedding_projection", cfg)
+      self.embedding_projection = L.dense(cfg.hidden_size, ("embed_in", "embed"),
+                                          "embedding_projection")
     layer_cls = rematerialized(TransformerLayer, cfg, static_argnums=(3, 4))
     if cfg.scan_layers:
       self.scanned = nn.scan(
           _ScanBody, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
           in_axes=(nn.broadcast, nn.broadcast), length=cfg.num_hidden_layers,
-          metadata_params={nn.PARTITION_NAME: "layers"})(cfg, layer_cls, name="layers")
+          metadata_params={nn.PARTITION_NAME: "layers"})(cfg, layer_cls, L, name="layers")
     else:
-      self.layers = [layer_cls(cfg, cfg.layer_heads(g) if cfg.pruned_heads else None,
-                               name=f"layer_{g}") for g in range(cfg.num_groups)]
+      self.stack = [layer_cls(cfg, cfg.layer_heads(g) if cfg.pruned_heads else None, L,
+                              name=f"layer_{g}") for g in range(cfg.num_groups)]
     if cfg.pre_layer_norm:
-      self.final_layer_norm = make_layer_norm(cfg, "final_layer_norm")
+      self.final_layer_norm = L.norm("final_layer_norm")
     if cfg.use_pooler:
-      self.pooler = make_dense(cfg.hidden_size, ("embed", "embed_out"), "pooler", cfg)
+      self.pooler = L.dense(cfg.hidden_size, ("embed", "embed_out"), "pooler")
 
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, segment_ids=None,
                position_ids=None, output_positions=None, deterministic: bool = True,
@@ -304,12 +260,13 @@ class Encoder(nn.Module):
     if has_embedding_projection(cfg):
       x = self.embedding_projection(x)
     x = nn.with_logical_constraint(x, ("act_batch", "act_len", "act_embed"))
-    mask = attention_mask_for(cfg, attention_mask, segment_ids)
+    mask = attention_mask_for(self.layers.kernels, attention_mask, segment_ids)
     # The last layer at [CLS] and the output positions only. Not under scan (one body for every
     # layer), nor when every layer's full states or scores are asked for.
     last_positions = None
     rows = (None if output_positions is None or output_hidden_states or output_attentions
-            else last_layer_rows(cfg, output_positions.shape[1], input_ids.shape[1]))
+            else last_layer_rows(cfg, output_positions.shape[1], input_ids.shape[1],
+                                 self.layers.kernels.row_multiple))
     if rows is not None:  # [CLS], the output positions, [CLS] again up to `rows`
       output_positions = jnp.asarray(output_positions, jnp.int32)
       cls = jnp.zeros_like(output_positions[:, :1])
@@ -322,7 +279,7 @@ class Encoder(nn.Module):
       x, stacked = self.scanned(x, mask, deterministic)
       states += [stacked[i] for i in range(cfg.num_hidden_layers)]
     for i in range(0 if cfg.scan_layers else cfg.num_hidden_layers):
-      layer = self.layers[i * cfg.num_groups // cfg.num_hidden_layers]
+      layer = self.stack[i * cfg.num_groups // cfg.num_hidden_layers]
       # Flags positional: remat marks them static by position.
       if output_attentions:
         x, scores = layer(x, mask, deterministic, True)
@@ -339,7 +296,7 @@ class Encoder(nn.Module):
     if last_positions is not None:
       x = x[:, 1:1 + output_positions.shape[1]]
     elif output_positions is not None:
-      x = gather_positions(x, output_positions, kernels.for_model(cfg).float32_gather)
+      x = self.layers.gather(x, output_positions)
     return EncoderOutput(last_hidden_state=x, pooler_output=pooled,
                          hidden_states=tuple(states) if output_hidden_states else None,
                          attentions=tuple(attentions) if output_attentions else None)

@@ -4,7 +4,7 @@
 heads, head_dim] operands, the values `bertjax.models.attention.explicit_attention` computes when
 given the same keep mask, without materializing the [batch, heads, q, k] scores. The mask is a
 counter-based hash of the seed and (batch row, head, query, key) (`flash_kernels`), so the
-backward kernels regenerate it, and `dropout_keep_mask` gives it in plain JAX for tests. The seed
+backward kernels regenerate it (tests/test_flash_attention.py builds it in plain JAX). The seed
 comes from the layer's 'dropout' RNG (`dropout_seed`): the mask follows the step's key and the
 layer, like every other dropout mask, and a resumed run draws the same ones.
 
@@ -37,15 +37,6 @@ MIN_BLOCK = 16  # the smallest operand side Triton's dot takes
 def dropout_seed(rng: Array) -> Array:
   """<uint32>[2]: the kernel's seed words from a JAX key (raw or typed)."""
   return jax.random.bits(rng, (2,), jnp.uint32)
-
-
-def dropout_keep_mask(seed: Array, batch: int, heads: int, q_len: int, k_len: int,
-                      rate: float) -> Array:
-  """<bool>[batch, heads, q_len, k_len]: the kernel's keep mask for `seed` (<uint32>[2])."""
-  keys = fk.head_keys(jnp.asarray(seed, jnp.uint32), batch, heads)[:, :, None, None]
-  rows = fk.row_words(keys, jnp.arange(q_len, dtype=jnp.uint32)[:, None])
-  cols = fk.col_words(keys, jnp.arange(k_len, dtype=jnp.uint32)[None, :])
-  return fk.keep_from_words(rows, cols, dropout_lib.threshold(rate))
 
 
 def _block(requested: int, length: int) -> int:
@@ -89,7 +80,7 @@ def flash_attention(q: Array, k: Array, v: Array, *, kv_lengths: Array | None = 
   <int>[batch, seq] non-negative ids (q_len == k_len), or a pair (query ids [batch, q_len], key
   ids [batch, k_len]): a query sees only keys of its own id. Queries that see no key get some
   finite output. dropout_rate in [0, 1) with seed <uint32>[2] (`dropout_seed`): probabilities
-  are dropped after the softmax with `dropout_keep_mask(seed, ...)` and the kept ones scaled by
+  are dropped after the softmax with the counter-based mask of `seed` and the kept ones scaled by
   1 / (1 - rate). interpret: run the kernels in Pallas interpret mode (on the CPU). Lengths are
   padded to the block sizes (powers of two >= 16, shrunk for short sequences) and the head size
   to a power of two >= 16; the padding is masked and sliced off.

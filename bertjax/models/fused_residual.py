@@ -15,7 +15,7 @@ Rows are processed one per program with the hidden size padded up to a power of 
 kernel (masked loads: Triton's blocks are powers of two; BERT's 768 is not). The kernels are
 written for Triton (`compiler_params`), run in Pallas interpret mode on a CPU (tests), and their
 GPU speed is unmeasured: the `fused_residual` field of the kernel sets is off everywhere until a
-device run shows it faster (`model.kernel_overrides='fused_residual=True'` for an ablation row).
+device run shows it faster (`--config.model.kernel_overrides.fused_residual=True` for an ablation row).
 The projection's bias is an input, so a layer may hand it over unadded; bertjax's layers keep
 their Dense with its bias (the same parameters as every other set) and pass a zero bias.
 """
@@ -43,14 +43,6 @@ def _key(seed: Array) -> Array:
 
 def _keep(key: Array, row: Array, cols: Array, threshold: int) -> Array:
   return fk.keep_from_words(fk.row_words(key, row), fk.col_words(key, cols), threshold)
-
-
-def keep_mask(seed: Array, rows: int, hidden: int, rate: float) -> Array:
-  """<bool>[rows, hidden]: the kernels' keep mask in plain JAX (tests compare with it)."""
-  key = _key(seed)
-  r = jnp.arange(rows, dtype=jnp.uint32)[:, None]
-  c = jnp.arange(hidden, dtype=jnp.uint32)[None, :]
-  return _keep(key, r, c, dropout_lib.threshold(rate))
 
 
 def _row_sum(x_ref, r_ref, b_ref, seed_ref, row_ref, cols, real, rate):
@@ -155,8 +147,8 @@ def fused_residual_norm(x: Array, residual: Array, bias: Array, scale: Array, sh
                         rate: float, seed: Array, eps: float, interpret: bool = False) -> Array:
   """LayerNorm(residual + dropout(x + bias)) over the last axis of <T>[..., hidden] operands,
   statistics in float32, the output in the residual's dtype; dropout at `rate` (0: none) with the
-  keep mask `keep_mask(seed, rows, hidden, rate)` over the rows flattened, kept values scaled by
-  1 / (1 - rate). `bias`, `scale`, `shift`: <float32>[hidden]. `seed`: <uint32>[2]
+  keep mask hashed from the seed and each element's (row, column), rows flattened, kept values
+  scaled by 1 / (1 - rate). `bias`, `scale`, `shift`: <float32>[hidden]. `seed`: <uint32>[2]
   (`flash_attention.dropout_seed` of the layer's key)."""
   if not 0.0 <= rate < 1.0:
     raise ValueError(f"dropout rate {rate} must be in [0, 1)")

@@ -1,13 +1,14 @@
 """Device-specific implementation choices of the encoder and optimizer, all in this one module.
 
 The model code (`encoder.py`, `heads.py`) is built from `flax.linen` layers (`nn.Dense`,
-`nn.Einsum`, `nn.LayerNorm`, `nn.Embed`, `nn.Dropout`) and asks `for_model(cfg)` where a
-hand-written form replaces one: each such form is a field of `Kernels`, and a field turned off
-gives the stock layer or function. Each choice of a platform's set is either measured on the
-device it is made for (with the figure and where it is recorded) or marked unmeasured. The
-GPU and TPU sets keep the forms the CPU measurements brought in where nothing on the device
-says otherwise (unmeasured there); the TPU set's splash attention, unmeasured, is chosen as the
-accelerator issue directs.
+`nn.Einsum`, `nn.LayerNorm`, `nn.Embed`, `nn.Dropout`), with a hand-written form where a set asks
+for one: each such form is a field of `Kernels`, and a field turned off gives the stock layer or
+function. A model resolves its set once, when it is built (`for_model`, called by
+`bertjax.models.layers.layers_for`), and hands the chosen layers down to its modules. Each choice
+of a platform's set is either measured on the device it is made for (with the figure and where it
+is recorded) or marked unmeasured. The GPU and TPU sets keep the forms the CPU measurements
+brought in where nothing on the device says otherwise (unmeasured there); the TPU set's splash
+attention, unmeasured, is the TPU counterpart of the GPU set's fused kernel.
 
 `model.kernels` picks the set: "auto" (the default) takes the backend JAX runs on; "cpu",
 "gpu" or "tpu" force one, so that, say, the CPU choices can be measured on a GPU with
@@ -32,8 +33,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+from typing import Any, Mapping
 
 import jax
+import ml_collections
 
 PLATFORMS = ("cpu", "gpu", "tpu")
 KERNEL_SETTINGS = ("auto",) + PLATFORMS + ("tpu-xla", "stock")
@@ -65,17 +68,17 @@ class Kernels:
     one-hot product, whose gradient is a small matrix product instead of a scatter-add of every
     token into a few rows (0: never).
   float32_lookup: embedding rows looked up on the float32 table and cast after the lookup
-    (`embeddings.Embed`), so the gradient's scatter-add runs in float32; off: `nn.Embed`, which
+    (`layers.Embed`), so the gradient's scatter-add runs in float32; off: `nn.Embed`, which
     casts the table to the compute dtype first (with `one_hot_rows` 0).
   float32_gather: half-precision hidden states gathered at the masked positions from a float32
-    view (`encoder.gather_positions`), for the same reason; off: gathered in their own dtype.
+    view (`layers.gather_positions`), for the same reason; off: gathered in their own dtype.
   dropout: how dropout draws and keeps its masks: one of bertjax's forms
     (bertjax.models.dropout.IMPLEMENTATIONS) or "flax" (`nn.Dropout`, a boolean mask from
     `jax.random.bernoulli` that autodiff keeps); what `model.dropout_impl="auto"` uses.
   erf_gelu: the exact GELU as x * Phi(x) through erf (`layers.exact_gelu`, PyTorch's formula),
     instead of `nn.gelu(approximate=False)`, which goes through erfc.
   bias_product: the MLM decoder's vocabulary bias added as an outer product with ones
-    (`heads.add_vocab_bias`), so its gradient is a matrix-vector product instead of a column
+    (`layers.add_vocab_bias`), so its gradient is a matrix-vector product instead of a column
     sum; off: a broadcast add.
   scalar_clipping: global-norm clipping as one multiply by min(1, max_norm / norm)
     (`bertjax.runtime.optim.clip_by_global_norm`), instead of `optax.clip_by_global_norm`.
@@ -109,27 +112,29 @@ class Kernels:
   fused_residual: bool = False
 
 
-# CPU (XLA:CPU, measured on 2-core x86 machines; PERFORMANCE.md):
+# CPU (XLA:CPU on 2-core x86 machines, bertjax.tools.benchmark; PERFORMANCE.md):
 # - flat_dense: XLA:CPU hands its matmul kernels row-major 2-D operands only; a dot_general over
 #   several axes made it write transposed copies of activations, gradients and 3-D kernels around
-#   every attention projection. bert-base step 343 -> 382 tokens/s, XLA temp 1068 -> 962 MB
-#   (fourth round).
-# - layer_norm_vjp: bert-base (batch 8, seq 128) step temp 1146 -> 1077 MB (third round).
-# - remat_activation: bert-base step temp 1279 -> 1147 MB, speed within noise (third round).
+#   every attention projection. 2-core x86 (oneDNN on), 2026-11-23: bert-base batch 8 step
+#   343 -> 382 tokens/s, XLA temp 1068 -> 962 MB.
+# - layer_norm_vjp: 2-core x86, 2026-11-22: bert-base (batch 8, seq 128) step temp 1146 -> 1077 MB.
+# - remat_activation: 2-core x86, 2026-11-22: bert-base step temp 1279 -> 1147 MB, speed within
+#   noise.
 # - attention "xla" with a boolean mask: the only implementation XLA:CPU has.
 # - one_hot_rows: the 2-row token-type lookup as a one-hot product against the float32
-#   scatter-add of its gradient (fifth round).
+#   scatter-add of its gradient: 2-core x86, 2026-11-23, bert-mini batch 16 6766-6939 against
+#   6437-7017 tokens/s (medians 6872 vs 6454).
 # - dropout "packed32": the bit-packed mask let each layer's random words die after the forward
 #   pass, bert-base batch 8 temp 1231 -> 962 MB (bertjax/models/dropout.py). The other forms are
 #   unmeasured on a CPU.
 # - attention_dropout "explicit": the Pallas kernel runs only interpreted on a CPU (for tests).
-# - erf_gelu: XLA:CPU expands erfc into about twice the work of erf; with the row-maximum top-1
-#   and bias_product, bert-mini 3821 -> 3860-3960 tokens/s (second round).
-# - bias_product: the MLM bias gradient, a column sum over [320, 30522], 21 ms -> ~3 ms of a
-#   bert-mini step (second round).
+# - erf_gelu: XLA:CPU expands erfc into about twice the work of erf; 2-core x86, 2026-11-22: with
+#   the row-maximum top-1 and bias_product, bert-mini batch 16 3821 -> 3860-3960 tokens/s.
+# - bias_product: the MLM bias gradient, a column sum over [320, 30522]: 2-core x86, 2026-11-22,
+#   21 ms -> ~3 ms of a bert-mini batch 16 step.
 # - scalar_clipping: optax's divide kept every clipped gradient as its own buffer, the step's peak
-#   in the optimizer; bert-base step temp 1077 -> 1068 MB with the peak back in the backward
-#   pass (third round).
+#   in the optimizer; 2-core x86, 2026-11-22: bert-base step temp 1077 -> 1068 MB with the peak
+#   back in the backward pass.
 # - float32_lookup, float32_gather: for half precision; the bf16 scatter-add they avoid is
 #   unmeasured on a CPU (float32 runs, the CPU's default, read the same values either way).
 CPU = Kernels(platform="cpu", flat_dense=True, layer_norm_vjp=True, remat_activation=True,
@@ -137,8 +142,8 @@ CPU = Kernels(platform="cpu", flat_dense=True, layer_norm_vjp=True, remat_activa
               erf_gelu=True, float32_lookup=True, float32_gather=True, bias_product=True,
               scalar_clipping=True, attention_dropout="explicit")
 
-# GPU (H100, jax 0.11.2, the issue's measurement: bf16 bert-base, seq 128, batch 256, MLM+NSP,
-# dropout 0.1; tokens/s, one H100):
+# GPU (one H100 80GB, jax 0.11.2, commit 297e3fb, recorded in PERFORMANCE.md 2026-11-25: bf16
+# bert-base, seq 128, batch 256, MLM+NSP, dropout 0.1; tokens/s) unless a line says otherwise:
 # - attention: the fused cuDNN kernel with key lengths, attention forward+backward at
 #   [32, 512, 16 heads] 0.61 ms against 2.2 ms composed by XLA.
 # - one_hot_rows: the token-type gradient 89 ms as a bf16 scatter-add, 0.22 ms as a float32 one,
@@ -157,13 +162,14 @@ CPU = Kernels(platform="cpu", flat_dense=True, layer_norm_vjp=True, remat_activa
 #   492,281 -> 549,204 tokens/s (+11.6%), peak 13,562 -> 11,362 MiB (one `--ablate` row each,
 #   PERFORMANCE.md). Its CUDA lowering is checked on the CPU (tests/test_kernel_lowering.py).
 #   One device only: under a mesh of several, "auto" keeps the explicit path
-#   (`attention_dropout_for`), as XLA does not partition a Pallas call.
+#   (`attention_dropout_path`), as XLA does not partition a Pallas call.
 # - row_multiple 8: cuDNN refuses odd query or key lengths in training ("Unsupported sequence
 #   length Q 21, KV 128" on the H100 for the gathered layer's 20 predictions + [CLS]); 8 rather
 #   than 2 because tensor cores take rows in eights (unmeasured against 2).
-# - float32_lookup: the issue's profile put 115 of the bf16 step's 177 ms in bf16 scatter-adds of
-#   the embedding gradients; the lookups on the float32 tables gave 148k -> 482k (PERFORMANCE.md,
-#   quoted, not re-measured). float32_gather, the same scatter for the masked rows: unmeasured.
+# - float32_lookup: one H100, jax 0.11.2, commit 03ffe11: a profile put 115 of the bf16 step's
+#   177 ms in bf16 scatter-adds of the embedding gradients; the lookups on the float32 tables gave
+#   148k -> 482k (PERFORMANCE.md, quoted, not re-measured). float32_gather, the same scatter for
+#   the masked rows: unmeasured.
 # - erf_gelu, bias_product, scalar_clipping: kept from the CPU, unmeasured on a GPU.
 GPU = Kernels(platform="gpu", flat_dense=True, layer_norm_vjp=True, remat_activation=False,
               attention="cudnn", attention_lengths=True, one_hot_rows=16, dropout="packed32+rbg",
@@ -174,8 +180,8 @@ GPU = Kernels(platform="gpu", flat_dense=True, layer_norm_vjp=True, remat_activa
 # cost a relayout there, so Dense stays a dot_general over the kernel's axes. Small tables as
 # one-hot products, as on GPUs: a gradient of every token added into a few rows is the operation
 # the GPU measurement found slow; on a TPU, unmeasured. Attention through the splash kernel
-# (padding and packed rows as its segment ids): unmeasured on a TPU, chosen as the accelerator
-# issue directs, the TPU counterpart of the GPU set's fused kernel; off a TPU it runs in Pallas's
+# (padding and packed rows as its segment ids): unmeasured on a TPU, the TPU counterpart of the
+# GPU set's fused kernel; off a TPU it runs in Pallas's
 # interpret mode, a correctness check (tests/test_splash_attention.py). XLA's attention stays
 # one setting away: `model.kernels=tpu-xla`. Attention dropout explicit: the Pallas flash kernel
 # is untried on TPUs (it would run interpreted there). Dropout as on CPUs (threefry draws, packed
@@ -235,54 +241,88 @@ def for_platform(platform: str) -> Kernels:
   return _BY_PLATFORM.get(platform, CPU)
 
 
-def parse_overrides(text: str) -> dict:
-  """"flat_dense=False,row_multiple=2" -> {"flat_dense": False, "row_multiple": 2}: fields of
-  `Kernels` with values of their type. Raises ValueError naming what is wrong."""
-  types = {f.name: f.type for f in dataclasses.fields(Kernels) if f.name != "platform"}
+class Overrides(ml_collections.ConfigDict):
+  """`config.model.kernel_overrides`: fields of `Kernels` changed in the chosen set, each None (the
+  set's own) until given, e.g. `--config.model.kernel_overrides.fused_residual=True` (for
+  ablations: one choice changed in a set). As data (`to_dict`: config.json, the resolved configs)
+  it holds only the fields given, and "" while none is, which is how configs and run records
+  written before the overrides were fields hold the setting."""
+
+  def __init__(self, values: Mapping[str, Any] | None = None):
+    super().__init__({name: values.get(name) if values else None for name in FIELDS})
+
+  def to_dict(self, visit_map=None, preserve_field_references=False):
+    given = {k: v for k, v in super().to_dict(visit_map, preserve_field_references).items()
+             if v is not None}
+    return given or ""
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(Kernels) if f.name != "platform")
+_TYPES = {f.name: f.type for f in dataclasses.fields(Kernels)}
+
+
+def parse_overrides(value) -> dict:
+  """The overrides a model config holds (a mapping of `Kernels` fields, its (field, value) pairs,
+  or "" for none) as a dict of the fields given, each checked against its field's type. Raises
+  ValueError naming what is wrong; the former "field=value,..." string is refused so, naming
+  the fields' form."""
+  if isinstance(value, str):
+    if not value.strip():
+      return {}
+    first = value.split(",")[0].strip() or "fused_residual=True"
+    raise ValueError(f"the 'field=value,...' string is no longer read; give each field as its "
+                     f"own setting, e.g. --config.model.kernel_overrides.{first}")
   out = {}
-  for item in filter(None, (part.strip() for part in text.split(","))):
-    name, eq, value = item.partition("=")
-    name, value = name.strip(), value.strip()
-    if not eq or name not in types:
-      raise ValueError(f"{item!r} is not FIELD=VALUE with FIELD one of {', '.join(types)}")
-    if types[name] in (bool, "bool"):
-      if value not in ("True", "False", "true", "false", "1", "0"):
-        raise ValueError(f"{name} takes True or False, not {value!r}")
-      out[name] = value in ("True", "true", "1")
-    elif types[name] in (int, "int"):
-      if not value.isdigit():
-        raise ValueError(f"{name} takes a whole number, not {value!r}")
-      out[name] = int(value)
-    else:
-      out[name] = value
+  for name, given in (value.items() if isinstance(value, Mapping) else value):
+    if given is None:
+      continue
+    if name not in FIELDS:
+      raise ValueError(f"{name!r} is not a field of the kernel set; use one of {', '.join(FIELDS)}")
+    kind = {"bool": bool, "int": int, "str": str}.get(_TYPES[name], _TYPES[name])
+    if not isinstance(given, kind) or (kind is int and isinstance(given, bool)):
+      raise ValueError(f"{name} takes {'True or False' if kind is bool else kind.__name__}, "
+                       f"not {given!r}")
+    out[name] = given
   return out
 
 
 def for_model(cfg) -> Kernels:
   """The choices for a `ModelConfig`: its `kernels` setting, "auto" meaning JAX's backend, with
-  its `kernel_overrides` ("field=value,..."; for ablations: one choice changed in a set)."""
+  its `kernel_overrides` (fields of the set changed). A model resolves it once, when it is built
+  (`bertjax.models.layers.layers_for`)."""
   setting = getattr(cfg, "kernels", "auto")
   chosen = for_platform(backend() if setting == "auto" else setting)
-  overrides = getattr(cfg, "kernel_overrides", "")
-  return dataclasses.replace(chosen, **parse_overrides(overrides)) if overrides else chosen
+  overrides = parse_overrides(getattr(cfg, "kernel_overrides", ""))
+  return dataclasses.replace(chosen, **overrides) if overrides else chosen
 
 
-def attention_dropout_for(cfg) -> str:
-  """"explicit" or "pallas": the model's `attention_dropout_kernel`, "auto" meaning its set's,
-  and for "auto" the explicit path under a mesh of several devices: a pallas_call is not
-  partitioned by XLA (its operands would be gathered to every device), and the set's choice was
-  measured on one device. `attention_dropout_kernel="pallas"` asks for it anyway."""
+def attention_dropout_setting(cfg, chosen: Kernels) -> str:
+  """"explicit" or "pallas" as the model's `attention_dropout_kernel` says, "auto" meaning the
+  set's (`chosen`) and written "auto:pallas" where that is the Pallas kernel: the path a trace
+  under a mesh of several devices leaves for the explicit one (`attention_dropout_path`)."""
   setting = getattr(cfg, "attention_dropout_kernel", "auto")
   if setting != "auto":
     return setting
-  chosen = for_model(cfg).attention_dropout
-  if chosen == "pallas" and jax.sharding.get_abstract_mesh().size > 1:
-    return "explicit"
-  return chosen
+  return "auto:pallas" if chosen.attention_dropout == "pallas" else chosen.attention_dropout
+
+
+def attention_dropout_path(setting: str) -> str:
+  """The path a trace takes for `attention_dropout_setting`'s answer: "auto:pallas" is the
+  explicit path under a mesh of several devices (a pallas_call is not partitioned by XLA, its
+  operands would be gathered to every device, and the set's choice was measured on one device);
+  `attention_dropout_kernel="pallas"` asks for the kernel anyway."""
+  if setting != "auto:pallas":
+    return setting
+  return "explicit" if jax.sharding.get_abstract_mesh().size > 1 else "pallas"
+
+
+def dropout_setting(cfg, chosen: Kernels) -> str:
+  """The dropout implementation of a model: its `dropout_impl`, "auto" meaning the set's."""
+  setting = getattr(cfg, "dropout_impl", "auto")
+  return chosen.dropout if setting == "auto" else setting
 
 
 def dropout_for_model(cfg) -> str:
   """The dropout implementation for a `ModelConfig`: its `dropout_impl`, "auto" meaning the
   kernel set's."""
-  setting = getattr(cfg, "dropout_impl", "auto")
-  return for_model(cfg).dropout if setting == "auto" else setting
+  return dropout_setting(cfg, for_model(cfg))

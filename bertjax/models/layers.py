@@ -1,12 +1,16 @@
-"""Building blocks of the encoder and its heads: Dense, LayerNorm, activations.
+"""The layers the encoder and its heads are built from, chosen once per model (`Layers`).
 
-`make_dense`, `make_layer_norm` and `activation` give the stock `flax.linen` layer or function, or, where
-the platform's `bertjax.models.kernels` set says so, the hand-written form here (a 2-D product, a
-written-out LayerNorm backward pass, GELU through erf); the values are the same to rounding.
+A model resolves its kernel set (`bertjax.models.kernels.for_model`) once, when it is built
+(`layers_for`), into a `Layers`: the Dense, LayerNorm, dropout and embedding constructors and the
+functions to use, each the stock `flax.linen` layer or function or, where the set says so, the
+hand-written form here (a 2-D product, a written-out LayerNorm backward pass, GELU through erf,
+a float32 lookup, the fused residual tail); the values are the same to rounding. The model hands
+it down to its modules (`Layered`), which read as stock Flax with those layers injected.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any, Callable
@@ -17,6 +21,9 @@ import jax.numpy as jnp
 
 from bertjax.models import kernels
 from bertjax.models.config import ModelConfig
+from bertjax.models.dropout import STOCK as STOCK_DROPOUT, Dropout
+from bertjax.models.flash_attention import dropout_seed
+from bertjax.models.fused_residual import fused_residual_norm
 
 Array = jax.Array
 
@@ -85,26 +92,31 @@ class Dense(nn.Module):
     return y.reshape(lead + out) + bias.astype(self.dtype)
 
 
-def make_dense(features, names, name, cfg: ModelConfig, axis=-1, in_shape=None):
-  """A dense layer into `features` (an int or a shape) over the `axis` input axes, kernel and bias
-  named by the logical `names` (input axes then output axes): `Dense` with `Kernels.flat_dense`,
-  else `nn.Dense`, or `nn.Einsum` over `in_shape` (the sizes of the input axes) where either side
-  has several axes. The parameters are the same either way."""
+def flat_dense(features, names, name, axis=-1, in_shape=None, *, dtype):
+  """`Dense` (`Kernels.flat_dense`): a dense layer into `features` (an int or a shape) over the
+  `axis` input axes, kernel and bias named by the logical `names` (input axes then output axes).
+  `in_shape` is what `stock_dense` needs; the parameters are the same."""
+  del in_shape
+  num_in = len(axis) if isinstance(axis, tuple) else 1
+  return Dense(features, tuple(names), num_in=num_in, dtype=dtype, name=name)
+
+
+def stock_dense(features, names, name, axis=-1, in_shape=None, *, dtype):
+  """`nn.Dense`, or `nn.Einsum` over `in_shape` (the sizes of the input axes) where either side
+  has several axes; the arguments and parameters of `flat_dense`."""
   names = tuple(names)
   num_in = len(axis) if isinstance(axis, tuple) else 1
-  if kernels.for_model(cfg).flat_dense:
-    return Dense(features, names, num_in=num_in, dtype=cfg.compute_dtype, name=name)
   kernel_init = nn.with_logical_partitioning(dense_init(), names)
   bias_init = nn.with_logical_partitioning(nn.initializers.zeros_init(), names[num_in:])
   if num_in == 1 and isinstance(features, int):
-    return nn.Dense(features, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
+    return nn.Dense(features, dtype=dtype, param_dtype=jnp.float32,
                     kernel_init=kernel_init, bias_init=bias_init, name=name)
   # Not nn.DenseGeneral: it draws its kernel flat and reshapes it, and the flat draw's sharding
   # constraint (under a mesh) does not fit the multi-axis names.
   out = (features,) if isinstance(features, int) else tuple(features)
   ins, outs = "ijkl"[:num_in], "uvwx"[:len(out)]
   return nn.Einsum(tuple(in_shape) + out, f"...{ins},{ins}{outs}->...{outs}",
-                   dtype=cfg.compute_dtype, param_dtype=jnp.float32, kernel_init=kernel_init,
+                   dtype=dtype, param_dtype=jnp.float32, kernel_init=kernel_init,
                    bias_init=bias_init, name=name)
 
 
@@ -168,14 +180,208 @@ class LayerNorm(nn.Module):
     return layer_norm(x.astype(self.dtype), scale, bias, self.epsilon)
 
 
-def make_layer_norm(cfg: ModelConfig, name: str, axis_name: str = "embed"):
-  """`LayerNorm` with `Kernels.layer_norm_vjp`, else `nn.LayerNorm` (its variance in two passes,
-  as `layer_norm`); `scale` and `bias` named by the logical `axis_name` either way."""
-  if kernels.for_model(cfg).layer_norm_vjp:
-    return LayerNorm(cfg.layer_norm_eps, cfg.compute_dtype, axis_name, name=name)
+def vjp_layer_norm(name, axis_name="embed", *, epsilon, dtype, use_bias=True):
+  """`LayerNorm` (`Kernels.layer_norm_vjp`), `scale` and `bias` named by the logical
+  `axis_name`."""
+  return LayerNorm(epsilon, dtype, axis_name, use_bias=use_bias, name=name)
+
+
+def stock_layer_norm(name, axis_name="embed", *, epsilon, dtype, use_bias=True):
+  """`nn.LayerNorm` (its variance in two passes, as `layer_norm`), with the parameters of
+  `vjp_layer_norm`."""
   names = (axis_name,)
-  return nn.LayerNorm(cfg.layer_norm_eps, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
+  return nn.LayerNorm(epsilon, dtype=dtype, param_dtype=jnp.float32, use_bias=use_bias,
                       use_fast_variance=False,
                       scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), names),
                       bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), names),
                       name=name)
+
+
+def lookup(table: Array, ids: Array, dtype, one_hot_rows: int = 0) -> Array:
+  """Rows of a float32 `table` at `ids`, cast to `dtype` after the lookup.
+
+  Looking up the float32 table keeps the gradient's scatter-add in float32: a bfloat16 one rounds
+  every addition and, on GPUs, is about 20x slower under contention (openxla/xla#26371). Tables of
+  at most `one_hot_rows` rows (token types) are read as a one-hot product, whose gradient is a
+  matrix product instead of every token added into a few rows.
+  """
+  rows = table.shape[0]
+  if rows == 1:  # RoBERTa's single token type: every id reads it (as nn.Embed does)
+    return jnp.broadcast_to(table[0], ids.shape + table.shape[1:]).astype(dtype)
+  if rows <= one_hot_rows:
+    one_hot = jax.nn.one_hot(ids, rows, dtype=table.dtype)
+    out = jnp.einsum("...r,re->...e", one_hot, table, precision=jax.lax.Precision.HIGHEST)
+  else:
+    out = jnp.take(table, ids, axis=0)
+  return out.astype(dtype)
+
+
+class Embed(nn.Module):
+  """An embedding table (the parameter layout of `nn.Embed`) read through `lookup`: the float32
+  table, cast after the lookup, small tables as a one-hot product (`Kernels.float32_lookup`,
+  `Kernels.one_hot_rows`)."""
+  num_embeddings: int
+  features: int
+  names: tuple[str | None, str | None]
+  dtype: Any = jnp.float32
+  one_hot_rows: int = 0
+
+  def setup(self):
+    init = nn.with_logical_partitioning(dense_init(), self.names)
+    self.embedding = self.param("embedding", init, (self.num_embeddings, self.features), jnp.float32)
+
+  def __call__(self, ids: Array) -> Array:
+    return lookup(self.embedding, ids, self.dtype, self.one_hot_rows)
+
+  def attend(self, x: Array) -> Array:
+    """x @ table.T in `dtype`: logits over the table's rows (the tied MLM decoder)."""
+    return x.astype(self.dtype) @ self.embedding.astype(self.dtype).T
+
+
+def embed(num_embeddings: int, features: int, names: tuple[str | None, str | None],
+          small: bool = False, name: str | None = None, *, dtype, float32: bool,
+          one_hot_rows: int) -> nn.Module:
+  """`Embed` where the set asks for the float32 lookup (`float32`) or, for a `small` table (token
+  types) of at most `one_hot_rows` rows, the one-hot product; else `nn.Embed`. The same
+  `embedding` parameter."""
+  one_hot_rows = one_hot_rows if small else 0
+  if float32 or num_embeddings <= one_hot_rows:
+    return Embed(num_embeddings, features, names, dtype, one_hot_rows, name=name)
+  return nn.Embed(num_embeddings, features, dtype=dtype, param_dtype=jnp.float32,
+                  embedding_init=nn.with_logical_partitioning(dense_init(), names), name=name)
+
+
+def gather_positions(x: Array, positions: Array, float32: bool = True) -> Array:
+  """<T>[batch, seq, ...], <int32>[batch, p] -> <T>[batch, p, ...]: the rows at `positions`.
+  `float32`: half precision gathered from a float32 view (`Kernels.float32_gather`)."""
+  index = positions.astype(jnp.int32).reshape(positions.shape + (1,) * (x.ndim - 2))
+  if float32 and jnp.dtype(x.dtype).itemsize < 4:
+    # Half precision: gathered from a float32 view, so the gradient's scatter-add (rows repeat:
+    # unused prediction slots all point at position 0) runs in float32, not bfloat16.
+    return jnp.take_along_axis(x.astype(jnp.float32), index, axis=1).astype(x.dtype)
+  return jnp.take_along_axis(x, index, axis=1)
+
+
+def add_vocab_bias(logits: jax.Array, bias: jax.Array, product: bool = True) -> jax.Array:
+  """logits + bias; with `product` (`Kernels.bias_product`) the bias broadcast as an outer
+  product with ones.
+
+  Same values; the difference is the backward pass: the bias gradient becomes a matrix-vector
+  product instead of a column reduction over [rows, vocab], which XLA:CPU ran ~5x slower (about
+  15 ms of a 530 ms bert-mini step, PERFORMANCE.md).
+  """
+  if not product:
+    return logits + bias.astype(logits.dtype)
+  ones = jnp.ones(logits.shape[:-1], logits.dtype)
+  return logits + jnp.einsum("...,v->...v", ones, bias.astype(logits.dtype))
+
+
+class ResidualNorm(nn.Module):
+  """LayerNorm(residual + dropout(y)) through the fused Pallas kernel (`Kernels.fused_residual`),
+  with the parameters of the set's LayerNorm (`scale`, `bias`): the same tree. Called as
+  `norm(residual, y, deterministic)`."""
+  rate: float
+  epsilon: float
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, residual, y, deterministic: bool):
+    size = residual.shape[-1]
+    names = ("embed",)
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(), names),
+                       (size,), jnp.float32)
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), names),
+                      (size,), jnp.float32)
+    rate = 0.0 if deterministic else self.rate
+    seed = (dropout_seed(self.make_rng("dropout")) if rate > 0.0
+            else jnp.zeros((2,), jnp.uint32))
+    no_bias = jnp.zeros((size,), jnp.float32)  # the Dense before it added its own
+    return fused_residual_norm(y, residual.astype(self.dtype), no_bias, scale, bias,
+                               rate=rate, seed=seed, eps=self.epsilon,
+                               interpret=kernels.triton_interpreted())
+
+
+class _Bound(functools.partial):
+  """A `functools.partial` equal to another of the same function and arguments, so that a model
+  holding a `Layers` is equal to (and hashes as) one built from the same config."""
+
+  def __eq__(self, other):
+    return (isinstance(other, _Bound) and self.func == other.func and self.args == other.args
+            and self.keywords == other.keywords)
+
+  def __hash__(self):
+    return hash((self.func, self.args, tuple(sorted(self.keywords.items()))))
+
+
+@dataclasses.dataclass(frozen=True)
+class Layers:
+  """What a model's modules are built from, chosen once from its kernel set (`layers_for`).
+
+  dense(features, names, name, axis=-1, in_shape=None): a Dense layer (`flat_dense` or
+    `stock_dense`).
+  norm(name, axis_name="embed", epsilon=..., use_bias=True): a LayerNorm (`vjp_layer_norm` or
+    `stock_layer_norm`), epsilon the model's `layer_norm_eps` unless given.
+  residual: post-LN's tail, LayerNorm(residual + dropout(y)), as one module `residual(name=...)`
+    called (residual, y, deterministic) (`ResidualNorm`), or None: dropout, add and `norm`.
+  dropout(rate): a dropout module (`nn.Dropout` or bertjax's `Dropout` of the chosen form).
+  embed(num_embeddings, features, names, small=False, name=None): an embedding table (`embed`).
+  activation(name): the activation function (`activation`, GELU through erf or not).
+  mlp_activation(name): the feed-forward's, rematerialized in the backward pass where the set
+    says so (`Kernels.remat_activation`).
+  gather(x, positions): rows at positions (`gather_positions`).
+  vocab_bias(logits, bias): the MLM decoder's bias added (`add_vocab_bias`).
+  kernels: the resolved set itself, for the attention's choices (`bertjax.models.attention`);
+  attention_dropout: `kernels.attention_dropout_setting`'s answer.
+  """
+  kernels: kernels.Kernels
+  attention_dropout: str
+  dense: Callable[..., nn.Module]
+  norm: Callable[..., nn.Module]
+  residual: Callable[..., nn.Module] | None
+  dropout: Callable[[float], nn.Module]
+  embed: Callable[..., nn.Module]
+  activation: Callable[[str], Callable[[Array], Array]]
+  mlp_activation: Callable[[str], Callable[[Array], Array]]
+  gather: Callable[[Array, Array], Array]
+  vocab_bias: Callable[[Array, Array], Array]
+
+
+def _mlp_activation(name: str, erf_gelu: bool, remat: bool) -> Callable[[Array], Array]:
+  act = activation(name, erf_gelu)
+  # The backward pass recomputes the activation's internals from its input: one [tokens,
+  # intermediate] buffer less per layer.
+  return jax.checkpoint(act) if remat else act
+
+
+def layers_for(cfg: ModelConfig) -> Layers:
+  """The layers of a model of `cfg`: its kernel set resolved once (`kernels.for_model`, with
+  `model.dropout_impl` and `model.attention_dropout_kernel`) into constructors and functions."""
+  k = kernels.for_model(cfg)
+  dtype = cfg.compute_dtype
+  dropout = kernels.dropout_setting(cfg, k)
+  return Layers(
+      kernels=k, attention_dropout=kernels.attention_dropout_setting(cfg, k),
+      dense=_Bound(flat_dense if k.flat_dense else stock_dense, dtype=dtype),
+      norm=_Bound(vjp_layer_norm if k.layer_norm_vjp else stock_layer_norm,
+                  epsilon=cfg.layer_norm_eps, dtype=dtype),
+      residual=(_Bound(ResidualNorm, cfg.hidden_dropout_prob, cfg.layer_norm_eps, dtype)
+                if k.fused_residual and not cfg.pre_layer_norm else None),
+      dropout=nn.Dropout if dropout == STOCK_DROPOUT else _Bound(Dropout, implementation=dropout),
+      embed=_Bound(embed, dtype=dtype, float32=k.float32_lookup, one_hot_rows=k.one_hot_rows),
+      activation=_Bound(activation, erf_gelu=k.erf_gelu),
+      mlp_activation=_Bound(_mlp_activation, erf_gelu=k.erf_gelu, remat=k.remat_activation),
+      gather=_Bound(gather_positions, float32=k.float32_gather),
+      vocab_bias=_Bound(add_vocab_bias, product=k.bias_product))
+
+
+class Layered(nn.Module):
+  """A module built from a `Layers`: its `layers` field (`layers_field` names it), handed down by
+  the model holding it, or, where it is built alone (the field None), resolved from its `config`
+  once, at construction. The class declaring `config` declares that field last, defaulting to
+  None."""
+  layers_field = "layers"
+
+  def __post_init__(self):
+    if getattr(self, self.layers_field) is None:
+      object.__setattr__(self, self.layers_field, layers_for(self.config))
+    super().__post_init__()

@@ -11,6 +11,9 @@ Layer i attends to every position when i % global_attn_every_n_layers == 0, else
 `ModernBertModel` (`Wqkv`, `Wo`, `Wi`, `attn_norm`, `mlp_norm`, `final_norm`), so a converted
 checkpoint maps name for name (bertjax.convert.names.modernbert_entries).
 
+`bertjax.models.architectures` finds this module by the architecture's name: `Encoder`,
+`MLMHead`, `PairHead` (refused), `SequenceHead`, `TokenHead` and `pool` below.
+
 Its settings are ModernBertConfig's names in `ModelConfig`; of the BERT family's own, it reads
 the sizes, `pad_token_id`, `dtype`, `remat`/`remat_policy` and `kernels` (which attention the
 global layers and, on TPUs, the local ones take), and leaves `hidden_act`, `layer_norm_eps`,
@@ -30,14 +33,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.core.errors import fail
-from bertjax.models import kernels, splash
+from bertjax.models import splash
 from bertjax.models.attention import (AttentionMask, attention_implementation, attention_mask_for,
                                       explicit_attention, fused_attention)
 from bertjax.models.config import ModelConfig
 from bertjax.models.embeddings import position_ids_for
-from bertjax.models.encoder import Encoder, EncoderOutput, gather_positions
-from bertjax.models.heads import MLMHead, add_vocab_bias
-from bertjax.models.layers import LayerNorm, activation, rematerialized
+from bertjax.models.encoder import EncoderOutput
+from bertjax.models.layers import (Layered, Layers, activation, add_vocab_bias, gather_positions,
+                                   rematerialized)
 
 Array = jax.Array
 
@@ -77,20 +80,13 @@ def _einsum(cfg: ModelConfig, equation: str, shape, names, name: str, use_bias: 
                                                           bias_names), name=name)
 
 
-def _norm(cfg: ModelConfig, name: str) -> nn.Module:
-  """LayerNorm with ModernBERT's epsilon and optional bias; two-pass variance, as PyTorch computes
-  it. With `Kernels.layer_norm_vjp` (BERT's written-out backward pass): on a 2-core CPU the
-  22-layer modernbert-base step (seq 512, batch 2) took 6.6 s with it and 15.7 s with
-  `nn.LayerNorm`, whose autodiff'd residual gradient XLA:CPU recomputed inside every layer's
+def _norm(cfg: ModelConfig, layers: Layers, name: str) -> nn.Module:
+  """The set's LayerNorm with ModernBERT's epsilon and optional bias; two-pass variance, as
+  PyTorch computes it. With `Kernels.layer_norm_vjp` (BERT's written-out backward pass): on a
+  2-core CPU the 22-layer modernbert-base step (seq 512, batch 2) took 6.6 s with it and 15.7 s
+  with `nn.LayerNorm`, whose autodiff'd residual gradient XLA:CPU recomputed inside every layer's
   weight-gradient copies, a cost growing with the square of the depth (PERFORMANCE.md)."""
-  if kernels.for_model(cfg).layer_norm_vjp:
-    return LayerNorm(cfg.norm_eps, cfg.compute_dtype, "embed", use_bias=cfg.norm_bias, name=name)
-  return nn.LayerNorm(epsilon=cfg.norm_eps, use_bias=cfg.norm_bias, dtype=cfg.compute_dtype,
-                      param_dtype=jnp.float32, use_fast_variance=False,
-                      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(),
-                                                              ("embed",)),
-                      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(),
-                                                             ("embed",)), name=name)
+  return layers.norm(name, epsilon=cfg.norm_eps, use_bias=cfg.norm_bias)
 
 
 def rope_tables(positions: Array, head_dim: int, theta: float, dtype) -> tuple[Array, Array]:
@@ -153,7 +149,7 @@ def banded_attention(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array,
   return out.reshape(batch, n * c, heads, head_dim)[:, :seq]
 
 
-class ModernBertAttention(nn.Module):
+class ModernBertAttention(Layered):
   """Fused q/k/v projection, rotary embedding, attention, output projection.
 
   `local`: a sliding-window layer. On TPUs (the splash kernel set) its window is splash's own
@@ -167,6 +163,7 @@ class ModernBertAttention(nn.Module):
   config: ModelConfig
   local: bool
   num_heads: int | None = None
+  layers: Layers | None = None
 
   @nn.compact
   def __call__(self, x, mask: AttentionMask, cos, sin, deterministic: bool,
@@ -175,7 +172,7 @@ class ModernBertAttention(nn.Module):
     q, k] with `output_attentions`). `num_heads`: this layer's heads (fewer when pruned; None:
     num_attention_heads), each of head_dim. A `head_mask` <float>[heads] in the caller's params
     (bertjax.models.pruning.with_head_masks) multiplies each head's output before `Wo`."""
-    cfg = self.config
+    cfg, L = self.config, self.layers
     heads, hidden = (self.num_heads or cfg.num_attention_heads, cfg.head_dim), cfg.hidden_size
     qkv = _einsum(cfg, "bse,ethd->bsthd", (hidden, 3) + heads, ("embed", None, "heads", "kv"),
                   "Wqkv", cfg.attention_bias, bias_names=(None, "heads", "kv"))(x)
@@ -183,7 +180,7 @@ class ModernBertAttention(nn.Module):
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     rate, scores = cfg.attention_dropout, None
     if (deterministic or rate == 0.0) and not output_attentions:
-      impl = attention_implementation(cfg, cfg.head_dim, q.dtype, q_len=q.shape[1],
+      impl = attention_implementation(L.kernels, cfg.head_dim, q.dtype, q_len=q.shape[1],
                                       k_len=k.shape[1], splash_mask=mask.tokens is not None)
       if self.local and impl == "splash":
         out = splash.splash_attention(q, k, v, segment_ids=mask.q_segments,
@@ -197,8 +194,7 @@ class ModernBertAttention(nn.Module):
       else:
         if impl == "xla":
           mask = AttentionMask(mask.keys)
-        out = fused_attention(q, k, v, mask, impl, deterministic,
-                              kernels.for_model(cfg).row_multiple)
+        out = fused_attention(q, k, v, mask, impl, deterministic, L.kernels.row_multiple)
     else:
       drop = lambda p: nn.Dropout(rate)(p, deterministic=deterministic)
       out, scores = explicit_attention(q, k, v, mask.keys, drop)
@@ -225,41 +221,43 @@ class ModernBertMLP(nn.Module):
     return _dense(cfg, cfg.hidden_size, ("mlp", "embed"), "Wo", cfg.mlp_bias, out_std(cfg))(h)
 
 
-class ModernBertLayer(nn.Module):
+class ModernBertLayer(Layered):
   """Pre-LN block: x + attn(attn_norm(x)), then x + mlp(mlp_norm(x)). Layer 0 has no attn_norm
   (its input is already normalized by the embeddings' norm), as in transformers."""
   config: ModelConfig
   layer_id: int
+  layers: Layers | None = None
 
   @nn.compact
   def __call__(self, x, mask: AttentionMask, cos, sin, deterministic: bool,
                output_attentions: bool = False):
-    cfg = self.config
+    cfg, L = self.config, self.layers
     local = not cfg.is_global_layer(self.layer_id)
-    h = x if self.layer_id == 0 else _norm(cfg, "attn_norm")(x)
-    out = ModernBertAttention(cfg, local, cfg.layer_heads(self.layer_id), name="attn")(
+    h = x if self.layer_id == 0 else _norm(cfg, L, "attn_norm")(x)
+    out = ModernBertAttention(cfg, local, cfg.layer_heads(self.layer_id), L, name="attn")(
         h, mask, cos, sin, deterministic, output_attentions)
     out, scores = out if output_attentions else (out, None)
     x = nn.with_logical_constraint(x + out, ("act_batch", "act_len", "act_embed"))
-    x = x + ModernBertMLP(cfg, name="mlp")(_norm(cfg, "mlp_norm")(x), deterministic)
+    x = x + ModernBertMLP(cfg, name="mlp")(_norm(cfg, L, "mlp_norm")(x), deterministic)
     x = nn.with_logical_constraint(x, ("act_batch", "act_len", "act_embed"))
     return (x, scores) if output_attentions else x
 
 
-class ModernBertEmbeddings(nn.Module):
+class ModernBertEmbeddings(Layered):
   """Token embeddings, LayerNorm, dropout; no position or token-type table. The table is
   `embed_size` wide (the hidden size unless `embedding_size` is set: ELECTRA's generator reads
   its discriminator's table)."""
   config: ModelConfig
+  layers: Layers | None = None
 
   def setup(self):
     cfg = self.config
     # Looked up on the float32 table and cast afterwards: the gradient's scatter-add stays in
-    # float32 (see bertjax.models.embeddings.lookup).
+    # float32 (see bertjax.models.layers.lookup).
     self.tok_embeddings = nn.Embed(
         cfg.vocab_size, cfg.embed_size, dtype=jnp.float32, param_dtype=jnp.float32,
         embedding_init=nn.with_logical_partitioning(truncated_init(cfg), ("vocab", "embed")))
-    self.norm = _norm(self.config, "norm")
+    self.norm = _norm(cfg, self.layers, "norm")
     self.drop = nn.Dropout(cfg.embedding_dropout)
 
   def __call__(self, input_ids, deterministic: bool):
@@ -272,7 +270,7 @@ class ModernBertEmbeddings(nn.Module):
     return x.astype(dtype) @ self.tok_embeddings.embedding.astype(dtype).T
 
 
-class ModernBertEncoder(nn.Module):
+class ModernBertEncoder(Layered):
   """Embeddings, the layer stack and the final norm. Called as `Encoder` is (token_type_ids are
   accepted and ignored: ModernBERT has none); returns an `EncoderOutput` without a pooled output.
   `hidden_states` (when asked for): the embeddings' output, then each layer's, the last after
@@ -283,17 +281,18 @@ class ModernBertEncoder(nn.Module):
   `embedding_projection` maps the table's width onto this encoder's hidden size."""
   config: ModelConfig
   shared_embeddings: nn.Module | None = None
+  layers: Layers | None = None
 
   def setup(self):
-    cfg = self.config
+    cfg, L = self.config, self.layers
     self.embeddings = (self.shared_embeddings if self.shared_embeddings is not None
-                       else ModernBertEmbeddings(cfg))
+                       else ModernBertEmbeddings(cfg, L))
     if cfg.embed_size != cfg.hidden_size:
       self.embedding_projection = _dense(cfg, cfg.hidden_size, ("embed_in", "embed"),
                                          "embedding_projection", True)
     layer_cls = rematerialized(ModernBertLayer, cfg, static_argnums=(5, 6))
-    self.layers = [layer_cls(cfg, i, name=f"layer_{i}") for i in range(cfg.num_hidden_layers)]
-    self.final_norm = _norm(cfg, "final_norm")
+    self.stack = [layer_cls(cfg, i, L, name=f"layer_{i}") for i in range(cfg.num_hidden_layers)]
+    self.final_norm = _norm(cfg, L, "final_norm")
 
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, segment_ids=None,
                position_ids=None, output_positions=None, deterministic: bool = True,
@@ -313,7 +312,7 @@ class ModernBertEncoder(nn.Module):
     if cfg.embed_size != cfg.hidden_size:
       x = self.embedding_projection(x)
     x = nn.with_logical_constraint(x, ("act_batch", "act_len", "act_embed"))
-    global_mask = attention_mask_for(cfg, attention_mask, segment_ids)
+    global_mask = attention_mask_for(self.layers.kernels, attention_mask, segment_ids)
     # The global mask's other forms (tokens and segment ids) stay: splash reads them. The full
     # window mask serves short rows and the explicit path (dropout, scores); longer rows take
     # `banded_attention`, which reads the key ids (unpacked rows: 1 at real tokens, 0 padding).
@@ -324,7 +323,7 @@ class ModernBertEncoder(nn.Module):
     rope = {False: rope_tables(position_ids, cfg.head_dim, cfg.global_rope_theta, dtype),
             True: rope_tables(position_ids, cfg.head_dim, cfg.local_rope_theta, dtype)}
     states, attentions = [x], []
-    for i, layer in enumerate(self.layers):
+    for i, layer in enumerate(self.stack):
       local = not cfg.is_global_layer(i)
       # Flags positional: remat marks them static by position.
       out = layer(x, local_mask if local else global_mask, *rope[local], deterministic,
@@ -346,11 +345,12 @@ class ModernBertEncoder(nn.Module):
     return self.embeddings.attend(x)
 
 
-class ModernBertMLMHead(nn.Module):
+class ModernBertMLMHead(Layered):
   """transformers' ModernBertPredictionHead (dense, classifier_activation, norm) and the decoder
   tied to the token embeddings, with its own bias when `decoder_bias`. Returns float32 logits
   <float32>[..., vocab]."""
   config: ModelConfig
+  layers: Layers | None = None
 
   @nn.compact
   def __call__(self, x, encoder):
@@ -358,7 +358,7 @@ class ModernBertMLMHead(nn.Module):
     # Ends in the table's width (the hidden size unless `embedding_size` is set).
     x = _dense(cfg, cfg.embed_size, ("embed", "embed_out"), "dense", cfg.classifier_bias,
                out_std(cfg))(x)
-    x = _norm(cfg, "norm")(activation(cfg.classifier_activation)(x))
+    x = _norm(cfg, self.layers, "norm")(activation(cfg.classifier_activation)(x))
     logits = encoder.attend(x).astype(jnp.float32)
     if not cfg.decoder_bias:
       return logits
@@ -367,7 +367,7 @@ class ModernBertMLMHead(nn.Module):
     return add_vocab_bias(logits, bias)
 
 
-class ModernBertTaskHead(nn.Module):
+class ModernBertTaskHead(Layered):
   """The fine-tuning head of transformers' ModernBertFor{SequenceClassification,
   TokenClassification,QuestionAnswering}: ModernBertPredictionHead (`dense`, classifier_activation,
   `norm`), dropout `classifier_dropout`, then the `classifier` dense with a bias. Sequence tasks
@@ -377,13 +377,14 @@ class ModernBertTaskHead(nn.Module):
   """
   config: ModelConfig
   num_labels: int
+  layers: Layers | None = None
 
   @nn.compact
   def __call__(self, x, deterministic: bool = True):
     cfg = self.config
     x = _dense(cfg, cfg.hidden_size, ("embed", "embed_out"), "dense", cfg.classifier_bias,
                out_std(cfg))(x)
-    x = _norm(cfg, "norm")(activation(cfg.classifier_activation)(x))
+    x = _norm(cfg, self.layers, "norm")(activation(cfg.classifier_activation)(x))
     x = nn.Dropout(cfg.classifier_dropout)(x, deterministic=deterministic)
     return _dense(cfg, self.num_labels, ("embed", None), "classifier", True,
                   cfg.hidden_size ** -0.5)(x).astype(jnp.float32)
@@ -398,19 +399,24 @@ def pool_for_sequence(cfg: ModelConfig, hidden: Array, attention_mask: Array) ->
   return (hidden * mask).sum(axis=1) / mask.sum(axis=1)
 
 
-def encoder_for(cfg: ModelConfig, **kwargs) -> nn.Module:
-  """The encoder module of `cfg.architecture`: ModernBERT's, or the BERT family's `Encoder`."""
-  return ModernBertEncoder(cfg, **kwargs) if cfg.architecture == "modernbert" else Encoder(
-      cfg, **kwargs)
-
-
-def mlm_head_for(cfg: ModelConfig, **kwargs) -> nn.Module:
-  """The MLM head of `cfg.architecture`."""
-  return ModernBertMLMHead(cfg, **kwargs) if cfg.architecture == "modernbert" else MLMHead(
-      cfg, **kwargs)
-
-
 def refuse_pair_head(cfg: ModelConfig) -> None:
   """NSP and SOP read token types and a pooled [CLS]; ModernBERT has neither."""
   if cfg.architecture == "modernbert":
     fail("ModernBERT has no token types nor pooler, so no NSP/SOP head; use --config.objective=mlm")
+
+
+def pool(cfg: ModelConfig, out: EncoderOutput, attention_mask: Array) -> Array:
+  """A sequence task's input from the encoder's output: `pool_for_sequence`."""
+  return pool_for_sequence(cfg, out.last_hidden_state, attention_mask)
+
+
+def PairHead(config: ModelConfig, layers: Layers | None = None):  # pylint: disable=invalid-name
+  """ModernBERT's NSP/SOP head: none, refused (`refuse_pair_head`)."""
+  del layers
+  refuse_pair_head(config)
+
+
+# The architecture's encoder and heads, as bertjax.models.architectures finds them.
+Encoder = ModernBertEncoder
+MLMHead = ModernBertMLMHead
+SequenceHead = TokenHead = ModernBertTaskHead

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import flax.linen as nn
 
+from bertjax.models.architectures import architecture
 from bertjax.models.config import ModelConfig
-from bertjax.models.heads import PairHead
-from bertjax.models.modernbert import encoder_for, mlm_head_for, refuse_pair_head
+from bertjax.models.layers import Layered, Layers
 
 
-class PretrainingModel(nn.Module):
+class PretrainingModel(Layered):
   """BERT (MLM + NSP), ALBERT (MLM + SOP), RoBERTa/SpanBERT/ModernBERT (MLM only).
 
   Returns a dict: `mlm_logits` <float32>[batch, predictions, vocab] at `masked_positions`,
@@ -19,13 +19,14 @@ class PretrainingModel(nn.Module):
   """
   config: ModelConfig
   pair_head: bool = True
+  layers: Layers | None = None
 
   def setup(self):
-    self.encoder = encoder_for(self.config)
-    self.mlm = mlm_head_for(self.config)
+    arch, cfg, L = architecture(self.config), self.config, self.layers
+    self.encoder = arch.Encoder(cfg, layers=L)
+    self.mlm = arch.MLMHead(cfg, layers=L)
     if self.pair_head:
-      refuse_pair_head(self.config)
-      self.pair = PairHead(self.config)
+      self.pair = arch.PairHead(cfg, layers=L)
 
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None, masked_positions=None, *,
                segment_ids=None, deterministic: bool = True):

@@ -144,13 +144,6 @@ def with_head_masks(params: Mapping[str, Any], cfg: ModelConfig,
   return _join(enc, whole)
 
 
-def head_masks_of(params: Mapping[str, Any], cfg: ModelConfig) -> list[Any]:
-  """The `head_mask` of each layer in `params` (a tree from `with_head_masks`, or its gradient)."""
-  enc, _ = _split(params)
-  key = _attention_key(cfg)
-  return [enc[f"layer_{i}"][key]["head_mask"] for i in range(cfg.num_hidden_layers)]
-
-
 def count_heads(cfg: ModelConfig) -> int:
   """Attention heads the model has, over all its layers."""
   return sum(cfg.layer_heads(i) for i in range(cfg.num_hidden_layers))

@@ -32,7 +32,7 @@ class SpanBertModel(PretrainingModel):
 
   def setup(self):
     super().setup()
-    self.sbo = SpanBoundaryHead(self.config)
+    self.sbo = SpanBoundaryHead(self.config, layers=self.layers)
 
   def __call__(self, input_ids, attention_mask=None, token_type_ids=None, masked_positions=None,
                span_left=None, span_right=None, span_offset=None, *, segment_ids=None,

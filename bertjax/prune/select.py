@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 
 from bertjax.models.config import ModelConfig
-from bertjax.models.pruning import count_heads
 
 
 def heads_to_remove(scores: np.ndarray, cfg: ModelConfig, count: int) -> dict[int, list[int]]:
@@ -31,9 +30,3 @@ def layers_to_remove(raw_scores: np.ndarray, cfg: ModelConfig, count: int) -> li
   count = min(count, cfg.num_hidden_layers - 1)
   sums = np.nansum(raw_scores, axis=-1)
   return sorted(int(i) for i in np.argsort(sums, kind="stable")[:max(count, 0)])
-
-
-def heads_target(cfg_original: ModelConfig, fraction: float) -> int:
-  """Heads a model keeps at `fraction` of the original's heads (rounded, at least 1 per layer
-  being the selection's own limit)."""
-  return int(round(fraction * count_heads(cfg_original)))

@@ -249,8 +249,8 @@ def allowed(key: str, old: Any, new: Any) -> str | None:
     return None
   if key == "eval_every" and bool(old) != bool(new):
     return "evaluation cannot be switched on or off: it decides the held-out documents"
-  if key in CADENCE or key in PLACEMENT:
-    return None
+  if key in CADENCE or key in PLACEMENT or key.rpartition(".")[0] in PLACEMENT:
+    return None  # (a field of a placement setting: model.kernel_overrides.FIELD)
   if key == "num_epochs":
     return "it sets total_steps and the learning-rate schedule; to train longer, raise total_steps"
   if key == "total_steps":

@@ -110,7 +110,8 @@ def last_layer_rows(cfg, config) -> int | None:
   if per_prediction is None:
     return None
   outputs = per_prediction * config.max_predictions_per_seq
-  rows = encoder.last_layer_rows(cfg, outputs, config.max_seq_length)
+  rows = encoder.last_layer_rows(cfg, outputs, config.max_seq_length,
+                                 kernels.for_model(cfg).row_multiple)
   # Model FLOPs count the rows the heads read; rows padded for the fused kernel are overhead.
   return None if rows is None else min(rows, outputs + 1)
 
