@@ -253,6 +253,12 @@ class Encoder(Layered):
       attention_mask = (segment_ids > 0) if segment_ids is not None else jnp.ones_like(input_ids)
     if token_type_ids is None:
       token_type_ids = jnp.zeros_like(input_ids)
+    # A guard on the caller's arrays (the embed tool, direct Python use), not on the run's
+    # settings: a run's max_seq_length was checked against the positions by its plan.
+    if input_ids.shape[-1] > cfg.max_position_embeddings - cfg.position_offset:
+      fail(f"sequences of {input_ids.shape[-1]} tokens exceed the model's "
+           f"{cfg.max_position_embeddings - cfg.position_offset} positions; lower "
+           "--config.max_seq_length or raise --config.model.max_position_embeddings")
     if position_ids is None and (segment_ids is not None or cfg.position_offset):
       position_ids = position_ids_for(cfg, input_ids, segment_ids)
     # position_ids None: positions 0..seq-1 in every row, a slice of the table.
