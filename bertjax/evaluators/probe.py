@@ -23,7 +23,7 @@ from bertjax.core.errors import fail
 from bertjax.evaluators.base import Evaluator
 from bertjax.evaluators.context import to_host
 from bertjax.metrics import glue
-from bertjax.models.modernbert import encoder_for
+from bertjax.models.architectures import encoder_for
 from bertjax.tasks import base
 from bertjax.tasks.glue import TASKS, dev_splits, encode_rows, local_file
 
