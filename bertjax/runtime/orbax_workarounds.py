@@ -134,6 +134,12 @@ def held() -> str:
   return "".join(records)
 
 
+def log_failed_save(target: paths.Path, what: str, error: BaseException) -> bool:
+  """Appends to `target` that `what` failed: the records `held` back, then `error`'s traceback;
+  False when it could not be written."""
+  return append(target, f"{what} failed:\n" + held() + "".join(traceback.format_exception(error)))
+
+
 def append(target: paths.Path, text: str) -> bool:
   """Appends `text` to `target`; False when it could not (the disk being full, say)."""
   try:
