@@ -280,10 +280,11 @@ def saved_record(directory: str | pathlib.Path) -> tuple[int, dict] | None:
 
 
 def _shapes(tree: Any) -> dict[str, tuple]:
-  """{name: shape} of a state or of its checkpoint's metadata, named as orbax names the saved
-  tree (optimizer states' named tuples become dicts; empty states are left out)."""
-  flat = ocp.tree.to_flat_dict(ocp.tree.serialize_tree(tree, keep_empty_nodes=False), sep="/")
-  return {name: tuple(np.shape(leaf)) for name, leaf in flat.items()}
+  """{name: shape} of a state or of its checkpoint's metadata; a name joins the keys (a field of
+  an optimizer state's named tuple is a dict key in the metadata: both read as the field)."""
+  key = lambda k: str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
+  return {"/".join(map(key, path)): tuple(np.shape(leaf))
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def _short(e: Exception) -> str:
