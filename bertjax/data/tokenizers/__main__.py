@@ -22,7 +22,7 @@ def _train_flags(fv: flags.FlagValues) -> None:
                             flag_values=fv)
   flags.DEFINE_enum("format", "bert", sources.FORMATS,
                     "layout of the input files (see bertjax.data.sources)", flag_values=fv)
-  flags.DEFINE_string("output", None, "folder to write the tokenizer to", flag_values=fv)
+  flags.DEFINE_string("output", None, "the folder the tokenizer is written in", flag_values=fv)
   flags.DEFINE_integer("vocab_size", None, "pieces in the vocabulary", flag_values=fv)
   flags.DEFINE_enum("model_type", "unigram", ("unigram", "bpe"), "sentencepiece's algorithm",
                     flag_values=fv)
