@@ -32,7 +32,6 @@ from typing import Callable, NoReturn
 from etils import epath
 
 
-EXIT_FINISHED = 0
 EXIT_USER_ERROR = 2
 EXIT_DIVERGED = 3
 EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL: a temporary failure, the caller is invited to retry

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from typing import Any, Sequence
 
