@@ -62,10 +62,8 @@ class Checkpointer:
     # While a save is in flight (an asynchronous one: until its digest is written), orbax's loops
     # drain on close and its tracebacks go to WORKDIR/checkpoint-errors.log
     # (bertjax/runtime/orbax_workarounds.py).
-    self._in_flight = contextlib.ExitStack()
-    self._draining = False
+    self._loops = orbax_workarounds.SaveInFlight()
     self._error_log = self.directory.parent / orbax_workarounds.ERROR_LOG
-    orbax_workarounds.hold_disk_error_logs()
 
   def all_steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
@@ -83,9 +81,7 @@ class Checkpointer:
     self._seal()
     self._needed = sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize
                        for x in jax.tree.leaves(state) if hasattr(x, "dtype"))
-    if not self._draining:
-      self._in_flight.enter_context(draining_event_loops())
-      self._draining = True
+    self._loops.start()
     items = {"state": ocp.args.StandardSave(state), "data": ocp.args.JsonSave(data_state or {})}
     if self.record is not None:
       items[RECORD] = ocp.args.JsonSave(self.record)
@@ -112,7 +108,7 @@ class Checkpointer:
     deletes old steps (keep_checkpoints) while finalizing the next save, under a digest being
     written."""
     if self._pending is None:
-      self._drained()
+      self._loops.end()
       return
     step, self._pending = self._pending, None
     try:
@@ -121,12 +117,7 @@ class Checkpointer:
         if jax.process_index() == 0:
           digests.write(self.directory / str(step))
     finally:
-      self._drained()
-
-  def _drained(self) -> None:
-    """No save in flight: asyncio's own event loop policy is back."""
-    self._in_flight.close()
-    self._draining = False
+      self._loops.end()
 
   @contextlib.contextmanager
   def _no_space(self, step: int):
@@ -139,10 +130,7 @@ class Checkpointer:
       if full is None:
         raise
       self._pending = None
-      # orbax's other writing threads may still be failing: their loops keep draining until the
-      # process ends (it is about to, with this error), rather than print on the terminal.
-      self._in_flight.pop_all()
-      self._draining = False
+      self._loops.abandon()
       for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
         paths.rmtree(partial)
       where = self.directory / str(step)
