@@ -2,6 +2,7 @@
 `max_to_keep=1`) in WORKDIR/best/STEP/params, with best/best.json beside for the readers."""
 
 import json
+import sys
 
 import numpy as np
 import orbax.checkpoint as ocp
@@ -83,3 +84,35 @@ def test_a_damaged_kept_step_is_refused_naming_its_folder(tmp_path):
   target.write_bytes(bytes(data))
   with pytest.raises(UserError, match=f"{folder} is damaged: .*point at the run {tmp_path}"):
     checkpoints.restore_params(tmp_path / "best")
+
+
+_TWO_PROCESS_KEEPER = """
+import sys
+import jax
+import numpy as np
+from bertjax.runtime import checkpoints, distributed
+distributed.initialize()
+keeper = checkpoints.BestKeeper(sys.argv[1], "score", "max")
+mesh = jax.make_mesh((jax.device_count(),), ("data",))
+sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+for step, value in ((2, 0.5), (4, 0.4), (6, 0.7)):
+  # One array over both processes' devices, a row each: gathered whole, then saved once.
+  whole = np.arange(6.0, dtype=np.float32).reshape(2, 3) + step
+  w = jax.make_array_from_callback((2, 3), sharding, lambda index, whole=whole: whole[index])
+  keeper.update(step, {"score": value}, {"w": w})
+print("kept", keeper.value, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_keep_one_best_step(tmp_path):
+  """Every process of a run calls `update` with parameters sharded over both processes' devices;
+  they are gathered whole, orbax's manager saves them once and keeps one step."""
+  from test_multihost import launch  # pylint: disable=import-outside-toplevel
+  code, lines = launch([sys.executable, "-c", _TWO_PROCESS_KEEPER, str(tmp_path)], processes=2,
+                       devices=1, timeout=240)
+  assert code == 0, "\n".join(lines[-30:])
+  assert sorted(l for l in lines if "kept" in l) == ["[p0] kept 0.7", "[p1] kept 0.7"]
+  assert _kept(tmp_path) == ["6", "best.json"]
+  np.testing.assert_array_equal(checkpoints.restore_params(tmp_path / "best")["w"],
+                                np.arange(6.0, dtype=np.float32).reshape(2, 3) + 6)
