@@ -141,8 +141,8 @@ class Checkpointer:
       kept = f"older checkpoints {older or 'none'} are kept"
       if full.errno == errno.EFBIG:
         problem = (f"the checkpoint of step {step} at {where} has a file larger than the "
-                   f"file-size limit (ulimit -f): it needs about {size_in_gib(self._needed)}; {kept}: "
-                   f"raise the limit (ulimit -f unlimited) and run the same command to "
+                   f"file-size limit (ulimit -f): it needs about {size_in_gib(self._needed)}; "
+                   f"{kept}: raise the limit (ulimit -f unlimited) and run the same command to "
                    f"resume{report}")
       else:
         problem = (f"{disk_reason(full)} for the checkpoint of step {step} at {where}: it needs "
@@ -479,8 +479,9 @@ class BestKeeper:
       options = ocp.CheckpointManagerOptions(
           max_to_keep=1, best_fn=lambda metrics: metrics[metric], best_mode=self.mode,
           keep_checkpoints_without_metrics=False, create=True, enable_async_checkpointing=False)
-      self._manager = ocp.CheckpointManager(paths.absolute(self.dir), options=options,
-                                            item_handlers={"params": ocp.StandardCheckpointHandler()})
+      self._manager = ocp.CheckpointManager(
+          paths.absolute(self.dir), options=options,
+          item_handlers={"params": ocp.StandardCheckpointHandler()})
     return self._manager
 
   def update(self, step: int, metrics: dict, params) -> None:
