@@ -147,8 +147,7 @@ class Checkpointer:
       else:
         problem = (f"{disk_reason(full)} for the checkpoint of step {step} at {where}: it needs "
                    f"about {size_in_gib(self._needed)}, {free_space(self.directory)} free there; "
-                   f"{kept}: free some "
-                   f"space and run the same command to resume{report}")
+                   f"{kept}: free some space and run the same command to resume{report}")
       raise DiskFull(problem) from e
 
   def restore_latest(self, abstract_state: Any, set_data_state: Callable[[dict], None] | None = None
