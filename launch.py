@@ -30,13 +30,11 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 # pylint: disable=wrong-import-position
 import jax
-import ml_collections
 from absl import flags
-from ml_collections import config_flags
 
 from bertjax import sweep
 from bertjax.config import config_lib
-from bertjax.core import paths
+from bertjax.core import command_line, paths
 from bertjax.core.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, doc_summary, fail, run_cli
 from bertjax.runtime import distributed, progress, xla_defaults
 from bertjax.runtime.preemption import GO_ON, Preemption
@@ -51,40 +49,12 @@ USAGE = ("python launch.py --config configs/<exp>.py[:variant] --workdir DIR "
          "[--config.key=value ...]")
 
 
-class OneLineConfigErrors(flags.ArgumentParser):
-  """config_flags' loader of `--config` (`file.py[:variant]` -> `get_config(variant)`, locked);
-  a file that is missing, does not parse or defines no get_config fails with config_lib's one
-  line instead of a traceback (or a config that fails only when first read); a get_config that
-  raises is a traceback, as any bug."""
-
-  def __init__(self, loader: flags.ArgumentParser):
-    self.loader = loader
-
-  def parse(self, argument):
-    try:
-      config = self.loader.parse(argument)
-    except (SyntaxError, AttributeError, TypeError, ValueError):
-      config = None
-    if not isinstance(config, ml_collections.ConfigDict):  # also the missing file's stand-in
-      try:
-        config_lib.load_config_file(argument)  # raises the one line naming the problem
-      except (TypeError, ValueError) as e:  # a bug in get_config: its traceback, not a flag error
-        raise RuntimeError(f"get_config of {argument} failed") from e
-    return config
-
-  def flag_type(self):
-    return self.loader.flag_type()
-
-
 def define_flags(argv) -> flags.FlagValues:
   """launch.py's absl flags; `--config` is ml_collections' config file flag (`file.py[:variant]`,
   the variant passed to `get_config`)."""
   fv = flags.FlagValues()
-  sys.modules.pop("config_config", None)  # config_flags' module name for the file: a fresh one
-  config_flags.DEFINE_config_file("config", None, "configs/<exp>.py[:variant]; then "
-                                  "--config.key=value sets one of its settings", flag_values=fv,
-                                  sys_argv=argv)
-  fv["config"].parser = OneLineConfigErrors(fv["config"].parser)
+  command_line.define_config_file(fv, argv, "configs/<exp>.py[:variant]; then --config.key=value "
+                                  "sets one of its settings", config_lib.load_config_file)
   flags.DEFINE_string("workdir", None, "where checkpoints, metrics and logs go", flag_values=fv)
   flags.mark_flag_as_required("workdir", flag_values=fv)
   flags.DEFINE_string("sweep", None, "experiments/<name>.py: run every point of a sweep",

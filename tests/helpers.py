@@ -8,8 +8,15 @@ import shutil
 import subprocess
 import sys
 
+import flax.linen as nn
+import jax
+import numpy as np
+
 from bertjax.config import config_lib
+from bertjax.data import instances
 from bertjax.models import dropout, kernels
+from bertjax.runtime import optim, sharding
+from bertjax.trainer import train as trainer
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 TINY = {"model.hidden_size": 32, "model.intermediate_size": 64, "model.num_attention_heads": 2,
@@ -72,3 +79,50 @@ def attention_dropout_for(cfg) -> str:
   here (under the mesh in context)."""
   return kernels.attention_dropout_path(kernels.attention_dropout_setting(cfg,
                                                                           kernels.for_model(cfg)))
+
+
+def epoch_instances(documents, kind: str, max_seq_length: int, seed: int, epoch: int,
+                    shard_index: int = 0, shard_count: int = 1, *, special,
+                    short_seq_prob: float | None = None, stats=None):
+  """All instances of one epoch of one shard (`instances.walk_epoch` without its cursors);
+  `stats` is filled as it goes."""
+  for instance, _ in instances.walk_epoch(documents, kind, max_seq_length, seed, epoch,
+                                          shard_index, shard_count, short_seq_prob=short_seq_prob,
+                                          special=special, stats=stats):
+    yield instance
+
+
+def count_instances(documents, kind: str, max_seq_length: int, seed: int = 0, epoch: int = 0,
+                    shard_index: int = 0, shard_count: int = 1, *, special,
+                    short_seq_prob: float | None = None) -> instances.InstanceStats:
+  """Walks one epoch: how many documents are usable and how many instances they give."""
+  stats = instances.InstanceStats()
+  for _ in epoch_instances(documents, kind, max_seq_length, seed, epoch, shard_index, shard_count,
+                           special=special, short_seq_prob=short_seq_prob, stats=stats):
+    pass
+  return stats
+
+
+def bertjax_losses(objective, config, model_cfg, params, batches) -> list[float]:
+  """bertjax's side: the trainer's state, optimizer and jitted train step (one device), started
+  from `params` (numpy, the objective's tree) and run one step per batch; the per-step losses
+  (the other side of bertjax/tools/hf_reference.py's torch loop, for the parity tests)."""
+  model = objective.make_model(config, model_cfg)
+  init_batch = objective.init_batch(config, 1, config.max_seq_length, config.max_predictions_per_seq)
+  abstract = nn.meta.unbox(trainer.abstract_params_of(objective, model, init_batch))
+  if jax.tree.structure(abstract) != jax.tree.structure(params):
+    raise ValueError(f"params do not fit {type(model).__name__}: "
+                     f"{jax.tree.structure(params)} vs {jax.tree.structure(abstract)}")
+  optimizer = optim.make_optimizer(config, params=abstract, num_layers=model_cfg.num_hidden_layers,
+                                   scalar_clipping=kernels.for_model(model_cfg).scalar_clipping)
+  mesh = sharding.make_mesh((1, 1, 1))
+  state, _, _ = trainer.create_train_state(objective, model, optimizer, config, mesh, init_batch)
+  params = jax.tree.map(lambda a, x: np.asarray(x, a.dtype), abstract, params)
+  state = state.replace(params=params, opt_state=optimizer.init(params))
+  losses = []
+  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.rules_from_config(config)):
+    step_fn = jax.jit(trainer.make_train_step(objective, model, optimizer, accum=1))
+    for batch in batches:
+      state, metrics = step_fn(state, batch)
+      losses.append(float(metrics["loss"][0]))
+  return losses

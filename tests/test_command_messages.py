@@ -10,16 +10,20 @@ import re
 
 import pytest
 import transformers as T
+from absl import flags
 
 import launch
 from bertjax import convert
 from bertjax.config import config_lib
+from bertjax.core.errors import UserError
 from bertjax.convert import __main__ as convert_cli
 from bertjax.data import prepare, tokenizers
+from bertjax.data.tokenizers import __main__ as tokenizers_cli
 from bertjax.metrics import ner as ner_eval
 from bertjax.prune import __main__ as prune_cli
 from bertjax.registry import get_objective
 from bertjax.tools import benchmark, embed as embed_cli, evaluate as evaluate_cli, report
+from bertjax.tools import multihost, tpu_lowering
 from bertjax.trainer import train
 from conftest import REPO
 from helpers import TINY, load_config
@@ -112,12 +116,44 @@ def test_help_reads_whole(command, argv, capsys, monkeypatch):
     assert paragraphs[1].endswith((".", ".)")), paragraphs[1]  # the description, whole
 
 
-@pytest.mark.parametrize("parser", [prune_cli._parser, embed_cli._parser, evaluate_cli._parser,
-                                    prepare._parser])
+@pytest.mark.parametrize("parser", [prune_cli._parser, prepare._parser])
 def test_option_helps_end_on_a_word_that_ends(parser):
   for action in parser()._actions:
     if action.help:
       assert action.help.split()[-1].lower() not in DANGLING, (action.option_strings, action.help)
+
+
+ABSL_FLAGS = [embed_cli.define_flags, evaluate_cli.define_flags, report.define_flags,
+              multihost.define_flags, tokenizers_cli._train_flags, convert_cli._from_hf_flags,
+              convert_cli._to_hf_flags]
+
+
+@pytest.mark.parametrize("define", ABSL_FLAGS, ids=lambda f: f.__module__)
+def test_flag_helps_end_on_a_word_that_ends(define):
+  """The same for the tools on absl flags (bertjax/core/command_line.py)."""
+  fv = flags.FlagValues()
+  define(fv)
+  for name in fv:
+    assert fv[name].help.split()[-1].lower() not in DANGLING, (name, fv[name].help)
+
+
+@pytest.mark.parametrize("command, argv", [
+    (convert_cli.main, ["to-hf", "--workdir", "w"]), (convert_cli.main, ["from-hf", "--part=x"]),
+    (convert_cli.main, ["export"]), (tokenizers_cli.main, ["train", "--input=a", "--output=b",
+                                                           "--vocab_size=many"]),
+    (evaluate_cli.main, ["glu", "--data=a", "--predictions=b"]), (report.main, []),
+    (report.main, ["a", "b"]), (embed_cli.main, ["--workdir=w", "--output=o.npz"]),
+    (multihost.main, ["--processes=0", "--", "x.py"]), (multihost.main, ["x.py"]),
+    (tpu_lowering.main, ["--mesh=2,2"]), (tpu_lowering.main, ["--config=configs/none.py"]),
+    (report.main, ["a", "--metrc=loss"]),
+])
+def test_absl_usage_mistakes_are_one_line(command, argv):
+  """A usage mistake of a tool on absl flags: one line naming the flag (or the argument) and
+  `--help`, no traceback (a UserError: exit 2 through run_cli)."""
+  with pytest.raises(UserError) as e:
+    command(argv)
+  text = str(e.value)
+  assert "\n" not in text and ("--help" in text or "not found" in text), text
 
 
 # ----------------------------------------------------------------------------- docstrings

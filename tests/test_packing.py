@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 
 from bertjax.core.errors import UserError
-from bertjax.data import instances as inst, packing, pipeline
+from bertjax.data import packing, pipeline
 from bertjax.data.masking import Masking, SpecialIds
 from bertjax.models.config import ModelConfig
 from bertjax.models.encoder import Encoder
 from bertjax.registry import get_objective
 from bertjax.trainer import train
 from tests.test_objectives import quickstart
+from tests.helpers import epoch_instances
 from tests.test_pipeline import SPECIAL, assert_same_batches, corpus, make, take
 
 SEQ = 48
@@ -24,7 +25,7 @@ SEQ = 48
 
 def instance_stream(documents, seed=0):
   """The unpacked instances of one epoch, as the pipeline sees them."""
-  return [dict(i, epoch=0) for i in inst.epoch_instances(
+  return [dict(i, epoch=0) for i in epoch_instances(
       documents, "single", SEQ, seed, 0, special=SPECIAL, short_seq_prob=0.3)]
 
 

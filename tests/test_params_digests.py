@@ -57,8 +57,9 @@ def assert_refused(call, folder: pathlib.Path, changed: pathlib.Path, fix: str):
 
 
 def assert_every_reader_refuses(model_folder: pathlib.Path, tmp_path: pathlib.Path, fix: str):
-  """Flips bytes in MODEL_FOLDER/params: `bertjax.load`, to-hf and init_from each refuse."""
-  params = model_folder / "params"
+  """Flips bytes in MODEL_FOLDER's params/ (a best/ folder's is best/STEP/params): `bertjax.load`,
+  to-hf and init_from each refuse."""
+  params = pathlib.Path(checkpoints.best_params(model_folder) or model_folder / "params")
   assert digests.verify(paths.as_path(params))
   changed = flip_array_bytes(params)
   assert_refused(lambda: bertjax.load(model_folder), params, changed, fix)
@@ -80,7 +81,7 @@ def run(tmp_path_factory):
       **TINY, "data_dir": str(DATA_DIR / "glue"), "max_train_examples": 32, "total_steps": 4,
       "checkpoint_every": 2, "keep_checkpoints": 2, "eval_every": 2, "data.eval_batches": 1})
   train.train_and_evaluate(config, path)
-  assert (path / "best" / "params").is_dir() and (path / "checkpoints" / "2").is_dir()
+  assert checkpoints.best_params(path / "best").is_dir() and (path / "checkpoints" / "2").is_dir()
   return path
 
 
@@ -101,12 +102,13 @@ def test_damaged_best_params_are_refused(run, tmp_path):
 @pytest.mark.slow
 def test_damaged_best_params_exit_non_zero_in_one_line(run, tmp_path):
   workdir = copy_of(run, tmp_path)
-  flip_array_bytes(workdir / "best" / "params")
+  params = pathlib.Path(checkpoints.best_params(workdir / "best"))
+  flip_array_bytes(params)
   proc = run_module("-m", "bertjax.convert", "to-hf", "--workdir", str(workdir / "best"),
                     "--output", str(tmp_path / "hf"))
   assert proc.returncode != 0
   assert proc.stderr.strip().count("\n") == 0, proc.stderr
-  assert proc.stderr.startswith(f"error: {workdir / 'best' / 'params'} is damaged: ")
+  assert proc.stderr.startswith(f"error: {params} is damaged: ")
 
 
 @pytest.fixture

@@ -7,9 +7,10 @@ import re
 import numpy as np
 import pytest
 
-from bertjax.data import instances as inst, pipeline
+from bertjax.data import pipeline
 from bertjax.core.errors import UserError
 from bertjax.data.masking import Masking, SpecialIds
+from helpers import count_instances
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 VOCAB = 2000
@@ -207,7 +208,7 @@ def test_finite_epochs_end():
   one = list(make(documents, kind="single", batch_size=2, num_epochs=1, drop_remainder=False))
   two = list(make(documents, kind="single", batch_size=2, num_epochs=2, drop_remainder=False))
   examples = sum(len(b["input_ids"]) for b in one)
-  assert examples == inst.count_instances(documents, "single", 48,
+  assert examples == count_instances(documents, "single", 48,
                                                  special=SPECIAL).instances
   assert sum(len(b["input_ids"]) for b in two) == 2 * examples
   dropped = list(make(documents, kind="single", batch_size=5, num_epochs=1))

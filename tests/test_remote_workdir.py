@@ -82,9 +82,10 @@ def test_gs_workdir_trains_resumes_and_matches_a_local_run(tmp_path, fake_gcs, t
   assert sorted(p.name for p in (bucket / "checkpoints").iterdir()) == ["3", "6"]
   assert (bucket / "checkpoints/6/commit_success.txt").exists()  # orbax's GCS commit, not a rename
   for name in ("config.json", "summary.json", "metrics.jsonl.d/00000000.jsonl",
-               "prepared/meta.json", "tokenizer/spm.model", "best/best.json",
-               "best/params/_METADATA"):
+               "prepared/meta.json", "tokenizer/spm.model", "best/best.json"):
     assert (bucket / name).is_file(), name
+  best = checkpoints.best_params(run / "best")  # best/STEP/params, the step orbax kept
+  assert (bucket / "best" / best.parent.name / "params/_METADATA").is_file()
   assert list((bucket / "tensorboard").glob("events.out.tfevents.*"))
   assert not (bucket / "lock").exists()
   # What a run killed between its step-3 and step-6 checkpoints leaves behind.

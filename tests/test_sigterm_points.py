@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import launch
-from bertjax.core import digests, errors
+from bertjax.core import command_line, digests, errors
 from bertjax.data import prepare, tokenizers
 from bertjax.evaluators.context import EvalContext
 from bertjax.evaluators.metric_sums import MetricSums
@@ -134,7 +134,7 @@ def _finished(code, lines):
 def test_sigterm_while_loading_the_config(tmp_path, capsys):
   """Before anything is read or written: exit 75, one line, an untouched output folder."""
   with pytest.MonkeyPatch.context() as mp:
-    _term_in(mp, launch.OneLineConfigErrors, "parse")  # config_flags' loading of --config
+    _term_in(mp, command_line.OneLineConfigErrors, "parse")  # config_flags' loading of --config
     code, lines = _launch(capsys, tmp_path / "run", {**TINY_ARGS, **KW})
   _preempted(code, lines, "while loading the config")
   assert not (tmp_path / "run").exists()

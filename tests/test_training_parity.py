@@ -23,7 +23,7 @@ from bertjax import convert
 from bertjax.registry import get_objective
 from bertjax.runtime import xla_defaults
 from bertjax.tools import hf_reference
-from tests.helpers import REPO, load_config
+from tests.helpers import REPO, bertjax_losses, load_config
 
 STEPS, WARMUP = 30, 5
 
@@ -53,7 +53,7 @@ def test_pretraining_losses_match_transformers(setup):
   assert not missing
 
   # Ours: the trainer's own state, optimizer and jitted step, starting from HF's weights.
-  ours = hf_reference.bertjax_losses(objective, config, cfg, converted, batches)
+  ours = bertjax_losses(objective, config, cfg, converted, batches)
 
   # Theirs: the usual PyTorch loop with the same hyperparameters.
   theirs = [r["loss"] for r in hf_reference.train(hf, batches, config)]

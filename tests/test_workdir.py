@@ -281,6 +281,9 @@ def assert_refused(r, needle):
     # Past the settings check (asked for), failing later: still nothing written.
     ({"allow_changed_settings": True, "best_mode": "maximum"}, "best_mode='maximum' must be"),
     ({"allow_changed_settings": True, "model.hidden_size": 64}, "holds a different model"),
+    # Found from the checkpoint's metadata (adamw's mu/nu, sgd's none), not from orbax's words.
+    ({"allow_changed_settings": True, "optimizer.name": "sgd"},
+     "holds a different model or optimizer than this config (opt_state/"),
 ])
 def test_refused_or_failed_resume_changes_nothing(resumable, changes, needle):
   before = snapshot(resumable)

@@ -2,49 +2,68 @@
 
 from __future__ import annotations
 
-import argparse
+import sys
+from typing import Sequence
+
+from absl import flags
 
 from bertjax.convert.export import convert_to_hf
 from bertjax.convert.hf_configs import ELECTRA_PARTS
 from bertjax.convert.workdirs import convert_from_hf
+from bertjax.core import command_line
 from bertjax.core.errors import doc_summary, fail, run_cli
 from bertjax.runtime import xla_defaults
 import bertjax.convert
 
+PROG = "python -m bertjax.convert"
+COMMANDS = {"from-hf": "Hugging Face folder -> bertjax workdir",
+            "to-hf": "bertjax workdir -> Hugging Face folder"}
 
 
-# ----------------------------------------------------------------------------- CLI
+def _from_hf_flags(fv: flags.FlagValues) -> None:
+  flags.DEFINE_string("model-dir", None, "folder with config.json and model.safetensors",
+                      flag_values=fv)
+  flags.DEFINE_string("workdir", None, "a new folder to write (or an empty one)", flag_values=fv)
+  flags.DEFINE_enum("part", None, ELECTRA_PARTS, "ELECTRA: which network the folder holds "
+                    "(default: detect); 'both' reads MODEL_DIR/discriminator and "
+                    "MODEL_DIR/generator", flag_values=fv)
 
 
-def main(argv: list[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(prog="python -m bertjax.convert",
-                                   description=doc_summary(bertjax.convert.__doc__))
-  sub = parser.add_subparsers(dest="command", required=True)
-  p = sub.add_parser("from-hf", help="Hugging Face folder -> bertjax workdir")
-  p.add_argument("--model-dir", required=True, help="folder with config.json and model.safetensors")
-  p.add_argument("--workdir", required=True, help="a new folder to write (or an empty one)")
-  p.add_argument("--part", choices=ELECTRA_PARTS, default=None,
-                 help="ELECTRA: which network the folder holds (default: detect); 'both' reads "
-                      "MODEL_DIR/discriminator and MODEL_DIR/generator")
-  p = sub.add_parser("to-hf", help="bertjax workdir -> Hugging Face folder")
-  p.add_argument("--workdir", required=True,
-                 help="a training workdir, its best/ folder, or a folder written by from-hf")
-  p.add_argument("--output", required=True, help="a new folder to write (or an empty one)")
-  p.add_argument("--step", default=None,
-                 help="training workdir: the checkpoint step to export (default: the newest)")
-  p.add_argument("--include-untrained-heads", default="", metavar="PARTS",
-                 help="comma-separated untrained parts to write anyway (mlm, pair, rtd, pooler)")
-  args = parser.parse_args(argv)
-  if args.command == "from-hf":
-    convert_from_hf(args.model_dir, args.workdir, args.part)
+def _to_hf_flags(fv: flags.FlagValues) -> None:
+  flags.DEFINE_string("workdir", None, "a training workdir, its best/ folder, or a folder "
+                      "written by from-hf", flag_values=fv)
+  flags.DEFINE_string("output", None, "a new folder to write (or an empty one)", flag_values=fv)
+  flags.DEFINE_string("step", None, "training workdir: the checkpoint step to export (default: "
+                      "the newest)", flag_values=fv)
+  flags.DEFINE_string("include-untrained-heads", "", "comma-separated untrained parts to write "
+                      "anyway (mlm, pair, rtd, pooler)", flag_values=fv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if not argv or argv[0] not in COMMANDS:
+    if argv and argv[0] in command_line.HELP_FLAGS:
+      print(f"usage: {PROG} from-hf|to-hf [--flag=value ...]\n\n"
+            f"{doc_summary(bertjax.convert.__doc__)}\n\ncommands:\n"
+            + "\n".join(f"  {name}: {what}" for name, what in COMMANDS.items()))
+      raise SystemExit(0)
+    given = f" (not {argv[0]!r})" if argv else ""
+    fail(f"give a command, {' or '.join(COMMANDS)}{given}; see {PROG} --help")
+  command, prog = argv[0], f"{PROG} {argv[0]}"
+  define = _from_hf_flags if command == "from-hf" else _to_hf_flags
+  required = ["model-dir", "workdir"] if command == "from-hf" else ["workdir", "output"]
+  fv, _ = command_line.parse(argv[1:], define, prog=prog, doc=COMMANDS[command] + ".",
+                             required=required)
+  if command == "from-hf":
+    convert_from_hf(fv["model-dir"].value, fv.workdir, fv.part)
   else:
-    step = args.step
+    step = fv.step
     if step is not None:
       if not step.isdigit():
         fail(f"--step {step!r} must be a checkpoint step (a whole number); leave it out for "
              "the newest checkpoint")
       step = int(step)
-    convert_to_hf(args.workdir, args.output, step, args.include_untrained_heads.split(","))
+    convert_to_hf(fv.workdir, fv.output, step, fv["include-untrained-heads"].value.split(","))
 
 
 if __name__ == "__main__":

@@ -99,10 +99,10 @@ def read_source(path: PathLike, step: int | None = None) -> Source:
       source.left_out[name] = ("model.json does not name this head (a folder written before "
                                "heads were recorded); prune the run again to keep it")
     return source
-  if (d / "best.json").is_file() and (d / "params").is_dir():
+  if (best := checkpoints.best_params(d)) is not None:
     _no_step(step, d, "a best/ folder")
     config = _read_config(d.parent)
-    params = _restore(d / "params")
+    params = _restore(best)
     return _from_training(config, params, "best", _best_step(d), d, d.parent)
   if (d / "config.json").is_file() and (d / "checkpoints").is_dir():
     config = _read_config(d)

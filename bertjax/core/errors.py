@@ -25,13 +25,13 @@ import argparse
 import errno
 import os
 import re
+import shutil
 import sys
 from typing import Callable, NoReturn
 
 from etils import epath
 
 
-EXIT_FINISHED = 0
 EXIT_USER_ERROR = 2
 EXIT_DIVERGED = 3
 EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL: a temporary failure, the caller is invited to retry
@@ -88,6 +88,29 @@ def disk_full(path: str | os.PathLike | None, error: OSError, size: int | None =
                  "another disk) and run the same command again") from error
 
 
+def disk_reason(error: OSError) -> str:
+  """What a full disk, quota or file-size limit (`disk_error_of`) is, as a checkpoint's line
+  says it."""
+  return {errno.EDQUOT: "the disk quota is exceeded",
+          errno.EFBIG: "a file is larger than the file-size limit (ulimit -f)"}.get(
+              error.errno, "no space left on the device")
+
+
+def free_space(directory: str | os.PathLike) -> str:
+  """The space free on `directory`'s disk, in words ("unknown space" for a remote store)."""
+  if "://" in os.fspath(directory):
+    return "unknown space"
+  try:
+    return size_in_gib(shutil.disk_usage(os.fspath(directory)).free)
+  except OSError:
+    return "unknown space"
+
+
+def size_in_gib(nbytes: int) -> str:
+  """A checkpoint-sized figure: GiB with two decimals, else MiB with one."""
+  return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
 def _size(n: int) -> str:
   for unit in ("bytes", "KiB", "MiB", "GiB"):
     if n < 1024 or unit == "GiB":
@@ -108,6 +131,8 @@ def disk_error_of(error: BaseException) -> OSError | None:
     for code in DISK_FULL_ERRNOS:
       if not isinstance(error, OSError) and os.strerror(code) in str(error):
         return OSError(code, os.strerror(code), _named_path(str(error)))
+    if not isinstance(error, OSError) and "ENOSPC" in str(error):  # a remote store's client
+      return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), _named_path(str(error)))
     error = error.__cause__ or error.__context__
   return None
 

@@ -21,7 +21,7 @@ An instance is a dict: input_ids / token_type_ids `<int32>[length]` (unpadded), 
 next_sentence_label (0 for full/single), segments (the `Segment`s its text came from, for tests
 and debugging) and, from the epoch walk, doc_index and example_key.
 
-`epoch_instances` walks one shard's documents for one epoch in a shuffled order, building each
+`walk_epoch` walks one shard's documents for one epoch in a shuffled order, building each
 document's instances with `np.random.default_rng([seed, epoch, doc_index])`, so the instances of
 a document depend only on (seed, epoch, document), never on how work is split across processes.
 """
@@ -65,10 +65,6 @@ class InstanceStats:
   documents: int = 0
   usable_documents: int = 0
   instances: int = 0
-
-  @property
-  def skipped_documents(self) -> int:
-    return self.documents - self.usable_documents
 
 
 def split_long_sentences(sentences: Sequence[np.ndarray], max_len: int) -> list[np.ndarray]:
@@ -422,27 +418,3 @@ def walk_epoch(documents: Documents, kind: str, max_seq_length: int, seed: int, 
     raise UserError(f"{_REQUIREMENT[kind]}; {stats.usable_documents} of {stats.documents} "
                     f"documents{where} qualify; use a corpus with such documents or another "
                     "kind")
-
-
-def epoch_instances(documents: Documents, kind: str, max_seq_length: int, seed: int, epoch: int,
-                    shard_index: int = 0, shard_count: int = 1, *,
-                    special: SpecialIds, short_seq_prob: float | None = None,
-                    stats: InstanceStats | None = None) -> Iterator[Instance]:
-  """All instances of one epoch of one shard (see `walk_epoch`); `stats` is filled as it goes."""
-  for instance, _ in walk_epoch(documents, kind, max_seq_length, seed, epoch, shard_index,
-                                shard_count, short_seq_prob=short_seq_prob, special=special,
-                                stats=stats):
-    yield instance
-
-
-def count_instances(documents: Documents, kind: str, max_seq_length: int, seed: int = 0,
-                    epoch: int = 0, shard_index: int = 0, shard_count: int = 1, *,
-                    special: SpecialIds,
-                    short_seq_prob: float | None = None) -> InstanceStats:
-  """Walks one epoch: how many documents are usable and how many instances they give."""
-  stats = InstanceStats()
-  for _ in epoch_instances(documents, kind, max_seq_length, seed, epoch, shard_index,
-                           shard_count, special=special, short_seq_prob=short_seq_prob,
-                           stats=stats):
-    pass
-  return stats

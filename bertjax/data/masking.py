@@ -380,15 +380,6 @@ def _mask_tokens(input_ids: np.ndarray, special: SpecialIds, rng: np.random.Gene
   return out
 
 
-def electra_mask(input_ids: np.ndarray, special: SpecialIds, rng: np.random.Generator, *,
-                 mask_rate: float = 0.15, max_predictions: int = 20,
-                 replace_probs: Sequence[float] = (0.85, 0.0, 0.15)) -> dict[str, np.ndarray]:
-  """ELECTRA's generator input: token masking with its (0.85 [MASK], 0 random, 0.15 keep)."""
-  return mask_tokens(input_ids, special, rng, mask_rate=mask_rate,
-                     max_predictions=max_predictions, strategy="token",
-                     replace_probs=replace_probs)
-
-
 def random_tokens(special: SpecialIds, rng: np.random.Generator, size: int) -> np.ndarray:
   """`<int32>[size]` token ids drawn uniformly from the vocabulary minus the special ids."""
   specials = np.sort(np.array(special.ids, np.int64))

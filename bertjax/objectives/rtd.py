@@ -5,7 +5,7 @@ on the masked positions; tokens sampled from it replace those positions; the dis
 every real token original or replaced. loss = generator MLM + `config.electra.disc_weight` (50 in
 the paper) x discriminator binary cross-entropy averaged over the batch's real tokens.
 
-Masking follows ELECTRA (`masking.electra_mask`): token masking with 85% [MASK], 0% random and
+Masking follows ELECTRA (`masking.mask_tokens`, strategy token): 85% [MASK], 0% random and
 15% unchanged, since the generator's samples already supply the corruption a random token would.
 The input needs no extra fields: the original text is the input with `masked_ids` written back.
 """

@@ -13,11 +13,8 @@ import contextlib
 import errno
 import json
 import logging
-import os
 import pathlib
-import shutil
 import time
-import traceback
 from typing import Any, Callable, NoReturn
 
 import flax
@@ -27,7 +24,8 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from bertjax.core import digests, paths, run_files
-from bertjax.core.errors import DiskFull, UserError, disk_error_of, fail, read_text
+from bertjax.core.errors import (DiskFull, UserError, disk_error_of, disk_reason, fail,
+                                 free_space, read_text, size_in_gib)
 from bertjax.runtime import orbax_workarounds
 from bertjax.runtime.orbax_workarounds import draining_event_loops
 
@@ -64,10 +62,8 @@ class Checkpointer:
     # While a save is in flight (an asynchronous one: until its digest is written), orbax's loops
     # drain on close and its tracebacks go to WORKDIR/checkpoint-errors.log
     # (bertjax/runtime/orbax_workarounds.py).
-    self._in_flight = contextlib.ExitStack()
-    self._draining = False
+    self._loops = orbax_workarounds.SaveInFlight()
     self._error_log = self.directory.parent / orbax_workarounds.ERROR_LOG
-    orbax_workarounds.hold_disk_error_logs()
 
   def all_steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
@@ -85,9 +81,7 @@ class Checkpointer:
     self._seal()
     self._needed = sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize
                        for x in jax.tree.leaves(state) if hasattr(x, "dtype"))
-    if not self._draining:
-      self._in_flight.enter_context(draining_event_loops())
-      self._draining = True
+    self._loops.start()
     items = {"state": ocp.args.StandardSave(state), "data": ocp.args.JsonSave(data_state or {})}
     if self.record is not None:
       items[RECORD] = ocp.args.JsonSave(self.record)
@@ -114,7 +108,7 @@ class Checkpointer:
     deletes old steps (keep_checkpoints) while finalizing the next save, under a digest being
     written."""
     if self._pending is None:
-      self._drained()
+      self._loops.end()
       return
     step, self._pending = self._pending, None
     try:
@@ -123,12 +117,7 @@ class Checkpointer:
         if jax.process_index() == 0:
           digests.write(self.directory / str(step))
     finally:
-      self._drained()
-
-  def _drained(self) -> None:
-    """No save in flight: asyncio's own event loop policy is back."""
-    self._in_flight.close()
-    self._draining = False
+      self._loops.end()
 
   @contextlib.contextmanager
   def _no_space(self, step: int):
@@ -137,32 +126,28 @@ class Checkpointer:
     try:
       yield
     except Exception as e:  # TensorStore, orbax and the OS report it as different types
-      full = _disk_error(e)
+      full = disk_error_of(e)
       if full is None:
         raise
       self._pending = None
-      # orbax's other writing threads may still be failing: their loops keep draining until the
-      # process ends (it is about to, with this error), rather than print on the terminal.
-      self._in_flight.pop_all()
-      self._draining = False
+      self._loops.abandon()
       for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
         paths.rmtree(partial)
       where = self.directory / str(step)
       older = [s for s in self.all_steps() if s != step]
-      logged = orbax_workarounds.append(
-          self._error_log, f"saving the checkpoint of step {step} at {where} failed:\n"
-          + orbax_workarounds.held() + "".join(traceback.format_exception(e)))
+      logged = orbax_workarounds.log_failed_save(
+          self._error_log, f"saving the checkpoint of step {step} at {where}", e)
       report = f" (its traceback: {self._error_log})" if logged else ""
       kept = f"older checkpoints {older or 'none'} are kept"
       if full.errno == errno.EFBIG:
         problem = (f"the checkpoint of step {step} at {where} has a file larger than the "
-                   f"file-size limit (ulimit -f): it needs about {_size(self._needed)}; {kept}: "
-                   f"raise the limit (ulimit -f unlimited) and run the same command to "
+                   f"file-size limit (ulimit -f): it needs about {size_in_gib(self._needed)}; "
+                   f"{kept}: raise the limit (ulimit -f unlimited) and run the same command to "
                    f"resume{report}")
       else:
-        problem = (f"{_reason(full)} for the checkpoint of step {step} at {where}: it needs about "
-                   f"{_size(self._needed)}, {_free(self.directory)} free there; {kept}: free some "
-                   f"space and run the same command to resume{report}")
+        problem = (f"{disk_reason(full)} for the checkpoint of step {step} at {where}: it needs "
+                   f"about {size_in_gib(self._needed)}, {free_space(self.directory)} free there; "
+                   f"{kept}: free some space and run the same command to resume{report}")
       raise DiskFull(problem) from e
 
   def restore_latest(self, abstract_state: Any, set_data_state: Callable[[dict], None] | None = None
@@ -196,12 +181,6 @@ class Checkpointer:
         return step, restored["state"], dict(data_state)
       except UserError:
         raise
-      except (ValueError, KeyError) as e:
-        if _is_structure_mismatch(e):
-          fail(f"the checkpoint at {self.directory / str(step)} holds a different model or "
-               f"optimizer than this config ({_short(e)}); use a new --workdir or the config it was "
-               f"trained with")
-        damaged.append((step, _short(e)))
       except Exception as e:  # damaged files surface as many error types (tensorstore, json, OS)
         damaged.append((step, _short(e)))
     if steps:
@@ -211,18 +190,19 @@ class Checkpointer:
     return None
 
   def _check_same_model(self, step: int, abstract_state: Any) -> None:
-    """Compares parameter names and shapes with the checkpoint's metadata before reading arrays,
-    so a workdir of another model is refused with one line (and nothing is touched)."""
-    meta = self.manager.item_metadata(step)["state"]
-    saved = {_path(p): tuple(m.shape) for p, m in jax.tree_util.tree_flatten_with_path(meta["params"])[0]}
-    wanted = {_path(p): tuple(a.shape)
-              for p, a in jax.tree_util.tree_flatten_with_path(abstract_state.params)[0]}
+    """Compares the state's names and shapes (parameters first, then the optimizer's) with the
+    checkpoint's metadata before reading arrays, so a workdir of another model or optimizer is
+    refused with one line (and nothing is touched); what fails after this check is damage."""
+    saved = _shapes(self.manager.item_metadata(step)["state"])
+    wanted = _shapes(abstract_state)
     if saved == wanted:
       return
     where = self.directory / str(step)
-    for name in sorted(set(saved) | set(wanted)):
+    names = sorted(set(saved) | set(wanted), key=lambda n: (not n.startswith("params/"), n))
+    for name in names:
       if saved.get(name) != wanted.get(name):
-        fail(f"the checkpoint at {where} holds a different model than this config ({name}: "
+        what = "model" if name.startswith("params/") else "model or optimizer"
+        fail(f"the checkpoint at {where} holds a different {what} than this config ({name}: "
              f"{saved.get(name, 'absent')} there, {wanted.get(name, 'absent')} here); use a new "
              f"--workdir or the config it was trained with")
 
@@ -286,51 +266,12 @@ def saved_record(directory: str | pathlib.Path) -> tuple[int, dict] | None:
   return None
 
 
-def _disk_error(e: BaseException) -> OSError | None:
-  """The full disk, quota or file-size limit that `e` comes from (`errors.disk_error_of`), also
-  one a remote store's client names only as ENOSPC."""
-  found = disk_error_of(e)
-  if found is None and _is_no_space(e):
-    found = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-  return found
-
-
-def _reason(full: OSError) -> str:
-  return {errno.EDQUOT: "the disk quota is exceeded",
-          errno.EFBIG: "a file is larger than the file-size limit (ulimit -f)"}.get(
-              full.errno, "no space left on the device")
-
-
-def _is_no_space(e: BaseException | None) -> bool:
-  """Whether `e` or an exception it came from is a full disk (ENOSPC, as the OS, TensorStore or
-  a remote store's client words it)."""
-  seen = set()
-  while e is not None and id(e) not in seen:
-    seen.add(id(e))
-    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-      return True
-    text = str(e)
-    if "No space left on device" in text or "ENOSPC" in text or "Disk quota exceeded" in text:
-      return True
-    e = e.__cause__ or e.__context__
-  return False
-
-
-def _size(nbytes: int) -> str:
-  return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
-
-
-def _free(directory: paths.Path) -> str:
-  if paths.is_remote(directory):
-    return "unknown space"
-  try:
-    return _size(shutil.disk_usage(os.fspath(directory)).free)
-  except OSError:
-    return "unknown space"
-
-
-def _path(path) -> str:
-  return "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+def _shapes(tree: Any) -> dict[str, tuple]:
+  """{name: shape} of a state or of its checkpoint's metadata; a name joins the keys (a field of
+  an optimizer state's named tuple is a dict key in the metadata: both read as the field)."""
+  key = lambda k: str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
+  return {"/".join(map(key, path)): tuple(np.shape(leaf))
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def _short(e: Exception) -> str:
@@ -338,14 +279,11 @@ def _short(e: Exception) -> str:
   return text[:200] + ("..." if len(text) > 200 else "")
 
 
-def _is_structure_mismatch(e: Exception) -> bool:
-  text = str(e).lower()
-  return any(s in text for s in ("tree structure", "does not match", "mismatch", "shape", "dict key"))
-
-
 def restore_params(path: str | pathlib.Path) -> dict:
   """Parameters (a plain nested dict of numpy arrays) from a converted folder or a training workdir."""
   path = paths.as_path(path)
+  if (folder := best_params(path)) is not None:
+    return restore_params_folder(folder)
   if (path / "params").is_dir():
     return restore_params_folder(path / "params")
   if (path / "checkpoints").is_dir():
@@ -362,9 +300,11 @@ def restore_params_folder(folder: paths.Path) -> dict:
   try:
     digests.verify(folder)
   except digests.Damaged as e:
-    run, meta = folder.parent, folder.parent / "model.json"
-    if (run / "best.json").is_file():
-      fix = f"point at the run {run.parent} (its newest checkpoint) or fine-tune again"
+    meta = folder.parent / "model.json"
+    best = next((d for d in (folder.parent, folder.parent.parent) if (d / "best.json").is_file()),
+                None)
+    if best is not None:
+      fix = f"point at the run {best.parent} (its newest checkpoint) or fine-tune again"
     elif meta.is_file() and b'"pruning"' in meta.read_bytes():
       fix = "prune again (python -m bertjax.prune)"
     else:
@@ -393,7 +333,7 @@ def restore_checkpoint_params(workdir: str | pathlib.Path, step: int | None = No
       try:
         verify(ckpt_dir, s, every)
         with draining_event_loops():
-          restored = _restore_here(manager, s)
+          restored = _restore_here(manager.directory, s)
         return s, jax.tree.map(lambda x: x, dict(restored["state"]["params"]))
       except Exception as e:  # same fallback as training resume
         if step is not None:  # the step asked for: no other is tried in its place
@@ -405,18 +345,10 @@ def restore_checkpoint_params(workdir: str | pathlib.Path, step: int | None = No
     manager.close()
 
 
-def _restore_here(manager, step: int):
-  """A checkpoint's state on the devices it was saved from, or, where they are not all here (one
-  written by several processes, read by one), on this process's first device. Every process of a
-  multi-process run reads it whole onto its own first device (the devices it was saved from may
-  belong to another process: a teacher or init_from saved by one process)."""
-  if jax.process_count() == 1:
-    try:
-      return manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-    except ValueError as e:
-      if "topology" not in str(e).lower() and "devices are different" not in str(e):
-        raise
-  reader = ocp.CheckpointManager(manager.directory, item_names=("state", "data"),
+def _restore_here(directory: paths.Path, step: int):
+  """A checkpoint's state on this process's first device: a reader's arrays, wherever the
+  checkpoint was written from (several processes' devices, a mesh this host lacks)."""
+  reader = ocp.CheckpointManager(directory, item_names=("state", "data"),
                                  item_handlers={"state": ocp.StandardCheckpointHandler()})
   try:
     here = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
@@ -501,66 +433,96 @@ def load_init_from(state, path: str, shardings) -> tuple[Any, str]:
   return state.replace(params=params), report
 
 
+def best_params(folder: str | pathlib.Path) -> paths.Path | None:
+  """The params/ folder of a best/ folder (`BestKeeper`'s: best/STEP/params, the complete step
+  orbax kept, best.json's where two are: one replaced, not yet deleted; a bertjax before
+  CheckpointManager kept it wrote best/params), None where `folder` is not a best/ folder."""
+  folder = paths.as_path(folder)
+  if not (folder / "best.json").is_file():
+    return None
+  manager = ocp.CheckpointManager(paths.absolute(folder), item_names=("params",))
+  try:
+    steps = manager.all_steps()
+  finally:
+    manager.close()
+  if steps:
+    named = run_files.read_number(folder / "best.json", "step")
+    return folder / str(named if named in steps else max(steps)) / "params"
+  return folder / "params" if (folder / "params").is_dir() else None
+
+
 class BestKeeper:
-  """Keeps the parameters of the best evaluation so far in WORKDIR/best (when a metric is named)."""
+  """Keeps the parameters of the best evaluation so far in WORKDIR/best (when a metric is named).
+
+  orbax's CheckpointManager keeps them: `best_fn`/`best_mode` rank the saved steps by the metric,
+  `max_to_keep=1` keeps the best one (best/STEP/params, whole arrays with their digest), and the
+  one it replaces is deleted only once the new one is complete. best/best.json names the step,
+  the metric and the whole evaluation for the readers (summary.json, convert, load)."""
 
   def __init__(self, workdir: paths.Path, metric: str, mode: str):
     self.dir = paths.as_path(workdir) / "best"
     self.metric, self.mode = metric, mode  # best_mode: max or min, checked with the settings
+    self._manager: ocp.CheckpointManager | None = None
     # A damaged best.json (a warning names it) holds no value: the next evaluation replaces it.
     self.value = run_files.read_number(self.dir / "best.json", "value")
+    if metric and self.dir.is_dir():
+      kept = self.manager().best_step()
+      if kept is not None:  # orbax's record of the step it kept, saved with that step
+        self.value = (self.manager().metrics(kept) or {}).get(metric, self.value)
+
+  def manager(self) -> ocp.CheckpointManager:
+    if self._manager is None:
+      metric = self.metric
+      options = ocp.CheckpointManagerOptions(
+          max_to_keep=1, best_fn=lambda metrics: metrics[metric], best_mode=self.mode,
+          keep_checkpoints_without_metrics=False, create=True, enable_async_checkpointing=False)
+      self._manager = ocp.CheckpointManager(
+          paths.absolute(self.dir), options=options,
+          item_handlers={"params": ocp.StandardCheckpointHandler()})
+    return self._manager
 
   def update(self, step: int, metrics: dict, params) -> None:
     """Every process of a run calls it (the metrics are the run's): the parameters are gathered
-    to the hosts and saved once; process 0 writes best.json and moves the folder into place."""
+    to the hosts and saved once; process 0 writes the digest and best.json."""
     if not self.metric:
       return
     if self.metric not in metrics:
       fail(f"best_metric={self.metric!r} is not an eval metric; choose one of "
            f"{', '.join(sorted(metrics))}")
     value = metrics[self.metric]
-    better = self.value is None or (value > self.value if self.mode == "max" else value < self.value)
-    if not better:
+    # orbax's best_fn decides which saved step stays; this skips writing parameters it would
+    # delete at once (an evaluation no better than the kept one).
+    if self.value is not None and not (value > self.value if self.mode == "max"
+                                       else value < self.value):
       return
     several, primary = jax.process_count() > 1, jax.process_index() == 0
     # Whole arrays on every host (fsdp or tensor shards gathered), saved as plain arrays.
     host = (multihost_utils.process_allgather(params, tiled=True) if several
             else jax.device_get(params))
-    # Write beside, then swap: the previous best survives until the new one is complete.
-    tmp = self.dir.with_name("best.tmp")
+    where = self.dir / str(step)
     try:
-      if primary:
-        paths.rmtree(tmp)
-        tmp.mkdir(parents=True)
-      if several:
-        multihost_utils.sync_global_devices("bertjax:best:start")
       with draining_event_loops():
-        checkpointer = ocp.StandardCheckpointer()
-        checkpointer.save(paths.absolute(tmp / "params"), host)
-        checkpointer.wait_until_finished()
+        self.manager().save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(host)),
+                            metrics=dict(metrics), force=True)
+        self.manager().wait_until_finished()
       if primary:
-        digests.write(tmp / "params")  # checked by every reader (restore_params_folder)
-        paths.replace_text(tmp / "best.json", json.dumps({"step": step, "metric": self.metric,
-                                                          "value": value, "metrics": metrics}))
+        digests.write(where / "params")  # checked by every reader (restore_params_folder)
+        paths.replace_text(self.dir / "best.json", json.dumps(
+            {"step": step, "metric": self.metric, "value": value, "metrics": metrics}))
+        paths.rmtree(self.dir / "params")  # a bertjax before orbax kept it wrote best/params
     except Exception as e:  # pylint: disable=broad-except
-      full = _disk_error(e)
+      full = disk_error_of(e)
       if full is None:
         raise
       if primary:
-        paths.rmtree(tmp)
+        for partial in self.dir.glob(f"{step}.orbax-checkpoint-tmp*"):
+          paths.rmtree(partial)
       log = self.dir.parent / orbax_workarounds.ERROR_LOG
-      logged = primary and orbax_workarounds.append(
-          log, f"saving the best parameters of step {step} at {tmp} failed:\n"
-          + orbax_workarounds.held() + "".join(traceback.format_exception(e)))
-      fail(f"{_reason(full)} for the best parameters (step {step}) at {tmp}; the "
+      logged = primary and orbax_workarounds.log_failed_save(
+          log, f"saving the best parameters of step {step} at {where}", e)
+      fail(f"{disk_reason(full)} for the best parameters (step {step}) at {where}; the "
            f"previous best/ and the checkpoints are kept: free some space and run the same "
            f"command to resume" + (f" (its traceback: {log})" if logged else ""))
-    if primary:
-      old = self.dir.with_name("best.old")
-      if self.dir.exists():
-        self.dir.rename(old)
-      tmp.rename(self.dir)
-      paths.rmtree(old)
     if several:
       multihost_utils.sync_global_devices("bertjax:best:end")
     self.value = value

@@ -140,7 +140,8 @@ class MetricWriter:
         self._tb_local.cleanup()
 
   def _open_tensorboard(self) -> None:
-    # Imported only when used: 1.3 s and 190 MB a run without TensorBoard does not pay.
+    # Imported only when used: on a 2-core Intel Xeon (2026-11-28) it took a process holding jax
+    # from 157 MB to 353 MB resident, which a run without TensorBoard does not pay.
     from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
     suffix = f".{self._tb_files:06d}" if self._tb_remote is not None else ""
     self._tb = SummaryWriter(str(self._tb_logdir), filename_suffix=suffix)

@@ -94,6 +94,34 @@ def draining_event_loops():
       asyncio.set_event_loop_policy(previous)
 
 
+class SaveInFlight:
+  """`draining_event_loops` held from a save's start (`start`) until it is finished (`end`): an
+  asynchronous save's loops close in orbax's background threads after `save` has returned. Also
+  keeps orbax's full-disk tracebacks off the terminal (`hold_disk_error_logs`)."""
+
+  def __init__(self):
+    self._stack = contextlib.ExitStack()
+    self._on = False
+    hold_disk_error_logs()
+
+  def start(self) -> None:
+    if not self._on:
+      self._stack.enter_context(draining_event_loops())
+      self._on = True
+
+  def end(self) -> None:
+    """No save in flight: asyncio's own event loop policy is back."""
+    self._stack.close()
+    self._on = False
+
+  def abandon(self) -> None:
+    """A save failed: orbax's other writing threads may still be failing, so their loops keep
+    draining until the process ends (it is about to, with the error) rather than print on the
+    terminal."""
+    self._stack.pop_all()
+    self._on = False
+
+
 class _Hold(logging.Filter):
   """On the `absl` logger (orbax logs through absl): an orbax error record whose exception is a
   full disk (or a quota, or a file-size limit) is held back, formatted, until the checkpointer
@@ -132,6 +160,12 @@ def held() -> str:
   """The orbax error records held back since the last call, as text (then forgotten)."""
   records, _hold.records = _hold.records, []
   return "".join(records)
+
+
+def log_failed_save(target: paths.Path, what: str, error: BaseException) -> bool:
+  """Appends to `target` that `what` failed: the records `held` back, then `error`'s traceback;
+  False when it could not be written."""
+  return append(target, f"{what} failed:\n" + held() + "".join(traceback.format_exception(error)))
 
 
 def append(target: paths.Path, text: str) -> bool:

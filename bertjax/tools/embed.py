@@ -31,14 +31,16 @@ import os
 import pathlib
 import sys
 import time
+from typing import Sequence
 
 import jax
+from absl import flags
 import jax.numpy as jnp
 import numpy as np
 
 from bertjax.convert import loading
-from bertjax.core import paths
-from bertjax.core.errors import ArgumentParser, fail, read_text, run_cli
+from bertjax.core import command_line, paths
+from bertjax.core.errors import fail, read_text, run_cli
 from bertjax.data import tokenizers
 from bertjax.metrics import glue as glue_metrics, ner as ner_metrics
 from bertjax.models import features
@@ -157,26 +159,43 @@ def write_atomically(path: paths.Path, arrays: dict[str, np.ndarray]) -> None:
     raise
 
 
-def _parser() -> ArgumentParser:
-  p = ArgumentParser(prog="python -m bertjax.tools.embed",
-                     description="Write an encoder's pooled (and per-token) features of some text.")
-  p.add_argument("--workdir", required=True, help="converted folder or training workdir")
-  source = p.add_mutually_exclusive_group(required=True)
-  source.add_argument("--input", help="text file, one example per line")
-  source.add_argument("--glue", help="GLUE task whose --split tsv in --data_dir to read")
-  source.add_argument("--conll", help="CoNLL-2003 file, one example per sentence")
-  p.add_argument("--split", default="dev", choices=("train", "dev", "test"), help="with --glue")
-  p.add_argument("--data_dir", default="", help="with --glue: glue_data/ or its task folder")
-  p.add_argument("--output", required=True, help=".npz (pooled, tokens, ...) or .npy (pooled)")
-  p.add_argument("--pooling", default="cls", choices=POOLINGS)
-  p.add_argument("--layers", default="-1", help="hidden states to concatenate, e.g. -4,-3,-2,-1")
-  p.add_argument("--tokens", action="store_true", help="also write per-token features (.npz)")
-  p.add_argument("--batch_size", type=int, default=32)
-  p.add_argument("--max_seq_length", type=int, default=None,
-                 help="tokens per example, [CLS] and [SEP] included (default: 128, or the model's "
-                      "positions if fewer)")
-  p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
-  return p
+PROG = "python -m bertjax.tools.embed"
+SOURCES = ("input", "glue", "conll")  # exactly one of them
+
+
+def define_flags(fv: flags.FlagValues) -> None:
+  flags.DEFINE_string("workdir", None, "converted folder or training workdir", flag_values=fv)
+  flags.DEFINE_string("input", None, "text file, one example per line", flag_values=fv)
+  flags.DEFINE_string("glue", None, "GLUE task whose --split tsv in --data_dir to read",
+                      flag_values=fv)
+  flags.DEFINE_string("conll", None, "CoNLL-2003 file, one example per sentence", flag_values=fv)
+  flags.DEFINE_enum("split", "dev", ("train", "dev", "test"), "with --glue", flag_values=fv)
+  flags.DEFINE_string("data_dir", "", "with --glue: glue_data/ or its task folder",
+                      flag_values=fv)
+  flags.DEFINE_string("output", None, ".npz (pooled, tokens, ...) or .npy (pooled)",
+                      flag_values=fv)
+  flags.DEFINE_enum("pooling", "cls", POOLINGS, "how one vector is made of the tokens'",
+                    flag_values=fv)
+  flags.DEFINE_string("layers", "-1", "hidden states to concatenate, e.g. -4,-3,-2,-1",
+                      flag_values=fv)
+  flags.DEFINE_bool("tokens", False, "also write per-token features (.npz)", flag_values=fv)
+  flags.DEFINE_integer("batch_size", 32, "examples per forward pass", flag_values=fv)
+  flags.DEFINE_integer("max_seq_length", None, "tokens per example, [CLS] and [SEP] included "
+                       "(default: 128, or the model's positions if fewer)", flag_values=fv)
+  flags.DEFINE_bool("overwrite", False, "replace an existing --output", flag_values=fv)
+
+
+def parse_args(argv: Sequence[str]) -> flags.FlagValues:
+  """The flags, with exactly one source of text (--input, --glue or --conll)."""
+  args, _ = command_line.parse(argv, define_flags, prog=PROG, doc="Write an encoder's pooled "
+                               "(and per-token) features of some text.",
+                               required=["workdir", "output"])
+  given = [f"--{name}" for name in SOURCES if args[name].value is not None]
+  if len(given) > 1:
+    fail(f"argument {given[1]}: not allowed with argument {given[0]}; see {PROG} --help")
+  if not given:
+    fail(f"one of the arguments --input --glue --conll is required; see {PROG} --help")
+  return args
 
 
 def check_args(args) -> tuple[paths.Path, tuple[int, ...]]:
@@ -204,7 +223,7 @@ def check_args(args) -> tuple[paths.Path, tuple[int, ...]]:
 
 
 def main(argv=None) -> None:
-  args = _parser().parse_args(argv)
+  args = parse_args(sys.argv[1:] if argv is None else argv)
   out, layers = check_args(args)
   model, params, cfg, tok_dir = load_encoder(args.workdir)
   problem = features.layers_error(layers, cfg.num_hidden_layers)

@@ -19,14 +19,14 @@ a correlation of constant predictions, is written as null). Bad input: one line 
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
 import sys
 from typing import Any, Sequence
 
-from bertjax.core import paths
+from absl import flags
+
+from bertjax.core import command_line, paths
 from bertjax.core.errors import fail, run_cli
 from bertjax.metrics import glue, ner, squad
 from bertjax.runtime import xla_defaults
@@ -35,30 +35,22 @@ _SQUAD_TASKS = {"squad": None, "squad_v1": "1.1", "squad1.1": "1.1", "squad_v1.1
                 "squad_v2": "2.0", "squad2.0": "2.0", "squad_v2.0": "2.0"}
 
 
-class _Parser(argparse.ArgumentParser):
-  """argparse, but a usage mistake is one line and exit 2 like every other bad input."""
-
-  def error(self, message: str):
-    fail(f"{message}; see python -m bertjax.tools.evaluate --help")
+PROG = "python -m bertjax.tools.evaluate"
+BENCHMARKS = ("glue", "squad", "ner")
 
 
-def _parser() -> argparse.ArgumentParser:
-  p = _Parser(
-      prog="python -m bertjax.tools.evaluate",
-      description="Score a predictions file against gold data (GLUE, SQuAD or CoNLL-2003 NER).")
-  p.add_argument("benchmark", choices=("glue", "squad", "ner"))
-  p.add_argument("--data", required=True, help="gold file (GLUE dev tsv, SQuAD json, CoNLL)")
-  p.add_argument("--predictions", required=True, help="predictions file")
-  p.add_argument("--task", default=None,
-                 help="GLUE task (tfds name, e.g. rte, mnli_mismatched); squad: squad_v1/v2")
-  p.add_argument("--null_odds", default=None, help="SQuAD v2.0: json {id: null odds}")
-  p.add_argument("--version", default=None, help="SQuAD version the gold file must be")
-  p.add_argument("--na_prob_thresh", type=float, default=1.0,
-                 help="SQuAD v2.0: null odds above this count as 'no answer' (official: 1.0)")
-  return p
+def define_flags(fv: flags.FlagValues) -> None:
+  flags.DEFINE_string("data", None, "gold file (GLUE dev tsv, SQuAD json, CoNLL)", flag_values=fv)
+  flags.DEFINE_string("predictions", None, "predictions file", flag_values=fv)
+  flags.DEFINE_string("task", None, "GLUE task (tfds name, e.g. rte, mnli_mismatched); squad: "
+                      "squad_v1/v2", flag_values=fv)
+  flags.DEFINE_string("null_odds", None, "SQuAD v2.0: json {id: null odds}", flag_values=fv)
+  flags.DEFINE_string("version", None, "SQuAD version the gold file must be", flag_values=fv)
+  flags.DEFINE_float("na_prob_thresh", 1.0, "SQuAD v2.0: null odds above this count as 'no "
+                     "answer' (official: 1.0)", flag_values=fv)
 
 
-def _glue_task(args: argparse.Namespace) -> glue.GlueTask:
+def _glue_task(args: flags.FlagValues) -> glue.GlueTask:
   if args.task:
     return glue.get_task(args.task)
   t = glue.task_from_leaderboard_file(args.predictions)
@@ -75,7 +67,7 @@ def _glue_task(args: argparse.Namespace) -> glue.GlueTask:
   fail("cannot tell the GLUE task from the file names; pass --task (e.g. --task rte)")
 
 
-def _evaluate_glue(args: argparse.Namespace) -> dict[str, Any]:
+def _evaluate_glue(args: flags.FlagValues) -> dict[str, Any]:
   t = _glue_task(args)
   gold = glue.read_glue_tsv(args.data, t.name, "dev")
   index, preds = glue.read_predictions_tsv(args.predictions, t.name)
@@ -102,7 +94,7 @@ def _evaluate_glue(args: argparse.Namespace) -> dict[str, Any]:
           "score": score}
 
 
-def _evaluate_squad(args: argparse.Namespace) -> dict[str, Any]:
+def _evaluate_squad(args: flags.FlagValues) -> dict[str, Any]:
   version = args.version
   if args.task:
     key = args.task.strip().lower()
@@ -130,7 +122,7 @@ def _evaluate_squad(args: argparse.Namespace) -> dict[str, Any]:
   return {"benchmark": "squad", "version": found, **metrics}
 
 
-def _evaluate_ner(args: argparse.Namespace) -> dict[str, Any]:
+def _evaluate_ner(args: flags.FlagValues) -> dict[str, Any]:
   gold = ner.read_conll(args.data)
   if not gold:
     fail(f"{args.data} has no sentences; pass the CoNLL-2003 gold file the predictions are for")
@@ -159,7 +151,7 @@ def _json_safe(obj: Any) -> Any:
   return obj
 
 
-def _check_files(args: argparse.Namespace) -> None:
+def _check_files(args: flags.FlagValues) -> None:
   """A folder where a file is wanted is called one (the readers said "file not found")."""
   for flag in ("data", "predictions", "null_odds"):
     value = getattr(args, flag)
@@ -169,10 +161,15 @@ def _check_files(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-  args = _parser().parse_args(argv)
+  (args, [benchmark]) = command_line.parse(
+      sys.argv[1:] if argv is None else argv, define_flags, prog=PROG, doc=__doc__,
+      positional=["{glue,squad,ner}"], required=["data", "predictions"])
+  if benchmark not in BENCHMARKS:
+    fail(f"invalid choice {benchmark!r}: the benchmark is one of {', '.join(BENCHMARKS)}; see "
+         f"{PROG} --help")
   _check_files(args)
   evaluate = {"glue": _evaluate_glue, "squad": _evaluate_squad, "ner": _evaluate_ner}
-  result = evaluate[args.benchmark](args)
+  result = evaluate[benchmark](args)
   print(json.dumps(_json_safe(result), sort_keys=False))
   sys.stdout.flush()
   return result

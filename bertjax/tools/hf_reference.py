@@ -11,25 +11,20 @@ parameters, `clip_grad_norm_`, transformers' `get_linear_schedule_with_warmup`. 
 `bertjax.runtime.optim`'s AdamW exactly in exact arithmetic (bias-corrected moments, eps added to
 the square root, decoupled decay, clipping before the update, warmup then linear decay to 0 over
 total - warmup steps), except that `clip_grad_norm_` divides by norm + 1e-6 where bertjax (like
-BERT's tf.clip_by_global_norm) divides by the norm. `bertjax_losses` is the other side: the
-trainer's own state, optimizer and jitted step started from given parameters.
+BERT's tf.clip_by_global_norm) divides by the norm. The other side, bertjax's own state,
+optimizer and jitted step started from given parameters, is tests/helpers.py's `bertjax_losses`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
-import flax.linen as nn
-import jax
 import numpy as np
 import torch
 import torch.nn.functional as F
 import transformers
 
 from bertjax import convert
-from bertjax.models import kernels
-from bertjax.runtime import optim, sharding
-from bertjax.trainer import train as trainer
 
 # (model, numpy batch) -> (loss, {metric name: float}) for one step of the torch loop.
 LossFn = Callable[[torch.nn.Module, dict], tuple[torch.Tensor, dict]]
@@ -126,28 +121,3 @@ def train(model, batches: Iterable[dict], config, loss_fn: LossFn = pretraining_
     sched.step()
     rows.append({"step": step, "loss": loss.item(), **metrics})
   return rows
-
-
-def bertjax_losses(objective, config, model_cfg, params: Any, batches: Iterable[dict]
-                   ) -> list[float]:
-  """bertjax's side: the trainer's state, optimizer and jitted train step (one device), started
-  from `params` (numpy, the objective's tree) and run one step per batch; the per-step losses."""
-  model = objective.make_model(config, model_cfg)
-  init_batch = objective.init_batch(config, 1, config.max_seq_length, config.max_predictions_per_seq)
-  abstract = nn.meta.unbox(trainer.abstract_params_of(objective, model, init_batch))
-  if jax.tree.structure(abstract) != jax.tree.structure(params):
-    raise ValueError(f"params do not fit {type(model).__name__}: "
-                     f"{jax.tree.structure(params)} vs {jax.tree.structure(abstract)}")
-  optimizer = optim.make_optimizer(config, params=abstract, num_layers=model_cfg.num_hidden_layers,
-                                   scalar_clipping=kernels.for_model(model_cfg).scalar_clipping)
-  mesh = sharding.make_mesh((1, 1, 1))
-  state, _, _ = trainer.create_train_state(objective, model, optimizer, config, mesh, init_batch)
-  params = jax.tree.map(lambda a, x: np.asarray(x, a.dtype), abstract, params)
-  state = state.replace(params=params, opt_state=optimizer.init(params))
-  losses = []
-  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.rules_from_config(config)):
-    step_fn = jax.jit(trainer.make_train_step(objective, model, optimizer, accum=1))
-    for batch in batches:
-      state, metrics = step_fn(state, batch)
-      losses.append(float(metrics["loss"][0]))
-  return losses

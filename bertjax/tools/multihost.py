@@ -19,7 +19,6 @@ preemption: each saves and exits 75). `--timeout S` ends them all the same way a
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import re
@@ -29,7 +28,13 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from typing import Mapping, Sequence
+
+from absl import flags
+
+from bertjax.core import command_line as cli
+from bertjax.core.errors import fail, run_cli
 
 EXIT_TIMEOUT = 124  # as coreutils' timeout
 _DEVICE_COUNT = re.compile(r"--xla_force_host_platform_device_count=\S+")
@@ -158,40 +163,46 @@ def _status(code: int) -> int:
   return 128 - code if code < 0 else code
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(
-      prog="python -m bertjax.tools.multihost",
-      usage="python -m bertjax.tools.multihost --processes N [--devices-per-process K] -- "
-            "launch.py --config ... --workdir ... --config.distributed=True",
-      description="Starts N local processes of one command joined by JAX's distributed runtime "
-                  "(a pod's hosts on one machine).")
-  parser.add_argument("--processes", type=int, default=2, help="how many processes (hosts)")
-  parser.add_argument("--devices-per-process", type=int, default=None,
-                      help="CPU devices each process fakes (--xla_force_host_platform_device_count)")
-  parser.add_argument("--platform", default="cpu",
-                      help="JAX_PLATFORMS of every process: cpu (default; gloo collectives), or "
-                           "'' to leave it to JAX (one machine's GPUs: one process per GPU is the "
-                           "caller's CUDA_VISIBLE_DEVICES business)")
-  parser.add_argument("--port", type=int, default=None, help="the coordinator's port (default: a "
-                      "free one)")
-  parser.add_argument("--timeout", type=float, default=None,
-                      help="end every process after this many seconds (exit 124)")
-  parser.add_argument("--grace", type=float, default=30.0,
-                      help="seconds between SIGTERM and SIGKILL when stopping the processes")
+PROG = "python -m bertjax.tools.multihost"
+USAGE = (f"{PROG} --processes N [--devices-per-process K] -- launch.py --config ... --workdir ... "
+         "--config.distributed=True")
+
+
+def define_flags(fv: flags.FlagValues) -> None:
+  flags.DEFINE_integer("processes", 2, "how many processes (hosts)", lower_bound=1,
+                       flag_values=fv)
+  flags.DEFINE_integer("devices-per-process", None, "CPU devices each process fakes "
+                       "(--xla_force_host_platform_device_count)", lower_bound=1, flag_values=fv)
+  flags.DEFINE_string("platform", "cpu", "JAX_PLATFORMS of every process: cpu (default; gloo "
+                      "collectives), or '' to leave it to JAX (one machine's GPUs: one process "
+                      "per GPU is the caller's CUDA_VISIBLE_DEVICES business)", flag_values=fv)
+  flags.DEFINE_integer("port", None, "the coordinator's port (default: a free one)",
+                       flag_values=fv)
+  flags.DEFINE_float("timeout", None, "end every process after this many seconds (exit 124)",
+                     flag_values=fv)
+  flags.DEFINE_float("grace", 30.0, "seconds between SIGTERM and SIGKILL when stopping the "
+                     "processes", flag_values=fv)
+
+
+def parse_args(argv: Sequence[str]) -> types.SimpleNamespace:
+  """The launcher's settings and `command`, the command line after `--`."""
   argv = list(argv)
   if "--" not in argv:
-    parser.error("give the command after --, e.g. -- launch.py --config configs/quickstart.py:"
-                 "runlocal --workdir runs/mh --config.distributed=True")
+    if not set(cli.HELP_FLAGS) & set(argv):
+      fail(f"give the command after --, e.g. -- launch.py --config configs/quickstart.py:"
+           f"runlocal --workdir runs/mh --config.distributed=True; see {PROG} --help")
+    argv.append("--")
   cut = argv.index("--")
-  args = parser.parse_args(argv[:cut])
-  args.command = argv[cut + 1:]
-  if not args.command:
-    parser.error("the command after -- is empty")
-  if args.processes < 1:
-    parser.error(f"--processes={args.processes} must be at least 1")
-  if args.devices_per_process is not None and args.devices_per_process < 1:
-    parser.error(f"--devices-per-process={args.devices_per_process} must be at least 1")
-  return args
+  fv, _ = cli.parse(argv[:cut], define_flags, prog=PROG, usage=USAGE,
+                    doc="Starts N local processes of one command joined by JAX's distributed "
+                        "runtime (a pod's hosts on one machine).")
+  command = argv[cut + 1:]
+  if not command:
+    fail(f"the command after -- is empty; see {PROG} --help")
+  return types.SimpleNamespace(command=command, processes=fv.processes,
+                               devices_per_process=fv["devices-per-process"].value,
+                               platform=fv.platform, port=fv.port, timeout=fv.timeout,
+                               grace=fv.grace)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -215,4 +226,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  run_cli(lambda: sys.exit(main()))

@@ -37,7 +37,6 @@ mean of matched and mismatched.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import dataclasses
 import logging
@@ -45,11 +44,14 @@ import math
 import os
 import pathlib
 import statistics
+import sys
 from typing import Any, Sequence
 
+from absl import flags
+
 from bertjax import registry, sweep as sweep_lib
-from bertjax.core import paths, run_files
-from bertjax.core.errors import doc_summary, fail, run_cli
+from bertjax.core import command_line, paths, run_files
+from bertjax.core.errors import fail, run_cli
 from bertjax.metrics import glue
 from bertjax.runtime import metric_writers
 from bertjax.tools.report_plots import (plot_dev_curve, plot_dev_vs_lr, plot_train_loss,
@@ -480,15 +482,20 @@ def write_report(sweep_dir: str | pathlib.Path, metric: str | None = None) -> di
           "best": best, "glue": glue_result, "markdown": text}
 
 
+def define_flags(fv: flags.FlagValues) -> None:
+  flags.DEFINE_string("metric", None, "the dev metric to plot against the steps and the learning "
+                      "rate", flag_values=fv)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(description=doc_summary(__doc__))
-  parser.add_argument("sweep_dir", help="the --workdir of a sweep, a folder of runs or one run")
-  parser.add_argument("--metric", help="the dev metric to plot against the steps and the "
-                      "learning rate")
-  args = parser.parse_args(argv)
-  report = write_report(args.sweep_dir, args.metric)
+  """`python -m bertjax.tools.report SWEEP_DIR`: SWEEP_DIR is the --workdir of a sweep, a folder
+  of runs or one run."""
+  fv, [sweep_dir] = command_line.parse(sys.argv[1:] if argv is None else argv, define_flags,
+                                       prog="python -m bertjax.tools.report", doc=__doc__,
+                                       positional=["SWEEP_DIR"])
+  report = write_report(sweep_dir, fv.metric)
   print(report["markdown"])
-  where = paths.as_path(args.sweep_dir)
+  where = paths.as_path(sweep_dir)
   print(f"wrote {where / 'report.md'}, train_loss.png, dev_curve.png"
         + ("" if is_run(where) else ", dev_vs_lr.png"))
 

@@ -16,7 +16,6 @@ chip (its tiling and VMEM limits), memory fit, speed, or numerics on a TPU; thos
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 import sys
@@ -27,9 +26,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from absl import flags
+from ml_collections import config_flags
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as P
 
 from bertjax.config import config_checks, config_lib
+from bertjax.core import command_line
 from bertjax.core.errors import fail, run_cli
 from bertjax.models import kernels, splash
 from bertjax.registry import get_objective
@@ -111,24 +113,35 @@ def custom_calls(exported: jax.export.Exported) -> list[str]:
   return sorted(set(re.findall(r"custom_call @(\w+)", exported.mlir_module())))
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m bertjax.tools.tpu_lowering",
-                                   description=__doc__.split("\n\n")[0])
-  parser.add_argument("--config", required=True, help="configs/<exp>.py[:variant]")
-  parser.add_argument("--mesh", default=",".join(map(str, V4_32)),
-                      help="data,fsdp,tensor sizes of the abstract mesh (default: a v4-32's 16)")
-  args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+PROG = "python -m bertjax.tools.tpu_lowering"
+
+
+def main(argv: Sequence[str] | None = None):
+  argv = list(sys.argv[1:] if argv is None else argv)
+  overrides = [a for a in argv if a.startswith("--config.")]  # typed by config_lib, as launch.py
+  argv = [a for a in argv if not a.startswith("--config.")]
+
+  def define(fv: flags.FlagValues) -> None:
+    command_line.define_config_file(fv, [PROG, *argv], "configs/<exp>.py[:variant]; then "
+                                    "--config.key=value sets one of its settings",
+                                    config_lib.load_config_file)
+    flags.DEFINE_string("mesh", ",".join(map(str, V4_32)), "data,fsdp,tensor sizes of the "
+                        "abstract mesh (default: a v4-32's 16)", flag_values=fv)
+
+  fv, _ = command_line.parse(argv, define, prog=PROG, doc=__doc__, required=["config"])
   try:
-    shape = tuple(int(x) for x in args.mesh.split(","))
+    shape = tuple(int(x) for x in fv.mesh.split(","))
   except ValueError:
     shape = ()
   if len(shape) != 3 or min(shape) < 1:
-    fail(f"--mesh={args.mesh!r} takes three sizes data,fsdp,tensor, e.g. 4,2,2")
-  config = config_lib.load_config_file(args.config)
+    fail(f"--mesh={fv.mesh!r} takes three sizes data,fsdp,tensor, e.g. 4,2,2")
+  config = fv.config
+  config_lib.apply_overrides(config, overrides)
   config_checks.check_settings(config)  # the settings the optimizer and model trust
   exported = export_train_step(config, shape)
-  print(f"{args.config}: the TPU-set train step lowers for TPU over a {math.prod(shape)}-device "
-        f"mesh {shape}; custom calls: {', '.join(custom_calls(exported)) or 'none'}")
+  print(f"{config_flags.get_config_filename(fv['config'])}: the TPU-set train step lowers for TPU "
+        f"over a {math.prod(shape)}-device mesh {shape}; custom calls: "
+        f"{', '.join(custom_calls(exported)) or 'none'}")
 
 
 if __name__ == "__main__":
