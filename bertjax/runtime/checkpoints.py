@@ -348,8 +348,11 @@ def restore_checkpoint_params(workdir: str | pathlib.Path, step: int | None = No
 def _restore_here(directory: paths.Path, step: int):
   """A checkpoint's state on this process's first device: a reader's arrays, wherever the
   checkpoint was written from (several processes' devices, a mesh this host lacks)."""
-  reader = ocp.CheckpointManager(directory, item_names=("state", "data"),
-                                 item_handlers={"state": ocp.StandardCheckpointHandler()})
+  # Every item the run writes named, so orbax has no item of unknown kind to warn about.
+  reader = ocp.CheckpointManager(directory, item_names=("state", "data", RECORD),
+                                 item_handlers={"state": ocp.StandardCheckpointHandler(),
+                                                "data": ocp.JsonCheckpointHandler(),
+                                                RECORD: ocp.JsonCheckpointHandler()})
   try:
     here = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=here),
