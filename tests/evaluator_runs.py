@@ -15,7 +15,7 @@ from bertjax.data import tokenizers
 from bertjax.metrics import glue as glue_eval
 from bertjax.metrics import ner as ner_eval
 from bertjax.registry import get_objective
-from helpers import TINY, load_config
+from helpers import TINY, conll_part, load_config
 
 GOLDEN = pathlib.Path(__file__).resolve().parent / "golden" / "evaluators_before.json"
 FAMILIES = ("glue", "squad", "ner")
@@ -24,17 +24,6 @@ FAMILIES = ("glue", "squad", "ner")
 def _tokenizer(folder: pathlib.Path, texts, vocab: int) -> str:
   tokenizers.train_sentencepiece(texts, folder, vocab_size=vocab, num_threads=1)
   return str(folder)
-
-
-def _conll(src: pathlib.Path, dst: pathlib.Path, first: int, count: int) -> pathlib.Path:
-  sentences = ner_eval.read_conll(src)[first:first + count]
-  with open(dst, "w", encoding="utf-8") as f:
-    f.write("-DOCSTART- -X- -X- O\n\n")
-    for s in sentences:
-      for row in zip(s.tokens, s.pos, s.chunk, s.tags):
-        f.write(" ".join(row) + "\n")
-      f.write("\n")
-  return dst
 
 
 def config_of(family: str, tmp: pathlib.Path, data: pathlib.Path):
@@ -58,9 +47,9 @@ def config_of(family: str, tmp: pathlib.Path, data: pathlib.Path):
                        doc_stride=48, max_query_length=24, max_train_examples=16,
                        **{**common, "data.tokenizer": tok, "model.vocab_size": 800})
   conll = data / "conll2003"
-  _conll(conll / "valid.txt", tmp / "train.txt", 0, 40)
-  _conll(conll / "valid.txt", tmp / "dev.txt", 40, 60)
-  _conll(conll / "valid.txt", tmp / "test.txt", 100, 30)
+  conll_part(conll / "valid.txt", tmp / "train.txt", 0, 40)
+  conll_part(conll / "valid.txt", tmp / "dev.txt", 40, 60)
+  conll_part(conll / "valid.txt", tmp / "test.txt", 100, 30)
   sentences = ner_eval.read_conll(conll / "valid.txt")[:200]
   tok = _tokenizer(tmp / "tok", (" ".join(s.tokens) for s in sentences), 500)
   return load_config("configs/ner.py:runlocal", data_dir=str(tmp), train_file="train.txt",

@@ -14,6 +14,7 @@ import numpy as np
 
 from bertjax.config import config_lib
 from bertjax.data import instances
+from bertjax.metrics import ner as ner_eval
 from bertjax.models import dropout, kernels
 from bertjax.runtime import optim, sharding
 from bertjax.trainer import train as trainer
@@ -126,3 +127,15 @@ def bertjax_losses(objective, config, model_cfg, params, batches) -> list[float]
       state, metrics = step_fn(state, batch)
       losses.append(float(metrics["loss"][0]))
   return losses
+
+
+def conll_part(src: pathlib.Path, dst: pathlib.Path, first: int, count: int) -> pathlib.Path:
+  """Sentences [first, first + count) of a CoNLL file, written in its own format to `dst`."""
+  sentences = ner_eval.read_conll(src)[first:first + count]
+  with open(dst, "w", encoding="utf-8") as f:
+    f.write("-DOCSTART- -X- -X- O\n\n")
+    for s in sentences:
+      for row in zip(s.tokens, s.pos, s.chunk, s.tags):
+        f.write(" ".join(row) + "\n")
+      f.write("\n")
+  return dst

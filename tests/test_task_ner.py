@@ -18,23 +18,11 @@ from bertjax.runtime.run_record import summarize
 from bertjax.tasks import ner
 from bertjax.trainer import train
 
-from helpers import REPO, TINY, load_config, run_module
+from helpers import REPO, TINY, conll_part, load_config, run_module
 
 
 def ner_config(variant: str, **overrides):
   return load_config(f"configs/ner.py:{variant}", **{**TINY, **overrides})
-
-
-def conll_part(src: pathlib.Path, dst: pathlib.Path, first: int, count: int) -> pathlib.Path:
-  """Sentences [first, first + count) of a CoNLL file, written in its own format to `dst`."""
-  sentences = ner_eval.read_conll(src)[first:first + count]
-  with open(dst, "w", encoding="utf-8") as f:
-    f.write("-DOCSTART- -X- -X- O\n\n")
-    for s in sentences:
-      for row in zip(s.tokens, s.pos, s.chunk, s.tags):
-        f.write(" ".join(row) + "\n")
-      f.write("\n")
-  return dst
 
 
 @pytest.fixture(scope="module")
