@@ -258,13 +258,7 @@ def test_kill_9_of_one_process_then_the_next_launch_resumes_from_the_last_checkp
   command = [*QUICK, "--workdir", str(workdir), "--config.distributed=True",
              "--config.mesh_shape=(-1,1,1)", "--config.async_checkpointing=False",
              "--config.log_every=1"]
-  procs, out = start(command)
-  try:
-    out.wait_for(r"^\[p0\] train step 11/20:", RUN_S)
-    procs.procs[1].kill()
-    survivor = procs.procs[0].wait(timeout=int(TIMEOUTS["BERTJAX_HEARTBEAT_TIMEOUT_S"]) + 60)
-  finally:
-    stop(procs)
+  survivor, out = kill_process_1_after(command, r"^\[p0\] train step 11/20:")
   assert survivor == distributed.EXIT_PROCESS_LOST, out.lines[-30:]
   errors = one_line_errors(out.lines, 0)
   assert len(errors) == 1 and "process 1 of the run stopped responding" in errors[0], errors
@@ -566,6 +560,19 @@ def test_two_processes_fine_tune_ner_as_one(tmp_path, data_dir):
 # One run, one config; faults.
 
 
+def kill_process_1_after(command, line: str):
+  """Starts `command` on 2 processes, kills process 1 with -9 once process 0 prints `line`, and
+  waits for process 0 within the heartbeat timeout and a minute: (its exit status, the output)."""
+  procs, out = start(command)
+  try:
+    out.wait_for(line, RUN_S)
+    procs.procs[1].kill()
+    survivor = procs.procs[0].wait(timeout=int(TIMEOUTS["BERTJAX_HEARTBEAT_TIMEOUT_S"]) + 60)
+  finally:
+    stop(procs)
+  return survivor, out
+
+
 def one_line_errors(lines, process):
   return [l for l in lines if l.startswith(f"[p{process}] error:")]
 
@@ -673,13 +680,7 @@ def test_kill_9_of_one_process_ends_the_other_with_one_line(tmp_path):
   with a traceback, exit 134.)"""
   workdir = tmp_path / "run"
   command = long_run(workdir)
-  procs, out = start(command)
-  try:
-    out.wait_for(r"^\[p0\] train step 5/2000:", RUN_S)
-    procs.procs[1].kill()
-    survivor = procs.procs[0].wait(timeout=int(TIMEOUTS["BERTJAX_HEARTBEAT_TIMEOUT_S"]) + 60)
-  finally:
-    stop(procs)
+  survivor, out = kill_process_1_after(command, r"^\[p0\] train step 5/2000:")
   assert survivor == distributed.EXIT_PROCESS_LOST, out.lines[-30:]
   after = out.lines[out.lines.index(out.wait_for(r"^\[p0\] train step 5/2000:", 1)):]
   errors = one_line_errors(after, 0)
