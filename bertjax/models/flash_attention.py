@@ -9,7 +9,10 @@ comes from the layer's 'dropout' RNG (`dropout_seed`): the mask follows the step
 layer, like every other dropout mask, and a resumed run draws the same ones.
 
 Chosen per model by `model.attention_dropout_kernel` (bertjax.models.kernels): the GPU set's
-default (measured faster on an H200), the explicit path elsewhere.
+default (measured faster on an H200), the explicit path elsewhere. With `window`, the same kernels
+compute ModernBERT's local layers (query i sees key j when |i - j| <= window) visiting only the
+key blocks around each query block, and skip block pairs whose segment ids cannot meet: the
+GPU set's `pallas_local_window` field (off: device speed unmeasured).
 """
 
 from __future__ import annotations
@@ -72,18 +75,22 @@ def _segments(batch: int, q_len: int, k_len: int, kv_lengths, segment_ids):
 
 def flash_attention(q: Array, k: Array, v: Array, *, kv_lengths: Array | None = None,
                     segment_ids=None, dropout_rate: float = 0.0, seed: Array | None = None,
-                    interpret: bool = False, block_q: int = 64, block_k: int = 64) -> Array:
+                    interpret: bool = False, block_q: int = 64, block_k: int = 64,
+                    window: int | None = None) -> Array:
   """<T>[batch, q_len, heads, head_dim] (q; k and v [batch, k_len, heads, head_dim]) -> the
   attention output <T>[batch, q_len, heads, head_dim].
 
   kv_lengths: <int32>[batch], each row's real keys (the rest are padding); segment_ids:
   <int>[batch, seq] non-negative ids (q_len == k_len), or a pair (query ids [batch, q_len], key
-  ids [batch, k_len]): a query sees only keys of its own id. Queries that see no key get some
-  finite output. dropout_rate in [0, 1) with seed <uint32>[2] (`dropout_seed`): probabilities
-  are dropped after the softmax with the counter-based mask of `seed` and the kept ones scaled by
-  1 / (1 - rate). interpret: run the kernels in Pallas interpret mode (on the CPU). Lengths are
-  padded to the block sizes (powers of two >= 16, shrunk for short sequences) and the head size
-  to a power of two >= 16; the padding is masked and sliced off.
+  ids [batch, k_len]): a query sees only keys of its own id. window: query i sees key j only when
+  |i - j| <= window (q_len == k_len; ModernBERT's local layers take local_attention // 2): each
+  block of queries visits the key blocks that meet its window only, and blocks whose segment ids
+  cannot meet are skipped. Queries that see no key get some finite output (0 where every block
+  around them is skipped). dropout_rate in [0, 1) with seed <uint32>[2] (`dropout_seed`):
+  probabilities are dropped after the softmax with the counter-based mask of `seed` and the kept
+  ones scaled by 1 / (1 - rate). interpret: run the kernels in Pallas interpret mode (on the
+  CPU). Lengths are padded to the block sizes (powers of two >= 16, shrunk for short sequences)
+  and the head size to a power of two >= 16; the padding is masked and sliced off.
   """
   batch, q_len, heads, head_dim = q.shape
   k_len = k.shape[1]
@@ -94,6 +101,9 @@ def flash_attention(q: Array, k: Array, v: Array, *, kv_lengths: Array | None = 
     raise ValueError(f"dropout_rate={dropout_rate} must be in [0, 1)")
   if dropout_rate > 0.0 and seed is None:
     raise ValueError("dropout_rate > 0 needs a seed (dropout_seed(rng))")
+  if window is not None and (window < 0 or q_len != k_len):
+    raise ValueError(f"window={window} needs window >= 0 and queries at the keys' positions "
+                     f"(q_len {q_len} == k_len {k_len})")
   q_seg, kv_seg = _segments(batch, q_len, k_len, kv_lengths, segment_ids)
   bq, bk = _block(block_q, q_len), _block(block_k, k_len)
   q_pad, k_pad = -(-q_len // bq) * bq, -(-k_len // bk) * bk
@@ -108,7 +118,7 @@ def flash_attention(q: Array, k: Array, v: Array, *, kv_lengths: Array | None = 
     keys = jnp.zeros((batch, heads, 1), jnp.uint32)
   plan = fk.Plan(scale=1.0 / math.sqrt(head_dim), rate=float(dropout_rate),
                  threshold=dropout_lib.threshold(dropout_rate), block_q=bq, block_k=bk,
-                 interpret=interpret)
+                 interpret=interpret, window=window, skip_disjoint=window is not None)
   out = _attention(q, k, v, q_seg, kv_seg, keys, plan)
   return out[:, :q_len, :, :head_dim]
 

@@ -3,9 +3,14 @@ with its plain-JAX mask.
 
 Each kernel works on one (batch row, head) and one block of queries (forward, dq) or keys (dk/dv),
 looping over the other side's blocks; probabilities are never stored: the forward pass keeps the
-row's log-sum-exp and the backward passes recompute them. The ops are the ones Triton lowers
-(block specs, 2-D `jnp.dot` on blocks of at least 16, uint32 arithmetic); their GPU lowering and
-speed are unmeasured, and on the CPU they run in Pallas interpret mode.
+row's log-sum-exp and the backward passes recompute them. With a window (`Plan.window`: query i
+sees key j only when |i - j| <= window, ModernBERT's local layers), the loop runs over the blocks
+that meet the block's window only (`block_range`: a bound in the window, not the sequence), and
+skips a block whose segment ids cannot equal any of the other side's (`Plan.skip_disjoint`);
+both rules are symmetric, so the backward kernels visit the forward pass's block pairs. The ops
+are the ones Triton lowers (block specs, 2-D `jnp.dot` on blocks of at least 16, uint32
+arithmetic); their GPU lowering and speed are unmeasured, and on the CPU they run in Pallas
+interpret mode.
 
 Dropout is counter-based: element (b, h, i, j) is kept when a 32-bit hash of the seed and its
 coordinates is >= `bertjax.models.dropout.threshold(rate)`, so every kernel regenerates the same
@@ -62,23 +67,60 @@ def keep_from_words(rows: Array, cols: Array, threshold: int) -> Array:
 @dataclasses.dataclass(frozen=True)
 class Plan:
   """What the kernels are built with: softmax scale, drop rate and its 32-bit threshold, block
-  sizes, and whether Pallas interprets them (CPU)."""
+  sizes, and whether Pallas interprets them (CPU). window: None, or query i sees key j only when
+  |i - j| <= window (self-attention, both sides at the same positions). skip_disjoint: a block
+  pair whose segment-id ranges do not overlap is not computed (no query of one sees a key of the
+  other); off, every pair in range is."""
   scale: float
   rate: float
   threshold: int
   block_q: int
   block_k: int
   interpret: bool
+  window: int | None = None
+  skip_disjoint: bool = False
+
+
+def block_range(index, size: int, other: int, count: int, window: int | None):
+  """(first, end) of the other side's blocks (of `other` rows, `count` of them) that block `index`
+  of this side (of `size` rows) meets within `window`: every block when there is none. Symmetric:
+  block t is in block i's range exactly when i is in t's, so the dk/dv kernel visits the pairs the
+  forward and dq kernels visit. At most (size + 2 * window - 1) // other + 2 blocks."""
+  if window is None:
+    return 0, count
+  first = jnp.maximum(index * size - window, 0) // other
+  end = jnp.minimum((index + 1) * size - 1 + window, count * other - 1) // other + 1
+  return first, end
 
 
 def _span(start, size: int) -> Array:
   return (start + jnp.arange(size, dtype=jnp.int32)).astype(jnp.uint32)
 
 
-def _scores(q, k, q_seg, kv_seg, scale):
-  """Scaled q.k of one block pair, <float32>[bq, bk], with keys of another segment masked."""
-  s = jnp.dot(q, k.T, preferred_element_type=jnp.float32) * scale
-  return jnp.where(q_seg[:, None] == kv_seg[None, :], s, MASK_VALUE)
+def _scores(q, k, q_seg, kv_seg, plan: Plan, q_start, k_start):
+  """Scaled q.k of one block pair, <float32>[bq, bk], with keys of another segment masked, and
+  keys outside the window of a query (the blocks' first rows at q_start and k_start)."""
+  s = jnp.dot(q, k.T, preferred_element_type=jnp.float32) * plan.scale
+  seen = q_seg[:, None] == kv_seg[None, :]
+  if plan.window is not None:
+    i = q_start + jnp.arange(q.shape[0], dtype=jnp.int32)
+    j = k_start + jnp.arange(k.shape[0], dtype=jnp.int32)
+    seen = seen & (jnp.abs(i[:, None] - j[None, :]) <= plan.window)
+  return jnp.where(seen, s, MASK_VALUE)
+
+
+def _visit(step, plan: Plan, segments, other_segments):
+  """`step(t, carry)` as a loop body that leaves the carry alone where block t's segment ids
+  (`other_segments(t)`) cannot equal any of `segments` (with `plan.skip_disjoint`)."""
+  if not plan.skip_disjoint:
+    return step
+  low, high = jnp.min(segments), jnp.max(segments)
+
+  def body(t, carry):
+    other = other_segments(t)
+    meet = (jnp.max(other) >= low) & (jnp.min(other) <= high)
+    return jax.lax.cond(meet, step, lambda t, carry: carry, t, carry)
+  return body
 
 
 def _dropped(p, keep, rate):
@@ -88,17 +130,19 @@ def _dropped(p, keep, rate):
 
 def forward_kernel(q_ref, k_ref, v_ref, qseg_ref, kvseg_ref, key_ref, o_ref, lse_ref, *,
                    plan: Plan):
-  """One block of queries against every key block: online softmax, dropout after it."""
+  """One block of queries against the key blocks in its range (`block_range`): online softmax,
+  dropout after it. A query whose visited keys are all skipped gets 0."""
   block_q, block_k = q_ref.shape[0], plan.block_k
   q, q_seg = q_ref[...], qseg_ref[...]
+  q_start = pl.program_id(2) * block_q
   if plan.rate > 0.0:
-    rows = row_words(key_ref[...], _span(pl.program_id(2) * block_q, block_q))[:, None]
+    rows = row_words(key_ref[...], _span(q_start, block_q))[:, None]
 
-  def body(t, carry):
+  def step(t, carry):
     o, m, l = carry
     ks = pl.ds(t * block_k, block_k)
     v = v_ref[ks, :]
-    s = _scores(q, k_ref[ks, :], q_seg, kvseg_ref[ks], plan.scale)
+    s = _scores(q, k_ref[ks, :], q_seg, kvseg_ref[ks], plan, q_start, t * block_k)
     m_new = jnp.maximum(m, jnp.max(s, axis=1))
     correction = jnp.exp(m - m_new)
     p = jnp.exp(s - m_new[:, None])
@@ -112,18 +156,22 @@ def forward_kernel(q_ref, k_ref, v_ref, qseg_ref, kvseg_ref, key_ref, o_ref, lse
 
   init = (jnp.zeros(q.shape, jnp.float32), jnp.full((block_q,), MASK_VALUE, jnp.float32),
           jnp.zeros((block_q,), jnp.float32))
-  o, m, l = jax.lax.fori_loop(0, k_ref.shape[0] // block_k, body, init)
+  first, end = block_range(pl.program_id(2), block_q, block_k, k_ref.shape[0] // block_k,
+                           plan.window)
+  body = _visit(step, plan, q_seg, lambda t: kvseg_ref[pl.ds(t * block_k, block_k)])
+  o, m, l = jax.lax.fori_loop(first, end, body, init)
+  l = jnp.where(l == 0.0, 1.0, l)  # every block skipped: o is 0, the lse finite and unread
   o_ref[...] = (o / l[:, None]).astype(o_ref.dtype)
   lse_ref[...] = m + jnp.log(l)
 
 
-def _score_grads(q, k, v, do, lse, delta, q_seg, kv_seg, keep, plan: Plan):
+def _score_grads(q, k, v, do, lse, delta, q_seg, kv_seg, keep, plan: Plan, q_start, k_start):
   """(p after dropout, dS) of one block pair, from the saved log-sum-exp and delta = rowsum(dO*O).
 
   With P the softmax and Pd = P * keep / (1 - rate): dV = Pd^T dO; dP = (dO V^T) * keep / (1 -
   rate); dS = P * (dP - delta), since rowsum(dP * P) = rowsum(dO V^T * Pd) = rowsum(dO * O).
   """
-  p = jnp.exp(_scores(q, k, q_seg, kv_seg, plan.scale) - lse[:, None])
+  p = jnp.exp(_scores(q, k, q_seg, kv_seg, plan, q_start, k_start) - lse[:, None])
   dp = jnp.dot(do, v.T, preferred_element_type=jnp.float32)
   if keep is not None:
     return _dropped(p, keep, plan.rate), p * (_dropped(dp, keep, plan.rate) - delta[:, None])
@@ -132,37 +180,42 @@ def _score_grads(q, k, v, do, lse, delta, q_seg, kv_seg, keep, plan: Plan):
 
 def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kvseg_ref, key_ref,
               dq_ref, *, plan: Plan):
-  """dQ of one block of queries, looping over key blocks."""
+  """dQ of one block of queries, looping over the key blocks in its range."""
   block_q, block_k = q_ref.shape[0], plan.block_k
   q, do, lse, delta, q_seg = (q_ref[...], do_ref[...], lse_ref[...], delta_ref[...],
                               qseg_ref[...])
+  q_start = pl.program_id(2) * block_q
   if plan.rate > 0.0:
-    rows = row_words(key_ref[...], _span(pl.program_id(2) * block_q, block_q))[:, None]
+    rows = row_words(key_ref[...], _span(q_start, block_q))[:, None]
 
-  def body(t, dq):
+  def step(t, dq):
     ks = pl.ds(t * block_k, block_k)
     k = k_ref[ks, :]
     keep = None
     if plan.rate > 0.0:
       cols = col_words(key_ref[...], _span(t * block_k, block_k))[None, :]
       keep = keep_from_words(rows, cols, plan.threshold)
-    _, ds = _score_grads(q, k, v_ref[ks, :], do, lse, delta, q_seg, kvseg_ref[ks], keep, plan)
+    _, ds = _score_grads(q, k, v_ref[ks, :], do, lse, delta, q_seg, kvseg_ref[ks], keep, plan,
+                         q_start, t * block_k)
     return dq + jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
 
-  dq = jax.lax.fori_loop(0, k_ref.shape[0] // block_k, body,
-                         jnp.zeros(q.shape, jnp.float32))
+  first, end = block_range(pl.program_id(2), block_q, block_k, k_ref.shape[0] // block_k,
+                           plan.window)
+  body = _visit(step, plan, q_seg, lambda t: kvseg_ref[pl.ds(t * block_k, block_k)])
+  dq = jax.lax.fori_loop(first, end, body, jnp.zeros(q.shape, jnp.float32))
   dq_ref[...] = (dq * plan.scale).astype(dq_ref.dtype)
 
 
 def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kvseg_ref, key_ref,
                dk_ref, dv_ref, *, plan: Plan):
-  """dK and dV of one block of keys, looping over query blocks."""
+  """dK and dV of one block of keys, looping over the query blocks in its range."""
   block_q, block_k = plan.block_q, k_ref.shape[0]
   k, v, kv_seg = k_ref[...], v_ref[...], kvseg_ref[...]
+  k_start = pl.program_id(2) * block_k
   if plan.rate > 0.0:
-    cols = col_words(key_ref[...], _span(pl.program_id(2) * block_k, block_k))[None, :]
+    cols = col_words(key_ref[...], _span(k_start, block_k))[None, :]
 
-  def body(t, carry):
+  def step(t, carry):
     dk, dv = carry
     qs = pl.ds(t * block_q, block_q)
     q, do = q_ref[qs, :], do_ref[qs, :]
@@ -171,12 +224,15 @@ def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kvseg_
       rows = row_words(key_ref[...], _span(t * block_q, block_q))[:, None]
       keep = keep_from_words(rows, cols, plan.threshold)
     pd, ds = _score_grads(q, k, v, do, lse_ref[qs], delta_ref[qs], qseg_ref[qs], kv_seg, keep,
-                          plan)
+                          plan, t * block_q, k_start)
     dv = dv + jnp.dot(pd.astype(do.dtype).T, do, preferred_element_type=jnp.float32)
     dk = dk + jnp.dot(ds.astype(q.dtype).T, q, preferred_element_type=jnp.float32)
     return dk, dv
 
   zeros = jnp.zeros(k.shape, jnp.float32)
-  dk, dv = jax.lax.fori_loop(0, q_ref.shape[0] // block_q, body, (zeros, zeros))
+  first, end = block_range(pl.program_id(2), block_k, block_q, q_ref.shape[0] // block_q,
+                           plan.window)
+  body = _visit(step, plan, kv_seg, lambda t: qseg_ref[pl.ds(t * block_q, block_q)])
+  dk, dv = jax.lax.fori_loop(first, end, body, (zeros, zeros))
   dk_ref[...] = (dk * plan.scale).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
