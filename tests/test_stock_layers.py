@@ -134,7 +134,8 @@ def test_stock_set_turns_every_field_off():
          "attention": "xla", "attention_lengths": False, "one_hot_rows": 0,
          "dropout": dropout.STOCK, "erf_gelu": False, "float32_lookup": False,
          "float32_gather": False, "bias_product": False, "scalar_clipping": False,
-         "attention_dropout": "explicit", "row_multiple": 1, "fused_residual": False}
+         "attention_dropout": "explicit", "row_multiple": 1, "fused_residual": False,
+         "pallas_local_window": False}
   fields = {f.name for f in dataclasses.fields(kernels.Kernels)} - {"platform"}
   assert set(off) == fields  # a new field gets its stock value here
   assert {k: getattr(kernels.STOCK, k) for k in off} == off

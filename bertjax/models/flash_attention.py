@@ -146,6 +146,11 @@ def _specs(q_len: int, k_len: int, dim: int, block: int, by_keys: bool):
           key_spec)
 
 
+def _name(plan: fk.Plan, part: str) -> str:
+  """The kernel's name in the lowered program and a profile: flash_window_* with a window."""
+  return f"flash_{'dropout' if plan.window is None else 'window'}_{part}"
+
+
 def _forward(q, k, v, q_seg, kv_seg, keys, plan: fk.Plan):
   batch, q_len, heads, dim = q.shape
   q_spec, k_spec, v_spec, _, stat_spec, _, q_seg_spec, kv_seg_spec, key_spec = _specs(
@@ -157,7 +162,7 @@ def _forward(q, k, v, q_seg, kv_seg, keys, plan: fk.Plan):
       out_specs=[q_spec, stat_spec],
       out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                  jax.ShapeDtypeStruct((batch, heads, q_len), jnp.float32)],
-      interpret=plan.interpret, compiler_params=TRITON, name="flash_dropout_forward",
+      interpret=plan.interpret, compiler_params=TRITON, name=_name(plan, "forward"),
   )(q, k, v, q_seg, kv_seg, keys)
 
 
@@ -183,7 +188,7 @@ def _attention_bwd(plan, residuals, d_out):
       in_specs=list(_specs(q_len, k_len, dim, plan.block_q, by_keys=False)),
       out_specs=_specs(q_len, k_len, dim, plan.block_q, by_keys=False)[0],
       out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-      interpret=plan.interpret, compiler_params=TRITON, name="flash_dropout_dq",
+      interpret=plan.interpret, compiler_params=TRITON, name=_name(plan, "dq"),
   )(*operands)
   kv_specs = _specs(q_len, k_len, dim, plan.block_k, by_keys=True)
   dk, dv = pl.pallas_call(
@@ -192,7 +197,7 @@ def _attention_bwd(plan, residuals, d_out):
       in_specs=list(kv_specs),
       out_specs=[kv_specs[1], kv_specs[2]],
       out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-      interpret=plan.interpret, compiler_params=TRITON, name="flash_dropout_dkv",
+      interpret=plan.interpret, compiler_params=TRITON, name=_name(plan, "dkv"),
   )(*operands)
   return dq, dk, dv, None, None, None
 

@@ -93,6 +93,13 @@ class Kernels:
     Pallas kernel each way (`bertjax.models.fused_residual`: its keep mask hashed from the
     layer's dropout key, another stream than `dropout`'s); off: dropout, add and LayerNorm as
     separate operations. Off in every set: its device speed is unmeasured.
+  pallas_local_window: ModernBERT's local (sliding-window) layers through the Pallas flash kernel
+    with its window (`bertjax.models.flash_attention`, `window`): each block of queries visits
+    only the key blocks around it, block pairs of segments that cannot meet are skipped, and
+    attention dropout, when training with it, is drawn in the kernel from the layer's key (another
+    stream than `nn.Dropout`'s); off: the window band by band through XLA (`banded_attention`),
+    the full window mask, or splash's LocalMask (TPU set). Interpreted off GPUs. Off in every set:
+    its device speed is unmeasured.
   """
   platform: str
   flat_dense: bool
@@ -110,6 +117,7 @@ class Kernels:
   attention_dropout: str = "explicit"
   row_multiple: int = 1
   fused_residual: bool = False
+  pallas_local_window: bool = False
 
 
 # CPU (XLA:CPU on 2-core x86 machines, bertjax.tools.benchmark; PERFORMANCE.md):
@@ -171,6 +179,9 @@ CPU = Kernels(platform="cpu", flat_dense=True, layer_norm_vjp=True, remat_activa
 #   148k -> 482k (PERFORMANCE.md, quoted, not re-measured). float32_gather, the same scatter for
 #   the masked rows: unmeasured.
 # - erf_gelu, bias_product, scalar_clipping: kept from the CPU, unmeasured on a GPU.
+# - pallas_local_window stays off: ModernBERT's local layers in the windowed flash kernel are
+#   unmeasured on a GPU (an ablation row in experiments/ablations/modernbert-base-1024.py); their
+#   CUDA lowering is checked on the CPU (tests/test_kernel_lowering.py).
 GPU = Kernels(platform="gpu", flat_dense=True, layer_norm_vjp=True, remat_activation=False,
               attention="cudnn", attention_lengths=True, one_hot_rows=16, dropout="packed32+rbg",
               erf_gelu=True, float32_lookup=True, float32_gather=True, bias_product=True,

@@ -33,12 +33,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.core.errors import fail
-from bertjax.models import splash
+from bertjax.models import kernels, splash
 from bertjax.models.attention import (AttentionMask, attention_implementation, attention_mask_for,
                                       explicit_attention, fused_attention)
 from bertjax.models.config import ModelConfig
 from bertjax.models.embeddings import position_ids_for
 from bertjax.models.encoder import EncoderOutput
+from bertjax.models.flash_attention import dropout_seed, flash_attention
 from bertjax.models.layers import (Layered, Layers, activation, add_vocab_bias, gather_positions,
                                    rematerialized)
 
@@ -149,16 +150,31 @@ def banded_attention(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array,
   return out.reshape(batch, n * c, heads, head_dim)[:, :seq]
 
 
+def local_flash_attention(q: Array, k: Array, v: Array, mask: AttentionMask, half: int,
+                          rate: float, make_rng) -> Array:
+  """A local layer's attention in the Pallas flash kernel with its window (`Kernels.
+  pallas_local_window`): query i sees key j when |i - j| <= half and their ids are equal (the
+  mask's segment ids; unpacked rows: every query 1, real keys 1, padding 0), visiting only the key
+  blocks around each query block. Dropout at `rate` > 0 is drawn in the kernel from the layer's
+  'dropout' key (`make_rng`). Interpreted off GPUs. q, k, v: <T>[batch, seq, heads, head_dim]."""
+  q_ids = mask.q_segments if mask.q_segments is not None else jnp.ones_like(mask.kv_segments)
+  seed = dropout_seed(make_rng("dropout")) if rate > 0.0 else None
+  return flash_attention(q, k, v, segment_ids=(q_ids, mask.kv_segments), dropout_rate=rate,
+                         seed=seed, window=half, interpret=kernels.triton_interpreted())
+
+
 class ModernBertAttention(Layered):
   """Fused q/k/v projection, rotary embedding, attention, output projection.
 
-  `local`: a sliding-window layer. On TPUs (the splash kernel set) its window is splash's own
-  LocalMask; elsewhere it goes through XLA, jax's cuDNN path taking only a left window unless
-  causal while ModernBERT's window is symmetric: band by band (`banded_attention`) when rows are
-  longer than its three chunks (fewer score entries: seq x 3 * (local_attention // 2) instead of
-  seq x seq; its speed on a device is unmeasured), else with the full window mask
-  (`window_mask`, built once per forward pass and shared by the local layers). Global layers
-  take the platform's fused kernel (cuDNN, splash or XLA), as BERT's layers do.
+  `local`: a sliding-window layer. With `Kernels.pallas_local_window` (off in every set) its
+  window runs in the Pallas flash kernel (`local_flash_attention`). On TPUs (the splash kernel
+  set) it is splash's own LocalMask; elsewhere it goes through XLA, jax's cuDNN path taking only
+  a left window unless causal while ModernBERT's window is symmetric: band by band
+  (`banded_attention`) when rows are longer than its three chunks (fewer score entries: seq x 3 *
+  (local_attention // 2) instead of seq x seq; its speed on a device is unmeasured), else with
+  the full window mask (`window_mask`, built once per forward pass and shared by the local
+  layers). Global layers take the platform's fused kernel (cuDNN, splash or XLA), as BERT's
+  layers do.
   """
   config: ModelConfig
   local: bool
@@ -179,7 +195,10 @@ class ModernBertAttention(Layered):
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     rate, scores = cfg.attention_dropout, None
-    if (deterministic or rate == 0.0) and not output_attentions:
+    if self.local and L.kernels.pallas_local_window and not output_attentions:
+      out = local_flash_attention(q, k, v, mask, cfg.local_attention // 2,
+                                  0.0 if deterministic else rate, self.make_rng)
+    elif (deterministic or rate == 0.0) and not output_attentions:
       impl = attention_implementation(L.kernels, cfg.head_dim, q.dtype, q_len=q.shape[1],
                                       k_len=k.shape[1], splash_mask=mask.tokens is not None)
       if self.local and impl == "splash":
