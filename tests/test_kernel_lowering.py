@@ -9,6 +9,8 @@ not lowered here (its lowering looks for the library; tests/cudnn_rules.py stand
 so the GPU set's dropout-free attention takes XLA's path inside `kernels.lowering_for("cuda")`.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -83,6 +85,75 @@ def test_twin_without_triton_named_fails_here(monkeypatch):
     export_cuda(forward, *operands())
 
 
+def window_fns(window: int = 64):
+  """The windowed kernel (ModernBERT's local layers: segment ids, a window each side), forward
+  alone and with its backward pass."""
+  def forward(q, k, v, ids):
+    return fa.flash_attention(q, k, v, segment_ids=(ids, ids), window=window, interpret=False)
+
+  def gradient(q, k, v, ids):
+    loss = lambda q, k, v: jnp.sum(forward(q, k, v, ids).astype(jnp.float32))
+    return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+  return forward, gradient
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("seq", [256, 200])  # 200: padded up to the kernel's blocks
+def test_window_kernels_lower_to_triton(dtype, seq):
+  """Its loops' bounds come from the block's position (a loop Triton takes as scf.for with
+  run-time bounds) and its segment skip is a branch inside them: both lower."""
+  forward, gradient = window_fns()
+  q, k, v, _ = operands(seq, dtype)
+  ids = jax.ShapeDtypeStruct((B, seq), jnp.int32)
+  text = export_cuda(forward, q, k, v, ids)
+  assert text.count(TRITON) == 1 and 'name = "flash_window_forward"' in text
+  text = export_cuda(gradient, q, k, v, ids)
+  assert text.count(TRITON) == 3
+  for name in ("flash_window_forward", "flash_window_dq", "flash_window_dkv"):
+    assert f'name = "{name}"' in text
+
+
+def triton_loops(monkeypatch, capsys, fn, *args) -> list[tuple[str, str, bool]]:
+  """(first, end, branch inside) of the outermost loop of each Triton module `fn` lowers to,
+  read from the modules Pallas prints with debug=True: SSA names, constants named %c..."""
+  real = fa.pl.pallas_call
+  monkeypatch.setattr(fa.pl, "pallas_call", lambda *a, **kw: real(*a, **{**kw, "debug": True}))
+  capsys.readouterr()
+  export_cuda(fn, *args)
+  modules = capsys.readouterr().out.split("The Triton module")[1:]
+  loops = []
+  for module in modules:
+    found = re.search(r"scf\.for %\w+ = (%\w+) to (%\w+)", module)
+    loops.append((found.group(1), found.group(2), "scf.if" in module[found.end():]))
+  return loops
+
+
+def test_window_kernels_loop_bounds_come_from_the_block(monkeypatch, capsys):
+  """In the Triton IR, the forward, dq and dk/dv kernels' loops run between bounds computed from
+  the program's block (`flash_kernels.block_range`), not over the whole row, with the segment skip
+  a branch inside; the unwindowed kernels' loops start at the constant 0 with no branch."""
+  q, k, v, _ = operands(256)
+  ids = jax.ShapeDtypeStruct((B, 256), jnp.int32)
+  loops = triton_loops(monkeypatch, capsys, window_fns()[1], q, k, v, ids)
+  assert len(loops) == 3
+  assert all(not first.startswith("%c") and not end.startswith("%c") and branch
+             for first, end, branch in loops)
+  plain = lambda q, k, v, ids: jax.grad(lambda q: jnp.sum(fa.flash_attention(
+      q, k, v, segment_ids=(ids, ids), interpret=False).astype(jnp.float32)))(q)
+  loops = triton_loops(monkeypatch, capsys, plain, q, k, v, ids)
+  assert len(loops) == 3 and all(first.startswith("%c0") and not branch
+                                 for first, _, branch in loops)
+
+
+def test_window_twin_with_a_block_triton_refuses_fails_here(monkeypatch):
+  """The windowed kernel with blocks of 24 rows: refused on this CPU, as the device would."""
+  monkeypatch.setattr(fa, "_block", lambda requested, length: 24)
+  forward, _ = window_fns()
+  q, k, v, _ = operands()
+  with pytest.raises(ValueError, match="power of 2"):
+    export_cuda(forward, q, k, v, jax.ShapeDtypeStruct((B, S), jnp.int32))
+
+
 @pytest.mark.parametrize("hidden,dtype", [(768, jnp.bfloat16), (1024, jnp.float32)])
 def test_fused_residual_kernels_lower_to_triton(hidden, dtype):
   """The residual block's kernel, forward alone and with its backward pass (768: padded to 1024
@@ -151,6 +222,21 @@ def test_gpu_set_step_with_the_fused_residual_kernel_lowers_for_cuda():
   assert text.count('name = "fused_residual_forward"') == 2 * layers
   assert text.count('name = "fused_residual_backward"') == 2 * layers
   assert text.count(TRITON) == 3 * layers + 4 * layers
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("window", [True, False])
+def test_gpu_set_modernbert_step_with_the_window_kernel_lowers_for_cuda(window):
+  """ModernBERT (runlocal, 3 layers: layer 0 global, 1 and 2 local) with
+  `pallas_local_window`: each local layer's attention is the windowed kernel, forward and backward
+  (three Triton calls), and nothing else of Pallas; the twin without the field has none."""
+  text, layers = lowered_gpu_step("configs/modernbert.py:runlocal", **{
+      "model.num_hidden_layers": 3, "model.kernel_overrides.pallas_local_window": window})
+  local = 2
+  assert layers == 3
+  assert text.count('name = "flash_window_forward"') == (local if window else 0)
+  assert text.count('name = "flash_window_dkv"') == (local if window else 0)
+  assert text.count(TRITON) == (3 * local if window else 0)
 
 
 @pytest.mark.slow
