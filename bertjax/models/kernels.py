@@ -98,8 +98,8 @@ class Kernels:
     only the key blocks around it, block pairs of segments that cannot meet are skipped, and
     attention dropout, when training with it, is drawn in the kernel from the layer's key (another
     stream than `nn.Dropout`'s); off: the window band by band through XLA (`banded_attention`),
-    the full window mask, or splash's LocalMask (TPU set). Interpreted off GPUs. Off in every set:
-    its device speed is unmeasured.
+    the full window mask, or splash's LocalMask (TPU set). Interpreted off GPUs; for one device
+    (XLA does not partition a Pallas call). Off in every set: its device speed is unmeasured.
   """
   platform: str
   flat_dense: bool
