@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from bertjax.models import flash_kernels as fk
+from bertjax.models import kernels
 from bertjax.models import modernbert
 from bertjax.models.attention import explicit_attention
 from bertjax.models.flash_attention import dropout_seed, flash_attention
@@ -343,7 +344,6 @@ def test_modernbert_attention_dropout_is_drawn_in_the_kernel(monkeypatch):
 
 
 def test_the_field_is_off_in_every_set():
-  from bertjax.models import kernels  # pylint: disable=import-outside-toplevel
   for name in ("cpu", "gpu", "tpu", "tpu-xla", "stock"):
     assert not kernels.for_platform(name).pallas_local_window
   assert kernels.for_model(with_kernel(tiny())).pallas_local_window
