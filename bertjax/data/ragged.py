@@ -197,15 +197,20 @@ def special_ids(vocab_size: int) -> SpecialIds:
   return SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=vocab_size)
 
 
+def check_pack(config, objective) -> None:
+  """Refuses packed rows for an objective that reads one sentence-pair label per row."""
+  if config.data.pack and objective.data_kind not in ("full", "single"):
+    raise UserError(f"packed rows (--pack, data.pack): objective {objective.name!r} reads a "
+                    "sentence-pair label from each row's [CLS], one per row; pack rows for an "
+                    "objective without one (e.g. --objective mlm) or give --no-pack")
+
+
 def ragged_batches(config, objective, lengths: Lengths, vocab_size: int, seed: int,
                    per_process: int):
   """The pipeline's iterator of `per_process`-row batches (this process's share of each global
   batch) of `RaggedDocuments`: padded, or packed when `config.data.pack`; masked as `objective`
   masks (`objective.masking(config)`)."""
-  if config.data.pack and objective.data_kind not in ("full", "single"):
-    raise UserError(f"--pack: objective {objective.name!r} reads a sentence-pair label from each "
-                    "row's [CLS], one per row; pack rows for an objective without one (e.g. "
-                    "--objective mlm) or drop --pack")
+  check_pack(config, objective)
   documents = RaggedDocuments(lengths, vocab_size, seed)
   rows = pipeline.Instances(kind="single", max_seq_length=config.max_seq_length,
                             short_seq_prob=0.0, pack=bool(config.data.pack),
