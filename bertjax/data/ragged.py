@@ -112,8 +112,10 @@ class Lengths:
 
   def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
     """<int64>[n] document lengths."""
-    if self.values:
-      return rng.choice(np.asarray(self.values), size=n, p=np.asarray(self.weights))
+    if self.values:  # inverse CDF
+      cdf = np.cumsum(self.weights)
+      at = np.minimum(np.searchsorted(cdf, rng.random(n), side="right"), len(cdf) - 1)
+      return np.asarray(self.values)[at]
     p = 1.0 / (self.mean - self.minimum + 1.0)
     return self.minimum + rng.geometric(p, size=n) - 1
 
