@@ -37,7 +37,7 @@ import jax
 import numpy as np
 
 from bertjax.core.errors import UserError
-from bertjax.data import pipeline
+from bertjax.data import pipeline, sources, tokenizers
 from bertjax.data.masking import SpecialIds
 
 # The runlocal recipes' sentencepiece vocabulary (configs/common.py LOCAL_VOCAB).
@@ -227,7 +227,6 @@ def measure_wikitext(path: str, vocab_size: int = LOCAL_VOCAB) -> tuple[dict[int
   """(paragraph text lengths -> count, article text lengths) of a WikiText file, tokenized by a
   sentencepiece model of `vocab_size` pieces trained on it (seed 0, one thread, so the same
   each time): what `WIKITEXT2_PARAGRAPHS` and `WIKITEXT2_ARTICLES` hold for the shipped sample."""
-  from bertjax.data import sources, tokenizers  # pylint: disable=import-outside-toplevel
   documents = sources.read_documents([path], "wikitext")
   tokenizer = tokenizers.train_sentencepiece(sources.iter_sentences(documents), None,
                                              vocab_size=vocab_size, seed=0, num_threads=1)
