@@ -403,3 +403,31 @@ def test_cpu_smoke_compiles_ahead_in_parallel_then_times_from_the_cache(tmp_path
   assert "| step from | kernels/step |" in table
   assert "Compiled ahead: 3 variants, 2 at a time" in table
   assert table.count("| cache |") == 3
+
+
+def test_lengths_and_pack_reach_the_benchmark_and_the_table_shows_real_tokens(tmp_path):
+  """Spec keys lengths/pack become --lengths and --pack/--no-pack on step rows; elsewhere, or
+  malformed, one line; the table has a real tokens/s column beside the slot count."""
+  spec = ablate.load_spec("modernbert-base-1024")
+  rows = {v["name"]: ablate.benchmark_args(ablate.settings(spec["base"], v))
+          for v in spec["variants"] if v["name"].startswith("ragged")}
+  padded = rows["ragged padded"]
+  assert padded[padded.index("--lengths") + 1] == "wikitext2"
+  assert "--no-pack" in rows["ragged padded"] and "--pack" in rows["ragged packed"]
+  for args in rows.values():
+    parsed = benchmark.parse_args(args)
+    assert parsed.length_distribution.name == "wikitext2"
+  assert benchmark.parse_args(rows["ragged packed"]).pack is True
+  for variant, message in (
+      ({"name": "t", "kind": "trainer", "lengths": "wikitext2"}, "not a trainer row's"),
+      ({"name": "l", "lengths": "wikitext9"}, "variant 'l': --lengths 'wikitext9'"),
+      ({"name": "p", "pack": True}, "pack=True needs ragged rows"),
+      ({"name": "q", "pack": "yes"}, "pack='yes' must be bool")):
+    with pytest.raises(UserError, match=message) as e:
+      ablate.check_spec({"base": {}, "variants": [variant]}, "spec")
+    assert "\n" not in str(e.value)
+  row = {"name": "ragged packed", "kind": "step", "status": "ok", "tokens_per_s": 1000.0,
+         "mfu": 0.5, "real_tokens_per_s": 970.0, "step_time_s": 0.1}
+  table = ablate.format_table("t", {}, [], [row])
+  assert "| variant | kind | tokens/s | MFU | real tokens/s | step ms |" in table
+  assert "| ragged packed | step | 1,000 | 0.500 | 970 | 100.0 |" in table

@@ -191,3 +191,52 @@ def test_data_pack_reaches_span_sbo_and_its_gradients_stay_finite(tmp_path):
   with pytest.raises(UserError, match="data.pack"):
     get_objective(nsp).build_inputs(nsp, tmp_path / "nsp")
   assert not (tmp_path / "nsp").exists()  # refused before preparing anything
+
+
+def test_a_packed_modernbert_row_gives_its_instances_their_loss_alone():
+  """ModernBERT's MLM loss (configs/modernbert.py's objective, a tiny model whose local window
+  is shorter than the row): two instances packed into one row with segment ids give the loss
+  they give in two padded rows, the same predictions at the same tokens."""
+  from tests.helpers import load_config  # pylint: disable=import-outside-toplevel
+  config = load_config("configs/modernbert.py:runlocal", max_seq_length=32,
+                       max_predictions_per_seq=6, **{"model.vocab_size": 60,
+                                                     "model.hidden_size": 32,
+                                                     "model.intermediate_size": 40,
+                                                     "model.num_attention_heads": 4,
+                                                     "model.local_attention": 8,
+                                                     # weights large enough that attention
+                                                     # matters to the loss at init
+                                                     "model.initializer_range": 0.5})
+  objective = get_objective(config)
+  model = objective.make_model(config, train.model_config_from(config))
+  rng = np.random.default_rng(0)
+  a, b = rng.integers(5, 60, 13).astype(np.int32), rng.integers(5, 60, 11).astype(np.int32)
+  at_a, at_b = np.array([2, 5, 9]), np.array([1, 4, 7])
+  z = lambda *shape: np.zeros(shape, np.int32)
+  alone = {"input_ids": z(2, 32), "attention_mask": z(2, 32), "token_type_ids": z(2, 32),
+           "masked_positions": z(2, 6), "masked_ids": z(2, 6),
+           "masked_weights": np.zeros((2, 6), np.float32), "next_sentence_label": z(2)}
+  packed = {k: v[:1].copy() for k, v in alone.items()}
+  packed["segment_ids"] = z(1, 32)
+  for row, (tokens, at) in enumerate(((a, at_a), (b, at_b))):
+    masked = tokens.copy()
+    masked[at] = 4
+    alone["input_ids"][row, :len(tokens)], alone["attention_mask"][row, :len(tokens)] = masked, 1
+    alone["masked_positions"][row, :3], alone["masked_ids"][row, :3] = at, tokens[at]
+    alone["masked_weights"][row, :3] = 1
+  packed["input_ids"][0, :24] = np.concatenate([alone["input_ids"][0, :13],
+                                                alone["input_ids"][1, :11]])
+  packed["attention_mask"][0, :24] = 1
+  packed["segment_ids"][0, :13], packed["segment_ids"][0, 13:24] = 1, 2
+  packed["masked_positions"][0] = np.concatenate([at_a, 13 + at_b])
+  packed["masked_ids"][0] = np.concatenate([a[at_a], b[at_b]])
+  packed["masked_weights"][0] = 1
+  params = objective.init_params(model, jax.random.key(0), alone)
+
+  def loss(batch):
+    return float(objective.loss(model, params, batch, jax.random.key(1),
+                                objective.denominators(batch), True)[0])
+
+  assert loss(packed) == pytest.approx(loss(alone), rel=1e-5)
+  # Without its segment ids the row's two instances see each other: another loss.
+  assert abs(loss({k: v for k, v in packed.items() if k != "segment_ids"}) - loss(alone)) > 1e-2

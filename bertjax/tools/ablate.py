@@ -25,6 +25,9 @@ After each row the table is rewritten (a temporary file renamed over --output), 
 and each process's start and end time in the JSON file beside it (--output .md -> .json), and each
 step row's operation table under --output's stem + ".profiles/". An existing table is not
 overwritten unless `--overwrite` is given.
+The table's tokens/s counts every slot of batch x seq (as the references do); real tokens/s
+counts the attention mask's ones, the tokens a step trains on (rows with `lengths` hold a share
+of their slots: padded few, packed most).
 
 A spec is a Python file defining BASE (a dict) and VARIANTS (a list of dicts), or a JSON file
 {"base": {...}, "variants": [...]}; a name from `NAMED_SETS` picks a file of
@@ -38,6 +41,10 @@ experiments/ablations/. Keys (base and variants; a variant's value wins, its `ov
                --config for trainer rows (default configs/bert.py:size=X for a bert-X preset)
   batch_size, seq_len, dtype, steps, objective   as the benchmark's flags
   remat        false | "full" | "dots";   scan_layers   true | false
+  lengths      the rows' lengths, as --lengths: "full" (default), "wikitext2",
+               "wikitext2-articles", "ragged:MEAN,MIN" (bertjax/data/ragged.py); step rows only
+  pack         true: --pack (ragged rows packed with segment ids); false: --no-pack (padded,
+               whatever the config's data.pack); step rows with lengths only
   overrides    ["key=value", ...] as --override (a bad key or value is that row's error)
   env          {"JAX_DEFAULT_PRNG_IMPL": "rbg", ...};   xla_flags   ["--xla_gpu_...=...", ...]
   timeout      seconds for the variant's process;  trainer_steps   the trainer row's steps
@@ -65,6 +72,7 @@ import time
 from bertjax.config import config_lib
 from bertjax.core import paths
 from bertjax.core.errors import Preempted, UserError, fail, read_text
+from bertjax.data import ragged
 from bertjax.runtime import metric_writers
 
 REPO = pathlib.Path(__file__).resolve().parent.parent.parent
@@ -80,7 +88,7 @@ SETTINGS = {
     "batch_size": (int,), "seq_len": (int,), "dtype": (str,), "steps": (int,),
     "objective": (str,), "remat": (bool, str), "scan_layers": (bool,), "overrides": (list,),
     "env": (dict,), "xla_flags": (list,), "timeout": (int, float), "trainer_steps": (int,),
-    "command": (list,),
+    "command": (list,), "lengths": (str,), "pack": (bool,),
 }
 BASE_ONLY = {"references": (list,), "reference_steps": (int,), "reference_command": (list,),
              "title": (str,), "budget": (int, float)}
@@ -90,7 +98,7 @@ DEFAULTS = {"kind": "step", "preset": "bert-base", "steps": 20, "overrides": [],
 # The keys that decide the FLOPs of a step: a trainer row takes its MFU from a step row whose
 # keys match.
 FLOP_KEYS = ("preset", "config", "objective", "batch_size", "seq_len", "dtype", "remat",
-             "scan_layers", "overrides")
+             "scan_layers", "overrides", "lengths", "pack")
 
 
 # ------------------------------------------------------------------------------ the spec
@@ -126,6 +134,22 @@ def _check_entry(entry, allowed: dict, where: str) -> None:
     fail(f"ablation spec: {where}: reference {unknown[0]!r}; use {', '.join(REFERENCES)}")
 
 
+def _check_rows(s: dict, where: str) -> None:
+  """`lengths` and `pack`: a known distribution, on a step row (the benchmark's batches)."""
+  if s.get("lengths") is None and s.get("pack") is None:
+    return
+  if s["kind"] != "step":
+    fail(f"ablation spec: {where}: lengths and pack set the benchmark's rows, not a {s['kind']} "
+         "row's; move them to step variants")
+  try:
+    distribution = ragged.parse(s.get("lengths") or "full")
+  except UserError as e:
+    fail(f"ablation spec: {where}: {e}")
+  if s.get("pack") is not None and distribution is None:
+    fail(f"ablation spec: {where}: pack={s['pack']} needs ragged rows; give lengths too "
+         "(e.g. 'wikitext2')")
+
+
 def check_spec(spec, source: str) -> dict:
   """`spec` ({"base": ..., "variants": [...]}) checked: a malformed one fails in one line."""
   if not isinstance(spec, dict) or set(spec) - {"base", "variants"}:
@@ -145,6 +169,7 @@ def check_spec(spec, source: str) -> dict:
     names.add(name)
     if settings(base, variant)["kind"] == "command" and not settings(base, variant).get("command"):
       fail(f"ablation spec {source}: variant {name!r} of kind command needs a command list")
+    _check_rows(settings(base, variant), f"{source} variant {name!r}")
   return {"base": base, "variants": variants}
 
 
@@ -201,6 +226,10 @@ def benchmark_args(s: dict) -> list[str]:
     args += ["--remat", s["remat"]]
   if s.get("scan_layers") is not None:
     args += ["--override", f"model.scan_layers={s['scan_layers']}"]
+  if s.get("lengths") is not None:
+    args += ["--lengths", s["lengths"]]
+  if s.get("pack") is not None:
+    args.append("--pack" if s["pack"] else "--no-pack")
   for item in s["overrides"]:
     args += ["--override", item]
   return args
@@ -564,8 +593,8 @@ def format_table(title: str, base: dict, references: list[dict], rows: list[dict
   device = next((r.get("device") for r in rows if r.get("device")), "not yet measured")
   shapes = ", ".join(f"{k} {s[k]}" for k in ("preset", "config", "batch_size", "seq_len", "dtype")
                      if s.get(k))
-  head = ["variant", "kind", "tokens/s", "MFU", "step ms", "peak MiB", "compile s", "step from",
-          "kernels/step"]
+  head = ["variant", "kind", "tokens/s", "MFU", "real tokens/s", "step ms", "peak MiB",
+          "compile s", "step from", "kernels/step"]
   head += [f"vs {r['name']}" for r in references] + ["top ops (share of device time)", "note"]
   lines = [f"# {title}", "", f"Base: {shapes}; device: {device}; references at the base shapes."]
   if ahead:
@@ -581,6 +610,7 @@ def format_table(title: str, base: dict, references: list[dict], rows: list[dict
     if ok:
       peak = row.get("peak_memory_bytes")
       cells += [_fmt(row["tokens_per_s"], ",.0f"), _fmt(row.get("mfu"), ".3f"),
+                _fmt(row.get("real_tokens_per_s"), ",.0f"),
                 _fmt(row["step_time_s"] * 1e3 if row.get("step_time_s") else None, ".1f"),
                 _fmt(peak / 2**20 if peak else None, ",.0f"),
                 _fmt(row.get("compile_time_s"), ".1f"), cache_cell(row),
@@ -592,7 +622,7 @@ def format_table(title: str, base: dict, references: list[dict], rows: list[dict
       if row.get("profile_from"):
         note = "; ".join(filter(None, [note, f"profile of {row['profile_from']}"]))
     else:
-      cells += ["-"] * (8 + len(references))
+      cells += ["-"] * (9 + len(references))
       note = f"{row['status']}: {row['error']}"
     cells.append(note.replace("|", "/")[:200])
     lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")

@@ -8,10 +8,21 @@ the ModernBERT presets, which train MLM alone).
   python -m bertjax.tools.benchmark --preset modernbert-base --batch_size 2 --seq_len 512 \
       --override max_predictions_per_seq=77 --steps 3 --compare hf-torch --rounds 3
   python -m bertjax.tools.benchmark --ablate h100-bert-base --output ablate.md   # tools/ablate.py
+  python -m bertjax.tools.benchmark --preset modernbert-tiny --batch_size 16 --seq_len 512 \
+      --lengths wikitext2 [--pack]
 
 The step timed is the real one (`bertjax.trainer.train.make_train_step`: forward, backward,
 optimizer) on synthetic batches, after compilation; the step time is the median of `--steps` runs.
-The last line printed is one JSON object holding every figure. `--rounds N` (with `--compare`)
+The last line printed is one JSON object holding every figure.
+
+Rows: by default each synthetic row is 50-100% full (bertjax.inputs.SyntheticBatches).
+`--lengths` gives rows the lengths of real, ragged data instead (bertjax/data/ragged.py: the
+WikiText-2 paragraphs or articles, or a parametric `ragged:MEAN,MIN`), built by the pretraining
+pipeline from synthetic documents of those lengths: padded, one instance per row, or with `--pack`
+(or a config whose data.pack is set) packed first-fit into rows with segment ids, as a run packs.
+`tokens_per_s` counts every slot of batch x seq, as before; `real_tokens_per_s` counts the
+attention mask's ones (the tokens a step trains on), and `fill` is their share of the slots, so a
+padded and a packed row compare on the tokens they train. `--rounds N` (with `--compare`)
 alternates the two sides N times in fresh processes and reports the median of the per-round ratios.
 The reference runs before this process touches a device: JAX preallocates most of an
 accelerator's memory when it starts, and the reference would then run out of it.
@@ -31,6 +42,7 @@ accelerators; on a CPU, a large float32 matmul's rate measured in the same run).
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
 import signal
@@ -46,7 +58,9 @@ import jax.numpy as jnp
 from bertjax import convert, inputs
 from bertjax.config import config_checks, config_lib
 from bertjax.core import paths
-from bertjax.core.errors import ArgumentParser, Preempted, doc_summary, fail, run_cli
+from bertjax.core.errors import (ArgumentParser, Preempted, UserError, doc_summary, fail,
+                                 run_cli)
+from bertjax.data import ragged
 from bertjax.models import encoder, kernels
 from bertjax.registry import get_objective, objective_class
 from bertjax.runtime import profiling, sharding, xla_defaults
@@ -165,6 +179,8 @@ def build_config(args):
     overrides += [f"max_seq_length={args.seq_len}"]
   if args.objective:
     overrides.append(f"objective='{args.objective}'")
+  if args.pack is not None:
+    overrides.append(f"data.pack={args.pack}")
   if args.dtype:
     overrides.append(f"model.dtype='{args.dtype}'")
   if args.remat:
@@ -204,7 +220,15 @@ class CacheEvents:
     self._on = False  # JAX has no public way to remove a listener; this one goes quiet
 
 
-def bench_jax(config, steps: int, profile_dir: str | None = None) -> dict:
+def real_tokens(batch) -> int:
+  """The tokens a batch trains on: its attention mask's ones (padding excluded)."""
+  return int(batch["attention_mask"].sum())
+
+
+def bench_jax(config, steps: int, profile_dir: str | None = None,
+              lengths: ragged.Lengths | None = None) -> dict:
+  """Times the train step of `config` on synthetic batches: full ones (50-100% of each row), or
+  with `lengths` ragged rows from the pipeline (padded, or packed when config.data.pack)."""
 
   # The trainer's own setup: the same model, optimizer, shardings and jitted step a run trains.
   objective = get_objective(config)
@@ -216,9 +240,14 @@ def bench_jax(config, steps: int, profile_dir: str | None = None) -> dict:
   run, state = train.setup(config, objective, cfg, mesh)
   n_params = run.num_params
   data = objective.build_inputs(config, None) if not config.data.synthetic else None
-  batches = (data.train if data else
-             inputs.SyntheticBatches(config, cfg.vocab_size, config.seed, config.batch_size))
+  if lengths is not None:
+    batches = ragged.ragged_batches(config, objective, lengths, cfg.vocab_size, config.seed,
+                                    config.batch_size)
+  else:
+    batches = (data.train if data else
+               inputs.SyntheticBatches(config, cfg.vocab_size, config.seed, config.batch_size))
   host_batches = [next(batches) for _ in range(max(1, min(steps, 4)))]
+  batch_real = [real_tokens(b) for b in host_batches]
   with jax.set_mesh(mesh), nn.logical_axis_rules(run.rules):
     batch0 = sharding.shard_batch(host_batches[0], mesh)
     t = time.perf_counter()
@@ -244,7 +273,11 @@ def bench_jax(config, steps: int, profile_dir: str | None = None) -> dict:
         "compile_time_s": compile_s, "step_cache": step_cache.counts, "xla_temp_bytes": xla_temp,
         "xla_argument_bytes": int(memory.argument_size_in_bytes) if memory is not None else None,
         "xla_flops_per_token": xla_flops / tokens if xla_flops else None,
-        "jax_version": jax.__version__}
+        "jax_version": jax.__version__,
+        # The rows: their length distribution, packing, and the real tokens of each batch.
+        "lengths": lengths.name if lengths is not None else "full",
+        "packed": "segment_ids" in host_batches[0], "slots_per_step": tokens,
+        "batch_real_tokens": batch_real}
     if steps == 0:  # the compiled step's plan only: nothing runs
       return plan
     device_batches = [sharding.shard_batch(b, mesh) for b in host_batches]
@@ -270,8 +303,12 @@ def bench_jax(config, steps: int, profile_dir: str | None = None) -> dict:
     peak = measure_cpu_peak()
   peak_total = peak * jax.device_count() if peak else None
   tps = tokens / step_s
+  # The timed steps cycle through the host batches: their mean real tokens per step.
+  real_per_step = statistics.mean(batch_real[k % len(batch_real)] for k in range(steps))
   return {
       **plan, "tokens_per_s": tps, "step_time_s": step_s, "step_time_min_s": min(times),
+      "real_tokens_per_step": real_per_step, "real_tokens_per_s": real_per_step / step_s,
+      "fill": real_per_step / tokens,
       "peak_memory_bytes": peak_memory_bytes(device),
       "model_flops_per_token": flops["total"], "flops_breakdown": flops,
       "hardware_flops_per_token": hw_per_token,
@@ -375,6 +412,14 @@ def parse_args(argv):
   parser.add_argument("--batch_size", type=int)
   parser.add_argument("--seq_len", type=int)
   parser.add_argument("--objective")
+  parser.add_argument("--lengths", default="full",
+                      help="the rows' lengths: full (50-100%% of each row, the default), "
+                           "wikitext2 (WikiText-2 paragraphs), wikitext2-articles, or "
+                           "ragged:MEAN,MIN (tokens per document); see bertjax/data/ragged.py")
+  parser.add_argument("--pack", action=argparse.BooleanOptionalAction,
+                      help="with --lengths: pack the documents first-fit into rows with segment "
+                           "ids (data.pack), or --no-pack: one per row, padded (default: the "
+                           "config's data.pack)")
   parser.add_argument("--steps", type=int, default=10,
                       help="timed steps; 0 compiles the step and reports its memory plan only")
   parser.add_argument("--dtype", choices=("float32", "bfloat16"))
@@ -424,6 +469,13 @@ def parse_args(argv):
   for flag in ("batch_size", "seq_len", "rounds"):
     if getattr(args, flag) is not None and getattr(args, flag) < 1:
       fail(f"--{flag} {getattr(args, flag)} must be >= 1; leave it out for the config's value")
+  try:
+    args.length_distribution = ragged.parse(args.lengths)
+  except UserError as e:
+    fail(str(e))
+  if args.pack is not None and args.length_distribution is None:
+    fail("--pack and --no-pack choose how ragged rows are laid out; give --lengths too "
+         "(e.g. --lengths wikitext2 --pack)")
   return args
 
 
@@ -436,6 +488,8 @@ def main(argv=None) -> dict:
       or args.parallel is not None or args.overwrite):
     fail("--output, --timeout, --budget, --parallel and --overwrite go with --ablate SPEC")
   config = build_config(args)
+  if args.length_distribution is not None:
+    ragged.check_pack(config, objective_class(config.objective))
   if args.checkpoint_cost:
     result = checkpoint_cost.measure(config, max(1, args.rounds))
     print(checkpoint_cost.describe(result))
@@ -462,7 +516,8 @@ def main(argv=None) -> dict:
   # The reference first, while this process holds no device memory (see the module docstring).
   ref = (_torch_subprocess(config, args.steps, args.compare == "hf-torch-compile")
          if args.compare else None)
-  result = bench_jax(config, args.steps, profile_dir=args.profile)
+  result = bench_jax(config, args.steps, profile_dir=args.profile,
+                     lengths=args.length_distribution)
   if args.steps == 0:
     temp = result["xla_temp_bytes"]
     print(f"bertjax (compiled, not run): compile {result['compile_time_s']:.1f} s, XLA temporaries "
@@ -472,6 +527,9 @@ def main(argv=None) -> dict:
   print(f"bertjax: {result['tokens_per_s']:.0f} tokens/s, step {result['step_time_s'] * 1e3:.1f} ms, "
         f"compile {result['compile_time_s']:.1f} s, MFU {result['mfu'] or float('nan'):.3f} "
         f"({result['peak_source']}), peak memory {result['peak_memory_bytes'] / 2**20:.0f} MiB")
+  if args.length_distribution is not None:
+    print(f"rows: {result['lengths']}, {'packed' if result['packed'] else 'padded'}: "
+          f"{result['real_tokens_per_s']:.0f} real tokens/s, {result['fill']:.1%} of the slots")
   if ref:
     result["reference"] = ref
     result["speedup_vs_reference"] = result["tokens_per_s"] / ref["tokens_per_s"]
