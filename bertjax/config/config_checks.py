@@ -343,12 +343,15 @@ def check_fused_update(config, mesh, rules=None) -> None:
          f"--config.optimizer.fused_update=False, or --config.optimizer.name=adamw")
   rules = sharding.rules_from_config(config) if rules is None else rules
   shape = dict(mesh.shape)
-  sharded = sorted({f"{a} (logical axis {name!r})" for name, _ in rules
-                    if not name.startswith("act_") for a in _mesh_axes(rules, name)
-                    if shape.get(a, 1) > 1})
+  sharded: dict[str, list[str]] = {}  # mesh axis -> the parameters' logical axes on it
+  for name, _ in rules:
+    for a in _mesh_axes(rules, name):
+      if not name.startswith("act_") and shape.get(a, 1) > 1:
+        sharded.setdefault(a, []).append(repr(name))
   if sharded:
+    over = "; ".join(f"mesh axis {a} (logical axes {', '.join(n)})" for a, n in sharded.items())
     fail(f"optimizer.fused_update=True flattens the parameters into a few buffers, but mesh_shape="
-         f"{tuple(shape.values())} shards them over {', '.join(sharded)}: the buffers would "
+         f"{tuple(shape.values())} shards them over {over}: the buffers would "
          f"gather them on every device; fix: --config.optimizer.fused_update=False, or a "
          f"mesh_shape that splits only the batch, e.g. --config.mesh_shape='(-1, 1, 1)'")
 
