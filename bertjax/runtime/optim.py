@@ -280,7 +280,9 @@ def grouped_update(make_inner: Callable[[dict[str, Group]], optax.GradientTransf
   optax.flatten is this with a single group; here the groups keep what the update differs on
   (weight decay, a layer-wise factor, dtype) a per-group constant, so masks and factors stay
   optax's own (`make_inner` reads them from the group names), and global-norm clipping, inside
-  `make_inner`, spans all groups."""
+  `make_inner`, spans all groups (optax.multi_transform over optax.flatten per label would leave
+  the clipping outside, per tensor). The cost: the gathered gradients and parameters are one
+  flat copy each (bert-mini on a CPU: XLA's temporary memory 268 -> 311 MiB)."""
   def layout(tree):
     leaves, treedef = jax.tree.flatten(tree)
     members: dict[str, list[int]] = {}
