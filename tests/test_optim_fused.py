@@ -181,3 +181,11 @@ def test_a_fused_run_resumes_exactly_and_another_layout_is_refused(tmp_path):
     train.train_and_evaluate(tiny_config(**kw, allow_changed_settings=True), tmp_path / "a")
   assert "holds a different model or optimizer than this config (opt_state/" in str(e.value)
   assert "use a new --workdir or the config it was trained with" in str(e.value)
+
+
+def test_a_run_checks_it_before_anything_is_written(tmp_path):
+  """The trainer's plan runs the check (config_checks.check_run): refused before the workdir."""
+  config = tiny_config(**{"optimizer.fused_update": True, "optimizer.name": "lamb"})
+  with pytest.raises(UserError, match="cannot group optimizer.name='lamb'"):
+    train.train_and_evaluate(config, tmp_path / "w")
+  assert not (tmp_path / "w").exists()
