@@ -40,7 +40,7 @@ import jax
 
 from bertjax.config import config_lib, config_rules, settings
 from bertjax.core import paths
-from bertjax.runtime import checkpoints, sharding
+from bertjax.runtime import checkpoints, optim, sharding
 # The table of allowed values (bertjax/config/config_rules.py); its names are also read from here.
 from bertjax.config.config_rules import (AT_LEAST_1, CHOICES, NON_NEGATIVE, OPEN_UNIT, POSITIVE,
                                          PROBABILITY, RULES, Range, SHARE, UNIT)
@@ -329,6 +329,33 @@ def check_mesh(config, model_cfg, mesh, from_checkpoint: bool = False, rules=Non
          f"{tuple(shape.values())}); fix: {fix or 'a --config.mesh_shape whose sizes divide it'}")
 
 
+def check_fused_update(config, mesh, rules=None) -> None:
+  """optimizer.fused_update groups parameters into flat buffers (bertjax.runtime.optim
+  `grouped_update`): only where each update is elementwise per group (adamw, adam, sgd) and no
+  parameter is sharded (a flat buffer of sharded tensors would gather them on every device)."""
+  o = config.optimizer
+  if not o.get("fused_update", False):
+    return
+  if o.name not in optim.FUSED_OPTIMIZERS:
+    what = "trust ratio" if o.name == "lamb" else "update clipping"
+    fail(f"optimizer.fused_update=True cannot group optimizer.name={o.name!r}: its {what} is "
+         f"computed per parameter tensor, which a flat buffer of many tensors does not keep; fix: "
+         f"--config.optimizer.fused_update=False, or --config.optimizer.name=adamw")
+  rules = sharding.rules_from_config(config) if rules is None else rules
+  shape = dict(mesh.shape)
+  sharded: dict[str, list[str]] = {}  # mesh axis -> the parameters' logical axes on it
+  for name, _ in rules:
+    for a in _mesh_axes(rules, name):
+      if not name.startswith("act_") and shape.get(a, 1) > 1:
+        sharded.setdefault(a, []).append(repr(name))
+  if sharded:
+    over = "; ".join(f"mesh axis {a} (logical axes {', '.join(n)})" for a, n in sharded.items())
+    fail(f"optimizer.fused_update=True flattens the parameters into a few buffers, but mesh_shape="
+         f"{tuple(shape.values())} shards them over {over}: the buffers would "
+         f"gather them on every device; fix: --config.optimizer.fused_update=False, or a "
+         f"mesh_shape that splits only the batch, e.g. --config.mesh_shape='(-1, 1, 1)'")
+
+
 def check_run(config, objective, model_cfg, mesh, workdir=None, *, rules=None,
               eval_batch_size: int | None = None) -> int:
   """The checks that need the mesh and the model trained (and, pretraining from init_from on raw
@@ -348,6 +375,7 @@ def check_run(config, objective, model_cfg, mesh, workdir=None, *, rules=None,
   from_checkpoint = model_from_checkpoint(config, objective)
   check_positions(config, model_cfg, f"init_from={config.init_from}" if from_checkpoint else "")
   check_mesh(config, model_cfg, mesh, from_checkpoint=from_checkpoint, rules=rules)
+  check_fused_update(config, mesh, rules)
   check_corpus_tokenizer(config, objective, workdir)
   check_freeze(config, objective, model_cfg)
   return accum

@@ -153,6 +153,10 @@ TRAINER: tuple[Setting, ...] = (
     S("optimizer.end_learning_rate_factor", 0.0, UNIT, "the final learning rate / the peak"),
     S("optimizer.layerwise_lr_decay", 1.0, SHARE,
       "per-layer learning-rate factor (ELECTRA: 0.8 base, 0.9 large); 1 disables"),
+    S("optimizer.fused_update", False, None,
+      "the update over one flat buffer per group of parameters (dtype, weight decay, layer-wise "
+      "factor) instead of one chain per tensor: fewer kernels; adamw, adam and sgd, on a mesh "
+      "that does not shard parameters; its optimizer state is laid out by group"),
     S("optimizer.keep_pruned", False, None,
       "encoder kernels' weights that are zero at the start (a magnitude-pruned init_from: "
       "python -m bertjax.prune) stay zero: their updates are masked"),

@@ -94,8 +94,9 @@ class SelfAttention(Layered):
       out, raw_scores = explicit_attention(q, k, v, mask.keys, drop)
     if self.has_variable("params", "head_mask"):
       out = out * self.get_variable("params", "head_mask").astype(out.dtype)[:, None]
+    # A fused residual tail after it adds the output projection's bias inside its kernel.
     out = L.dense(cfg.hidden_size, ("heads", "kv", "embed"), "output", axis=(-2, -1),
-                  in_shape=out.shape[-2:])(out)
+                  in_shape=out.shape[-2:], add_bias=L.residual is None)(out)
     return (out, raw_scores) if output_attentions else out
 
 
@@ -151,7 +152,7 @@ class TransformerLayer(Layered):
     norm = L.residual or L.norm
     attn_ln, out_ln = norm(name="attention_layer_norm"), norm(name="output_layer_norm")
     intermediate = L.dense(cfg.intermediate_size, ("embed", "mlp"), "intermediate")
-    output = L.dense(cfg.hidden_size, ("mlp", "embed"), "output")
+    output = L.dense(cfg.hidden_size, ("mlp", "embed"), "output", add_bias=not fused)
     act = L.mlp_activation(cfg.hidden_act)
     scores = None
 
@@ -171,11 +172,14 @@ class TransformerLayer(Layered):
       x = nn.with_logical_constraint(x, act_names)
       h = nn.with_logical_constraint(act(intermediate(out_ln(x))), ("act_batch", "act_len", "act_mlp"))
       x = x + drop(output(h))
-    elif fused:  # residual, dropout, add and LayerNorm in one kernel each
-      x = attn_ln(x, attend(x, keys), deterministic)
+    elif fused:  # the projection's bias, dropout, residual add and LayerNorm in one kernel each
+      bias = lambda dense_params: nn.meta.unbox(dense_params["bias"])  # boxed in init
+      y = attend(x, keys)
+      x = attn_ln(x, y, deterministic, bias(attention.variables["params"]["output"]))
       x = nn.with_logical_constraint(x, act_names)
       h = nn.with_logical_constraint(act(intermediate(x)), ("act_batch", "act_len", "act_mlp"))
-      x = out_ln(x, output(h), deterministic)
+      y = output(h)
+      x = out_ln(x, y, deterministic, bias(output.variables["params"]))
     else:
       x = attn_ln(x + drop(attend(x, keys)))
       x = nn.with_logical_constraint(x, act_names)

@@ -16,8 +16,14 @@ kernel (masked loads: Triton's blocks are powers of two; BERT's 768 is not). The
 written for Triton (`compiler_params`), run in Pallas interpret mode on a CPU (tests), and their
 GPU speed is unmeasured: the `fused_residual` field of the kernel sets is off everywhere until a
 device run shows it faster (`--config.model.kernel_overrides.fused_residual=True` for an ablation row).
-The projection's bias is an input, so a layer may hand it over unadded; bertjax's layers keep
-their Dense with its bias (the same parameters as every other set) and pass a zero bias.
+The projection's bias is an input: bertjax's post-LN layers run the attention's output projection
+and the feed-forward's output projection without their bias add (`Dense(add_bias=False)`, the
+same `kernel` and `bias` parameters as every other set) and hand that `bias` to this kernel, so
+bias, dropout, residual add and LayerNorm are one pass. Its gradient: with h = residual +
+dropout(x + bias) and dh the gradient reaching h (the LayerNorm backward), x and bias enter h
+only through x + bias, so d(bias) = sum over rows of d(x) = sum over rows of keep * dh / (1 - rate)
+(dh itself without dropout): the column sum of the backward kernel's dx, left to XLA with the
+LayerNorm parameters' sums.
 """
 
 from __future__ import annotations
@@ -135,6 +141,7 @@ def _fused_bwd(plan, saved, g):
   dx, dres, xhat = jax.vmap(call, in_axes=(0, 0, None, None, None, 0, 0, 0, 0))(
       x, residual, bias, scale, seed, index, mean, rstd, g)
   g32 = g.astype(jnp.float32)
+  # d(bias): x + bias is one term, so its gradient is dx's, summed over the rows (module doc).
   dbias = jnp.sum(dx.astype(jnp.float32), axis=0).astype(bias.dtype)
   return (dx, dres, dbias, jnp.sum(g32 * xhat, axis=0).astype(scale.dtype),
           jnp.sum(g32, axis=0).astype(shift.dtype), None)

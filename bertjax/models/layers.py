@@ -74,6 +74,7 @@ class Dense(nn.Module):
   names: tuple[str | None, ...]
   num_in: int = 1
   dtype: Any = jnp.float32
+  add_bias: bool = True  # False: x @ kernel only, its `bias` added by the caller (`ResidualNorm`)
 
   @nn.compact
   def __call__(self, x):
@@ -89,21 +90,26 @@ class Dense(nn.Module):
     lead = x.shape[:x.ndim - self.num_in]
     rows = x.reshape(math.prod(lead), math.prod(in_shape))
     y = rows @ kernel.reshape(math.prod(in_shape), math.prod(out))
-    return y.reshape(lead + out) + bias.astype(self.dtype)
+    y = y.reshape(lead + out)
+    return y + bias.astype(self.dtype) if self.add_bias else y
 
 
-def flat_dense(features, names, name, axis=-1, in_shape=None, *, dtype):
+def flat_dense(features, names, name, axis=-1, in_shape=None, *, dtype, add_bias=True):
   """`Dense` (`Kernels.flat_dense`): a dense layer into `features` (an int or a shape) over the
   `axis` input axes, kernel and bias named by the logical `names` (input axes then output axes).
-  `in_shape` is what `stock_dense` needs; the parameters are the same."""
+  `in_shape` is what `stock_dense` needs; the parameters are the same. `add_bias` False: the
+  bias is created but left to the caller to add (`ResidualNorm` adds it inside its kernel)."""
   del in_shape
   num_in = len(axis) if isinstance(axis, tuple) else 1
-  return Dense(features, tuple(names), num_in=num_in, dtype=dtype, name=name)
+  return Dense(features, tuple(names), num_in=num_in, dtype=dtype, add_bias=add_bias, name=name)
 
 
-def stock_dense(features, names, name, axis=-1, in_shape=None, *, dtype):
+def stock_dense(features, names, name, axis=-1, in_shape=None, *, dtype, add_bias=True):
   """`nn.Dense`, or `nn.Einsum` over `in_shape` (the sizes of the input axes) where either side
-  has several axes; the arguments and parameters of `flat_dense`."""
+  has several axes; the arguments and parameters of `flat_dense`. `add_bias` False (the fused
+  residual tail's projections): `flat_dense`'s form, which can leave its bias unadded."""
+  if not add_bias:
+    return flat_dense(features, names, name, axis, dtype=dtype, add_bias=False)
   names = tuple(names)
   num_in = len(axis) if isinstance(axis, tuple) else 1
   kernel_init = nn.with_logical_partitioning(dense_init(), names)
@@ -277,15 +283,18 @@ def add_vocab_bias(logits: jax.Array, bias: jax.Array, product: bool = True) -> 
 
 
 class ResidualNorm(nn.Module):
-  """LayerNorm(residual + dropout(y)) through the fused Pallas kernel (`Kernels.fused_residual`),
-  with the parameters of the set's LayerNorm (`scale`, `bias`): the same tree. Called as
-  `norm(residual, y, deterministic)`."""
+  """LayerNorm(residual + dropout(y + y_bias)) through the fused Pallas kernel
+  (`Kernels.fused_residual`), with the parameters of the set's LayerNorm (`scale`, `bias`): the
+  same tree. Called as `norm(residual, y, deterministic, y_bias)`: `y` the projection's output
+  without its bias (`dense(..., add_bias=False)`), `y_bias` that projection's `bias` parameter,
+  added inside the kernel (and its gradient, the column sum of the gradient reaching y, summed
+  there too); None: `y` has its bias already."""
   rate: float
   epsilon: float
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, residual, y, deterministic: bool):
+  def __call__(self, residual, y, deterministic: bool, y_bias=None):
     size = residual.shape[-1]
     names = ("embed",)
     scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(), names),
@@ -295,8 +304,9 @@ class ResidualNorm(nn.Module):
     rate = 0.0 if deterministic else self.rate
     seed = (dropout_seed(self.make_rng("dropout")) if rate > 0.0
             else jnp.zeros((2,), jnp.uint32))
-    no_bias = jnp.zeros((size,), jnp.float32)  # the Dense before it added its own
-    return fused_residual_norm(y, residual.astype(self.dtype), no_bias, scale, bias,
+    if y_bias is None:  # the Dense before it added its own
+      y_bias = jnp.zeros((size,), jnp.float32)
+    return fused_residual_norm(y, residual.astype(self.dtype), y_bias, scale, bias,
                                rate=rate, seed=seed, eps=self.epsilon,
                                interpret=kernels.triton_interpreted())
 
@@ -317,12 +327,13 @@ class _Bound(functools.partial):
 class Layers:
   """What a model's modules are built from, chosen once from its kernel set (`layers_for`).
 
-  dense(features, names, name, axis=-1, in_shape=None): a Dense layer (`flat_dense` or
-    `stock_dense`).
+  dense(features, names, name, axis=-1, in_shape=None, add_bias=True): a Dense layer
+    (`flat_dense` or `stock_dense`).
   norm(name, axis_name="embed", epsilon=..., use_bias=True): a LayerNorm (`vjp_layer_norm` or
     `stock_layer_norm`), epsilon the model's `layer_norm_eps` unless given.
-  residual: post-LN's tail, LayerNorm(residual + dropout(y)), as one module `residual(name=...)`
-    called (residual, y, deterministic) (`ResidualNorm`), or None: dropout, add and `norm`.
+  residual: post-LN's tail, LayerNorm(residual + dropout(y + bias)), as one module
+    `residual(name=...)` called (residual, y, deterministic, bias) (`ResidualNorm`; y from a
+    `dense(..., add_bias=False)`, bias that Dense's parameter), or None: dropout, add and `norm`.
   dropout(rate): a dropout module (`nn.Dropout` or bertjax's `Dropout` of the chosen form).
   embed(num_embeddings, features, names, small=False, name=None): an embedding table (`embed`).
   activation(name): the activation function (`activation`, GELU through erf or not).

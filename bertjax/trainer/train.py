@@ -153,9 +153,8 @@ def create_train_state(objective, model, optimizer, config, mesh, init_batch, ab
   abstract_params = nn.meta.unbox(abstract_boxed)
   abstract_opt = jax.eval_shape(optimizer.init, partition.trainable(abstract_params))
   repl = sharding.replicated(mesh)
-  opt_shardings = optax.tree_map_params(
-      optimizer, lambda _, s: s, abstract_opt, partition.trainable(param_shardings),
-      transform_non_params=lambda _: repl)
+  opt_shardings = optim.state_shardings(config, optimizer, abstract_opt,
+                                        partition.trainable(param_shardings), repl)
   state_shardings = TrainState(step=repl, params=param_shardings, opt_state=opt_shardings, rng=repl)
   abstract_state = TrainState(
       step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params, opt_state=abstract_opt,
