@@ -25,7 +25,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from absl import flags
 from ml_collections import config_flags
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as P
@@ -87,9 +86,8 @@ def export_train_step(config, mesh_shape: Sequence[int] = V4_32) -> jax.export.E
   param_shardings = run_plan.param_shardings(abstract_boxed, mesh, rules)
   abstract_opt = jax.eval_shape(optimizer.init, partition.trainable(params))
   repl = NamedSharding(mesh, P())
-  opt_shardings = optax.tree_map_params(
-      optimizer, lambda _, s: s, abstract_opt, partition.trainable(param_shardings),
-      transform_non_params=lambda _: repl)
+  opt_shardings = optim.state_shardings(config, optimizer, abstract_opt,
+                                        partition.trainable(param_shardings), repl)
   state_shardings = train.TrainState(step=repl, params=param_shardings, opt_state=opt_shardings,
                                      rng=repl)
   state = train.TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
