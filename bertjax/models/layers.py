@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models import kernels
+from bertjax.models import fp8, kernels
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import STOCK as STOCK_DROPOUT, Dropout
 from bertjax.models.flash_attention import dropout_seed
@@ -319,6 +319,9 @@ class Layers:
 
   dense(features, names, name, axis=-1, in_shape=None): a Dense layer (`flat_dense` or
     `stock_dense`).
+  projection: the same, for the encoder layers' query, key, value, attention-output,
+    intermediate and output projections: `dense`, or with `model.fp8` the FP8 one
+    (`bertjax.models.fp8.fp8_dense`, the same parameters).
   norm(name, axis_name="embed", epsilon=..., use_bias=True): a LayerNorm (`vjp_layer_norm` or
     `stock_layer_norm`), epsilon the model's `layer_norm_eps` unless given.
   residual: post-LN's tail, LayerNorm(residual + dropout(y)), as one module `residual(name=...)`
@@ -336,6 +339,7 @@ class Layers:
   kernels: kernels.Kernels
   attention_dropout: str
   dense: Callable[..., nn.Module]
+  projection: Callable[..., nn.Module]
   norm: Callable[..., nn.Module]
   residual: Callable[..., nn.Module] | None
   dropout: Callable[[float], nn.Module]
@@ -359,9 +363,11 @@ def layers_for(cfg: ModelConfig) -> Layers:
   k = kernels.for_model(cfg)
   dtype = cfg.compute_dtype
   dropout = kernels.dropout_setting(cfg, k)
+  dense = _Bound(flat_dense if k.flat_dense else stock_dense, dtype=dtype)
   return Layers(
-      kernels=k, attention_dropout=kernels.attention_dropout_setting(cfg, k),
-      dense=_Bound(flat_dense if k.flat_dense else stock_dense, dtype=dtype),
+      kernels=k, attention_dropout=kernels.attention_dropout_setting(cfg, k), dense=dense,
+      projection=(_Bound(fp8.fp8_dense, dtype=dtype, amax_history=cfg.fp8_amax_history)
+                  if cfg.fp8 else dense),
       norm=_Bound(vjp_layer_norm if k.layer_norm_vjp else stock_layer_norm,
                   epsilon=cfg.layer_norm_eps, dtype=dtype),
       residual=(_Bound(ResidualNorm, cfg.hidden_dropout_prob, cfg.layer_norm_eps, dtype)
