@@ -50,9 +50,14 @@ class TrainState:
   params: Any
   opt_state: Any
   rng: jax.Array  # <uint32>[2]: raw key data, so it checkpoints as a plain array
-  # model.fp8: the FP8 projections' scale state (amax histories and scales, bertjax.models.fp8),
-  # replicated; a step's gradient with respect to it is its next value. None without FP8: no
-  # leaves, so such a run's state, step and checkpoint are as before the field existed.
+
+
+@flax.struct.dataclass
+class Fp8TrainState(TrainState):
+  """A `model.fp8` run's train state: `TrainState` and `fp8`, the FP8 projections' scale state
+  (amax histories and scales, bertjax.models.fp8), replicated, checkpointed with the rest; a
+  step's gradient with respect to it is its next value. A run without FP8 keeps `TrainState`, so
+  its state, step and checkpoint tree are those before FP8 existed."""
   fp8: Any = None
 
 
@@ -89,7 +94,8 @@ def make_train_step(objective, model, optimizer, accum: int, skip_nonfinite: boo
                                               denominators, deterministic=False)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     # model.fp8: ((loss, metrics), grads, the scale state's gradient, which is its next value).
-    grad_fn = _with_scales(grad_fn, objective, model, partition, frozen, denominators, state.fp8)
+    grad_fn = _with_scales(grad_fn, objective, model, partition, frozen, denominators,
+                           getattr(state, "fp8", None))
     if accum_now == 1:
       (loss, metrics), grads, scales = grad_fn(trainable, batch, rng)
     else:
@@ -116,7 +122,8 @@ def make_train_step(objective, model, optimizer, accum: int, skip_nonfinite: boo
     metrics = {**metrics, "loss": (loss, jnp.ones_like(loss))}
     if skip_nonfinite:
       params, opt_state, scales = divergence.keep_if_finite(
-          finite, (params, opt_state, scales), (state.params, state.opt_state, state.fp8))
+          finite, (params, opt_state, scales),
+          (state.params, state.opt_state, getattr(state, "fp8", None)))
       metrics = divergence.without_nonfinite_step(finite, metrics)
     metrics["learning_rate"] = (optim.current_learning_rate(state.opt_state), jnp.ones(()))
     metrics["grad_norm"] = (grad_norm, jnp.ones(()))
@@ -124,7 +131,8 @@ def make_train_step(objective, model, optimizer, accum: int, skip_nonfinite: boo
     sparsity = optim.held_sparsity(opt_state)  # optimizer.keep_pruned: the zeros held
     if sparsity is not None:
       metrics["sparsity"] = (sparsity, jnp.ones(()))
-    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, fp8=scales)
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                              **({} if scales is None else {"fp8": scales}))
     return new_state, metrics
 
   return train_step
@@ -189,11 +197,14 @@ def create_train_state(objective, model, optimizer, config, mesh, init_batch, ab
   with_scales = bool(config.model.get("fp8", False))
   abstract_scales = (jax.eval_shape(lambda r: _init_params_and_scales(
       objective, model, r, init_batch)[1], jax.random.key(0)) if with_scales else None)
-  state_shardings = TrainState(step=repl, params=param_shardings, opt_state=opt_shardings, rng=repl,
-                               fp8=jax.tree.map(lambda _: repl, abstract_scales))
-  abstract_state = TrainState(
+  state_cls, scale_field = ((Fp8TrainState, lambda scales: {"fp8": scales}) if with_scales
+                            else (TrainState, lambda scales: {}))
+  state_shardings = state_cls(step=repl, params=param_shardings, opt_state=opt_shardings, rng=repl,
+                              **scale_field(jax.tree.map(lambda _: repl, abstract_scales)))
+  abstract_state = state_cls(
       step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params, opt_state=abstract_opt,
-      rng=jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))), fp8=abstract_scales)
+      rng=jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))),
+      **scale_field(abstract_scales))
 
   def init(rng):
     if with_scales:
@@ -203,9 +214,9 @@ def create_train_state(objective, model, optimizer, config, mesh, init_batch, ab
       params = objective.init_params(model, jax.random.fold_in(rng, 1), init_batch)
       scales = None
     params = nn.meta.unbox(params)
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      opt_state=optimizer.init(partition.trainable(params)),
-                      rng=jax.random.key_data(jax.random.fold_in(rng, 2)), fp8=scales)
+    return state_cls(step=jnp.zeros((), jnp.int32), params=params,
+                     opt_state=optimizer.init(partition.trainable(params)),
+                     rng=jax.random.key_data(jax.random.fold_in(rng, 2)), **scale_field(scales))
 
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     state = jax.jit(init, out_shardings=state_shardings)(rng)
