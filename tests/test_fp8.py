@@ -33,7 +33,8 @@ from tests.helpers import load_config
 
 PROJECTIONS = {"attention/query", "attention/key", "attention/value", "attention/output",
                "intermediate", "output"}
-E4M3_MAX = float(jnp.finfo(jnp.float8_e4m3fn).max)  # 448
+E4M3_MAX = float(jnp.finfo(jnp.float8_e4m3fn).max)  # 448: inputs and kernels
+E5M2_MAX = float(jnp.finfo(jnp.float8_e5m2).max)    # 57344: output gradients
 
 
 def tiny(**settings):
@@ -70,6 +71,26 @@ def a_batch(config, rows=None, seed=0):
 def flat(tree) -> dict[str, np.ndarray]:
   return {k: np.asarray(v) for k, v in flax.traverse_util.flatten_dict(
       jax.device_get(tree), sep="/").items()}
+
+
+# An FP8 run with a 3-step amax history (so the roll wraps) and weight decay on.
+STEPPED = {"model.fp8": True, "model.fp8_amax_history": 3, "optimizer.weight_decay": 0.1,
+           "batch_size": 8}
+
+
+@pytest.fixture(scope="module")
+def stepped():
+  """An FP8 setup (3-step amax history, weight decay on) and two steps on one batch: (config,
+  setup, initial state, the scale state after step 1 and after step 2, step 1's metrics)."""
+  config = tiny(**STEPPED)
+  s, state = build(config)
+  initial = flat(state.fp8)
+  batch = sharding.shard_batch(jax.device_get(a_batch(config)), s.mesh)
+  with jax.set_mesh(s.mesh):
+    one, metrics = s.train_step(state, batch)
+    first = flat(one.fp8)
+    two, _ = s.train_step(one, batch)
+  return config, s, one, initial, first, flat(two.fp8), metrics
 
 
 def projections_of(scales) -> set[str]:
@@ -123,8 +144,9 @@ def test_fp8_dense_has_the_dense_parameters_and_multiplies_in_float8(features, a
 
 
 @pytest.mark.slow
-def test_the_fp8_model_keeps_the_parameter_tree_and_scales_only_the_layers_projections():
-  off, on = tiny(), tiny(**{"model.fp8": True, "model.fp8_amax_history": 4})
+def test_the_fp8_model_keeps_the_parameter_tree_and_scales_only_the_layers_projections(stepped):
+  on, s, state, initial, _, _, _ = stepped
+  off = tiny(batch_size=8)
   trees = []
   for config in (off, on):
     objective = get_objective(config)
@@ -134,14 +156,13 @@ def test_the_fp8_model_keeps_the_parameter_tree_and_scales_only_the_layers_proje
     trees.append(jax.tree.map(lambda b: (b.value.shape, b.value.dtype, b.names), boxed,
                               is_leaf=lambda b: isinstance(b, nn.Partitioned)))
   assert trees[0] == trees[1]
-  s, state = build(on)
   assert isinstance(state, train.Fp8TrainState)
   assert projections_of(state.fp8) == PROJECTIONS
   layers_seen = {k.split("/")[1] for k in flax.traverse_util.flatten_dict(state.fp8, sep="/")}
   assert layers_seen == {"layer_0", "layer_1"}
-  for key, value in flat(state.fp8).items():  # as flax initializes them
+  for key, value in initial.items():  # as flax initializes them
     assert (value == (1.0 if key.endswith("scale") else 0.0)).all(), key
-    assert value.shape == ((1,) if key.endswith("scale") else (4,)), key
+    assert value.shape == ((1,) if key.endswith("scale") else (3,)), key
   plain, plain_state = build(off)
   assert type(plain_state) is train.TrainState and not hasattr(plain_state, "fp8")
   assert s.num_params == plain.num_params
@@ -183,15 +204,8 @@ def test_refused_combinations_are_one_line_naming_the_fix(fields, objective, nee
 
 
 @pytest.mark.slow
-def test_a_step_writes_the_scale_state_as_its_gradient_not_through_the_optimizer():
-  config = tiny(**{"model.fp8": True, "model.fp8_amax_history": 3, "optimizer.weight_decay": 0.1})
-  s, state = build(config)
-  batch = sharding.shard_batch(jax.device_get(a_batch(config)), s.mesh)
-  with jax.set_mesh(s.mesh):
-    one, metrics = s.train_step(state, batch)
-    first = flat(one.fp8)
-    two, _ = s.train_step(one, batch)
-  second = flat(two.fp8)
+def test_a_step_writes_the_scale_state_as_its_gradient_not_through_the_optimizer(stepped):
+  _, _, _, _, first, second, metrics = stepped
   assert float(metrics["grad_norm"][0]) > 0
   for key, value in first.items():
     if key.endswith("amax_history"):
@@ -203,25 +217,23 @@ def test_a_step_writes_the_scale_state_as_its_gradient_not_through_the_optimizer
     else:  # the scale is taken from the history before the step: all zeros keeps 1
       assert (value == 1.0).all(), (key, value)
   for key, value in second.items():
-    if key.endswith("_scale"):  # step 2 scales by step 1's amax: amax / 448
+    if key.endswith("_scale"):  # step 2 scales by step 1's amax: amax / the format's largest
       amax = first[key.replace("_scale", "_amax_history")][0]
-      np.testing.assert_allclose(value, amax / E4M3_MAX, rtol=1e-6, err_msg=key)
+      largest = E5M2_MAX if key.endswith("output_grad_scale") else E4M3_MAX
+      np.testing.assert_allclose(value, amax / largest, rtol=1e-6, err_msg=key)
 
 
 @pytest.mark.slow
-def test_micro_batches_combine_their_scale_states_by_the_maximum():
+def test_micro_batches_combine_their_scale_states_by_the_maximum(stepped):
   """Two micro-batches give the scale state of the whole batch in one (a sum would double every
-  amax); dropout off, so both runs compute the same rows."""
-  settings = {"model.fp8": True, "model.fp8_amax_history": 3, "batch_size": 8}
-  states = []
-  for accum in (1, 2):
-    config = tiny(grad_accum_steps=accum, **settings)
-    s, state = build(config)
-    batch = sharding.shard_batch(jax.device_get(a_batch(config)), s.mesh)
-    with jax.set_mesh(s.mesh):
-      state, _ = s.train_step(state, batch)
-    states.append(flat(state.fp8))
-  whole, micro = states
+  amax); dropout off (the quickstart's), so both runs compute the same rows."""
+  _, _, _, _, whole, _, _ = stepped
+  config = tiny(grad_accum_steps=2, **STEPPED)
+  s, state = build(config)
+  batch = sharding.shard_batch(jax.device_get(a_batch(config)), s.mesh)
+  with jax.set_mesh(s.mesh):
+    state, _ = s.train_step(state, batch)
+  micro = flat(state.fp8)
   assert whole.keys() == micro.keys()
   for key in whole:
     np.testing.assert_allclose(micro[key], whole[key], rtol=1e-5, err_msg=key)
