@@ -181,8 +181,8 @@ def test_the_setting_is_off_by_default_absent_from_records_and_set_from_the_comm
   cfg = ModelConfig.from_dict(on.model.to_dict())
   assert cfg.fp8 and cfg.fp8_amax_history == 16
   assert ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg  # config.json
-  with pytest.raises(UserError, match="model.fp8_amax_history=0 must be"):
-    config_checks.check_ranges(tiny(**{"model.fp8": True, "model.fp8_amax_history": 0}))
+  with pytest.raises(UserError, match="model.fp8_amax_history=0 must be at least 1"):
+    config_checks.check_config(tiny(**{"model.fp8": True, "model.fp8_amax_history": 0}))
 
 
 @pytest.mark.parametrize("fields,objective,needle", [

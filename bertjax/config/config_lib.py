@@ -18,6 +18,7 @@ from typing import Any, Iterable
 import ml_collections
 
 from bertjax.core.errors import fail
+from bertjax.models.config import ModelConfig
 
 
 def load_module(file: pathlib.Path, kind: str = "config"):
@@ -61,7 +62,6 @@ def _all_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
 def _optional_model_keys(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """{"model.NAME": default} of the model fields a config leaves out while they are off
   (`ModelConfig.OPTIONAL_FIELDS`, absent from its records too): they can still be set."""
-  from bertjax.models.config import ModelConfig  # the config package's one model import here
   model = config.get("model") if isinstance(config, ml_collections.ConfigDict) else None
   if not isinstance(model, ml_collections.ConfigDict):
     return {}

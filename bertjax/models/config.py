@@ -127,8 +127,7 @@ class ModelConfig:
   # `fp8_amax_history` steps. Off by default: no device figure shows it faster yet. The same
   # parameters; the scale state lives in the train state.
   fp8: bool = False
-  fp8_amax_history: int = setting(1024, AT_LEAST_1,
-                                  "model.fp8: steps of amax history each scale is taken from")
+  fp8_amax_history: int = 1024  # steps of amax history each scale is taken from
   # Structured pruning (bertjax.prune): per layer, the attention heads removed, by their original
   # numbering (Hugging Face's `pruned_heads`); () or an empty tuple for a layer: none. A layer
   # keeps num_attention_heads - len(pruned_heads[i]) heads of head_dim each.
@@ -197,6 +196,9 @@ class ModelConfig:
     if self.dropout_impl not in DROPOUT_SETTINGS:
       fail(f"unknown model.dropout_impl={self.dropout_impl!r}; use one of "
            f"{', '.join(DROPOUT_SETTINGS)}")
+    if self.fp8_amax_history < 1:
+      fail(f"model.fp8_amax_history={self.fp8_amax_history} must be at least 1; e.g. "
+           "--config.model.fp8_amax_history=1024")
     if self.scan_layers and self.num_hidden_groups not in (None, self.num_hidden_layers):
       fail("model.scan_layers needs one parameter set per layer; turn it off for ALBERT sharing")
     self._check_pruned_heads()
