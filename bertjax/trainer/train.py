@@ -279,6 +279,8 @@ def setup(config, objective, model_cfg: ModelConfig, mesh, schedule: Schedule | 
                                        micro_rows),
                        in_shardings=(state_shardings, batch_shard),
                        out_shardings=(state_shardings, metric_shard), donate_argnums=(0,))
+  # With model.fp8 evaluation and prediction read the parameters alone, so they compute in the
+  # model's dtype without FP8, as every reader of the workdir will (bertjax/models/fp8.py).
   eval_step = jax.jit(make_eval_step(objective, model),
                       in_shardings=(state_shardings.params, batch_shard), out_shardings=metric_shard)
   # Compiled only when an evaluation calls it (a task decoding its dev set).
