@@ -158,6 +158,14 @@ def test_mlm_beats_context_free_bound(mlm_run):
 
 
 @pytest.mark.slow
+def test_mlm_with_fp8_projections_beats_context_free_bound(tmp_path):
+  """model.fp8 (bertjax/models/fp8.py): the layers' projections in float8 with delayed scaling
+  keep the learning signal (float32 compute, as the run above)."""
+  metrics, bounds = run("mlm", tmp_path / "run", **{"model.fp8": True})
+  assert beats_context_free(metrics, bounds), (metrics, bounds)
+
+
+@pytest.mark.slow
 def test_mlm_with_labels_of_other_rows_does_not(tmp_path, monkeypatch):
   labels_from_other_rows(monkeypatch)
   metrics, bounds = run("mlm", tmp_path / "run")

@@ -378,6 +378,7 @@ def check_run(config, objective, model_cfg, mesh, workdir=None, *, rules=None,
   check_fused_update(config, mesh, rules)
   check_corpus_tokenizer(config, objective, workdir)
   check_freeze(config, objective, model_cfg)
+  check_fp8(objective, model_cfg)
   return accum
 
 
@@ -454,6 +455,31 @@ def check_data_kind(config, objective) -> str:
          f"{objective.data_kind!r}); fix: --config.data.kind= (empty), or full or single for an "
          "objective without a sentence-pair label")
   return kind
+
+
+# Objectives whose loss applies a model the trainer does not hand it (a distillation's student,
+# beside its teacher): the FP8 scale state would not reach it.
+FP8_REFUSED_OBJECTIVES = ("distill", "distill_glue")
+
+
+def check_fp8(objective, model_cfg) -> None:
+  """model.fp8 (bertjax/models/fp8.py) where its scale state is one per projection and reaches
+  the model: the BERT family's encoder, a layer per parameter set, not scanned, not distilled."""
+  if not model_cfg.fp8:
+    return
+  if model_cfg.architecture == "modernbert":
+    fail("model.fp8=True covers the BERT family's encoder layers, not ModernBERT's; fix: "
+         "--config.model.fp8=False")
+  if model_cfg.scan_layers:
+    fail("model.fp8=True keeps a scale state per layer, which model.scan_layers=True would share "
+         "across the scanned layers; fix: --config.model.scan_layers=False")
+  if model_cfg.num_groups != model_cfg.num_hidden_layers:
+    fail(f"model.fp8=True keeps a scale state per layer, which ALBERT's shared layers "
+         f"(model.num_hidden_groups={model_cfg.num_hidden_groups}) would share; fix: "
+         "--config.model.fp8=False")
+  if objective.name in FP8_REFUSED_OBJECTIVES:
+    fail(f"model.fp8=True does not reach objective {objective.name!r}'s student (its loss "
+         "applies the model beside its teacher); fix: --config.model.fp8=False")
 
 
 def check_freeze(config, objective, model_cfg) -> None:

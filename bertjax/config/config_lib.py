@@ -18,6 +18,7 @@ from typing import Any, Iterable
 import ml_collections
 
 from bertjax.core.errors import fail
+from bertjax.models.config import ModelConfig
 
 
 def load_module(file: pathlib.Path, kind: str = "config"):
@@ -56,6 +57,16 @@ def _all_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
     if isinstance(v, ml_collections.ConfigDict):
       keys += _all_keys(v, prefix + k + ".")
   return keys
+
+
+def _optional_model_keys(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """{"model.NAME": default} of the model fields a config leaves out while they are off
+  (`ModelConfig.OPTIONAL_FIELDS`, absent from its records too): they can still be set."""
+  model = config.get("model") if isinstance(config, ml_collections.ConfigDict) else None
+  if not isinstance(model, ml_collections.ConfigDict):
+    return {}
+  return {f"model.{name}": default for name, default in ModelConfig.OPTIONAL_FIELDS.items()
+          if name not in model}
 
 
 def _parse_value(key: str, text: str, current: Any) -> Any:
@@ -119,7 +130,8 @@ def copy_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 def apply_overrides(config: ml_collections.ConfigDict, overrides: Iterable[str]) -> None:
   """Applies `key.sub=value` strings (with or without a leading `--config.`) in place; the keys
   set are recorded (`overridden`)."""
-  valid = _all_keys(config)
+  optional = _optional_model_keys(config)
+  valid = _all_keys(config) + list(optional)
   for item in overrides:
     item = item.removeprefix("--").removeprefix("config.")
     key, sep, text = item.partition("=")
@@ -133,9 +145,9 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Iterable[str])
     node = config
     for part in filter(None, parent.split(".")):
       node = node[part]
-    value = _parse_value(key, text, node[leaf])
+    value = _parse_value(key, text, node[leaf] if leaf in node else optional[key])
     try:
-      with node.ignore_type():
+      with node.ignore_type(), node.unlocked():
         node[leaf] = value
     except (TypeError, KeyError, ValueError) as e:
       fail(f"cannot set config key {key!r} to {text!r}: {e}")

@@ -38,7 +38,7 @@ CLASSIFIER_POOLINGS = ("cls", "mean")
 # depends on them): the run's choice, as transformers' config decides them at fine-tuning.
 RUN_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout_impl", "dtype",
               "remat", "remat_policy", "kernels", "kernel_overrides", "attention_dropout_kernel",
-              "classifier_pooling", "classifier_dropout")
+              "classifier_pooling", "classifier_dropout", "fp8", "fp8_amax_history")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -121,6 +121,13 @@ class ModelConfig:
   # "recompute16", optionally with a generator suffix "+rbg" | "+unsafe_rbg". Same rate and
   # parameters; other masks (and so other training noise) than another choice draws.
   dropout_impl: str = setting("auto", DROPOUT_SETTINGS, "how dropout draws and keeps its masks")
+  # FP8 products in the encoder layers' projections (query, key, value, attention output,
+  # intermediate, output; not the embeddings, not the heads), with delayed scaling
+  # (bertjax.models.fp8): float8 inputs and kernels scaled by the largest magnitude of the last
+  # `fp8_amax_history` steps. Off by default: no device figure shows it faster yet. The same
+  # parameters; the scale state lives in the train state.
+  fp8: bool = False
+  fp8_amax_history: int = 1024  # steps of amax history each scale is taken from
   # Structured pruning (bertjax.prune): per layer, the attention heads removed, by their original
   # numbering (Hugging Face's `pruned_heads`); () or an empty tuple for a layer: none. A layer
   # keeps num_attention_heads - len(pruned_heads[i]) heads of head_dim each.
@@ -189,6 +196,9 @@ class ModelConfig:
     if self.dropout_impl not in DROPOUT_SETTINGS:
       fail(f"unknown model.dropout_impl={self.dropout_impl!r}; use one of "
            f"{', '.join(DROPOUT_SETTINGS)}")
+    if self.fp8_amax_history < 1:
+      fail(f"model.fp8_amax_history={self.fp8_amax_history} must be at least 1; e.g. "
+           "--config.model.fp8_amax_history=1024")
     if self.scan_layers and self.num_hidden_groups not in (None, self.num_hidden_layers):
       fail("model.scan_layers needs one parameter set per layer; turn it off for ALBERT sharing")
     self._check_pruned_heads()
@@ -270,18 +280,27 @@ class ModelConfig:
     """RoBERTa numbers positions from pad_token_id + 1; padding takes position pad_token_id."""
     return self.pad_token_id + 1 if self.architecture == "roberta" else 0
 
+  # Fields `to_dict` leaves out while `fp8` is off, with their defaults: the configs built from it
+  # (configs/common.py) and the records of runs without FP8 stay as they were before these
+  # existed; `--config.model.fp8=True` still sets them (bertjax.config.config_lib).
+  OPTIONAL_FIELDS = {"fp8": False, "fp8_amax_history": 1024}
+
   def replace(self, **kwargs) -> "ModelConfig":
     return dataclasses.replace(self, **kwargs)
 
   def to_dict(self) -> dict[str, Any]:
     """The fields as JSON holds them: pruned_heads as lists, and only when some head is pruned
     (so unpruned models' records, and the runs that resume them, are as before); the kernel
-    overrides as {field: value}, "" for none (as records written before they were fields)."""
+    overrides as {field: value}, "" for none (as records written before they were fields); the
+    FP8 fields only with `fp8` on (likewise)."""
     d = dataclasses.asdict(self)
     d["pruned_heads"] = [list(layer) for layer in self.pruned_heads]
     if not any(self.pruned_heads):
       del d["pruned_heads"]
     d["kernel_overrides"] = parse_overrides(self.kernel_overrides) or ""
+    if not self.fp8:  # records (and configs) without FP8 read as before it was a field
+      for name in self.OPTIONAL_FIELDS:
+        del d[name]
     return d
 
   @classmethod

@@ -71,8 +71,8 @@ class SelfAttention(Layered):
     cfg, L = self.config, self.layers
     keys = x if keys is None else keys
     heads = (self.num_heads or cfg.num_attention_heads, cfg.head_dim)
-    project = lambda name, y: L.dense(heads, ("embed", "heads", "kv"), name,
-                                      in_shape=y.shape[-1:])(y)
+    project = lambda name, y: L.projection(heads, ("embed", "heads", "kv"), name,
+                                           in_shape=y.shape[-1:])(y)
     q, k, v = project("query", x), project("key", keys), project("value", keys)
     rate = cfg.attention_probs_dropout_prob
     raw_scores = None
@@ -95,8 +95,8 @@ class SelfAttention(Layered):
     if self.has_variable("params", "head_mask"):
       out = out * self.get_variable("params", "head_mask").astype(out.dtype)[:, None]
     # A fused residual tail after it adds the output projection's bias inside its kernel.
-    out = L.dense(cfg.hidden_size, ("heads", "kv", "embed"), "output", axis=(-2, -1),
-                  in_shape=out.shape[-2:], add_bias=L.residual is None)(out)
+    out = L.projection(cfg.hidden_size, ("heads", "kv", "embed"), "output", axis=(-2, -1),
+                       in_shape=out.shape[-2:], add_bias=L.residual is None)(out)
     return (out, raw_scores) if output_attentions else out
 
 
@@ -151,8 +151,8 @@ class TransformerLayer(Layered):
     fused = L.residual is not None  # post-LN's residual, dropout, add and LayerNorm in one kernel
     norm = L.residual or L.norm
     attn_ln, out_ln = norm(name="attention_layer_norm"), norm(name="output_layer_norm")
-    intermediate = L.dense(cfg.intermediate_size, ("embed", "mlp"), "intermediate")
-    output = L.dense(cfg.hidden_size, ("mlp", "embed"), "output", add_bias=not fused)
+    intermediate = L.projection(cfg.intermediate_size, ("embed", "mlp"), "intermediate")
+    output = L.projection(cfg.hidden_size, ("mlp", "embed"), "output", add_bias=not fused)
     act = L.mlp_activation(cfg.hidden_act)
     scores = None
 

@@ -18,8 +18,9 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from flax.linen import fp8_ops
 
-from bertjax.models import kernels
+from bertjax.models import fp8, kernels
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import STOCK as STOCK_DROPOUT, Dropout
 from bertjax.models.flash_attention import dropout_seed
@@ -75,6 +76,10 @@ class Dense(nn.Module):
   num_in: int = 1
   dtype: Any = jnp.float32
   add_bias: bool = True  # False: x @ kernel only, its `bias` added by the caller (`ResidualNorm`)
+  # > 0 (`model.fp8`): the product through flax's FP8 dot_general with delayed scaling over this
+  # many steps of amax history, when the scale state is given (bertjax/models/fp8.py); else in
+  # `dtype`.
+  fp8_amax_history: int = 0
 
   @nn.compact
   def __call__(self, x):
@@ -89,19 +94,26 @@ class Dense(nn.Module):
     # One 2-D product [rows, in] @ [in, out], the reshapes being free (row-major, contiguous).
     lead = x.shape[:x.ndim - self.num_in]
     rows = x.reshape(math.prod(lead), math.prod(in_shape))
-    y = rows @ kernel.reshape(math.prod(in_shape), math.prod(out))
+    matrix = kernel.reshape(math.prod(in_shape), math.prod(out))
+    if self.fp8_amax_history and (self.is_initializing() or self.has_variable(fp8.SCALES, fp8.OP)):
+      y = fp8_ops.Fp8DirectDotGeneralOp(amax_history_length=self.fp8_amax_history,
+                                        name=fp8.OP)(rows, matrix, (((1,), (0,)), ((), ())))
+    else:  # without the scale state (evaluation, readers): in the compute dtype
+      y = rows @ matrix
     y = y.reshape(lead + out)
     return y + bias.astype(self.dtype) if self.add_bias else y
 
 
-def flat_dense(features, names, name, axis=-1, in_shape=None, *, dtype, add_bias=True):
+def flat_dense(features, names, name, axis=-1, in_shape=None, *, dtype, add_bias=True,
+               fp8_amax_history=0):
   """`Dense` (`Kernels.flat_dense`): a dense layer into `features` (an int or a shape) over the
   `axis` input axes, kernel and bias named by the logical `names` (input axes then output axes).
   `in_shape` is what `stock_dense` needs; the parameters are the same. `add_bias` False: the
   bias is created but left to the caller to add (`ResidualNorm` adds it inside its kernel)."""
   del in_shape
   num_in = len(axis) if isinstance(axis, tuple) else 1
-  return Dense(features, tuple(names), num_in=num_in, dtype=dtype, add_bias=add_bias, name=name)
+  return Dense(features, tuple(names), num_in=num_in, dtype=dtype, add_bias=add_bias,
+               fp8_amax_history=fp8_amax_history, name=name)
 
 
 def stock_dense(features, names, name, axis=-1, in_shape=None, *, dtype, add_bias=True):
@@ -329,6 +341,9 @@ class Layers:
 
   dense(features, names, name, axis=-1, in_shape=None, add_bias=True): a Dense layer
     (`flat_dense` or `stock_dense`).
+  projection: the same, for the encoder layers' query, key, value, attention-output,
+    intermediate and output projections: `dense`, or with `model.fp8` the FP8 one
+    (`flat_dense` with `fp8_amax_history`, the same parameters).
   norm(name, axis_name="embed", epsilon=..., use_bias=True): a LayerNorm (`vjp_layer_norm` or
     `stock_layer_norm`), epsilon the model's `layer_norm_eps` unless given.
   residual: post-LN's tail, LayerNorm(residual + dropout(y + bias)), as one module
@@ -347,6 +362,7 @@ class Layers:
   kernels: kernels.Kernels
   attention_dropout: str
   dense: Callable[..., nn.Module]
+  projection: Callable[..., nn.Module]
   norm: Callable[..., nn.Module]
   residual: Callable[..., nn.Module] | None
   dropout: Callable[[float], nn.Module]
@@ -370,9 +386,11 @@ def layers_for(cfg: ModelConfig) -> Layers:
   k = kernels.for_model(cfg)
   dtype = cfg.compute_dtype
   dropout = kernels.dropout_setting(cfg, k)
+  dense = _Bound(flat_dense if k.flat_dense else stock_dense, dtype=dtype)
   return Layers(
-      kernels=k, attention_dropout=kernels.attention_dropout_setting(cfg, k),
-      dense=_Bound(flat_dense if k.flat_dense else stock_dense, dtype=dtype),
+      kernels=k, attention_dropout=kernels.attention_dropout_setting(cfg, k), dense=dense,
+      projection=(_Bound(flat_dense, dtype=dtype, fp8_amax_history=cfg.fp8_amax_history)
+                  if cfg.fp8 else dense),
       norm=_Bound(vjp_layer_norm if k.layer_norm_vjp else stock_layer_norm,
                   epsilon=cfg.layer_norm_eps, dtype=dtype),
       residual=(_Bound(ResidualNorm, cfg.hidden_dropout_prob, cfg.layer_norm_eps, dtype)

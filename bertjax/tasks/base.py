@@ -316,8 +316,9 @@ class TaskObjective(Objective):
   def model_config(self, config) -> ModelConfig:
     if config.init_from:
       fields = checkpoints.load_model_config(config.init_from)
-      for key in RUN_SETTINGS:
-        fields[key] = config.model[key]
+      for key in RUN_SETTINGS:  # the FP8 fields: absent from a config while off
+        fields[key] = (config.model[key] if key in config.model
+                       else ModelConfig.OPTIONAL_FIELDS[key])
       cfg = ModelConfig.from_dict(fields)
     else:
       cfg = ModelConfig.from_dict(config.model.to_dict())

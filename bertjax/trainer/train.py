@@ -29,7 +29,7 @@ from bertjax.core import paths, run_files
 from bertjax.data.tokenizers import CONFIG_FILE as TOKENIZER_MARK  # written last by its save
 from bertjax.evaluators.context import EvalContext
 from bertjax.evaluators.schedule import Evaluations
-from bertjax.models import kernels
+from bertjax.models import fp8, kernels
 from bertjax.models.config import ModelConfig
 from bertjax.objective import Schedule
 from bertjax.runtime import (checkpoints, distributed, divergence, freezing, optim, prefetch,
@@ -50,6 +50,15 @@ class TrainState:
   params: Any
   opt_state: Any
   rng: jax.Array  # <uint32>[2]: raw key data, so it checkpoints as a plain array
+
+
+@flax.struct.dataclass
+class Fp8TrainState(TrainState):
+  """A `model.fp8` run's train state: `TrainState` and `fp8`, the FP8 projections' scale state
+  (amax histories and scales, bertjax.models.fp8), replicated, checkpointed with the rest; a
+  step's gradient with respect to it is its next value. A run without FP8 keeps `TrainState`, so
+  its state, step and checkpoint tree are those before FP8 existed."""
+  fp8: Any = None
 
 
 def model_config_from(config: ml_collections.ConfigDict) -> ModelConfig:
@@ -84,29 +93,37 @@ def make_train_step(objective, model, optimizer, accum: int, skip_nonfinite: boo
     loss_fn = lambda p, mb, r: objective.loss(model, partition.merge(p, frozen), mb, r,
                                               denominators, deterministic=False)
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    # model.fp8: ((loss, metrics), grads, the scale state's gradient, which is its next value).
+    grad_fn = _with_scales(grad_fn, objective, model, partition, frozen, denominators,
+                           getattr(state, "fp8", None))
     if accum_now == 1:
-      (loss, metrics), grads = grad_fn(trainable, batch, rng)
+      (loss, metrics), grads, scales = grad_fn(trainable, batch, rng)
     else:
       micro = split_micro_batches(batch, accum_now)
 
       def body(carry, xs):
         i, mb = xs
-        (l, m), g = grad_fn(trainable, mb, jax.random.fold_in(rng, i))
-        acc_l, acc_m, acc_g = carry
-        return (acc_l + l, jax.tree.map(jnp.add, acc_m, m), jax.tree.map(jnp.add, acc_g, g)), None
+        (l, m), g, sc = grad_fn(trainable, mb, jax.random.fold_in(rng, i))
+        acc_l, acc_m, acc_g, acc_sc = carry
+        # The scale states combine by their maximum (fp8.combine), not a sum.
+        return (acc_l + l, jax.tree.map(jnp.add, acc_m, m), jax.tree.map(jnp.add, acc_g, g),
+                fp8.combine(acc_sc, sc)), None
 
-      (l0, m0), g0 = jax.eval_shape(grad_fn, trainable, jax.tree.map(lambda x: x[0], micro), rng)
+      (l0, m0), g0, sc0 = jax.eval_shape(grad_fn, trainable, jax.tree.map(lambda x: x[0], micro),
+                                         rng)
       zeros = lambda t: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), t)
-      (loss, metrics, grads), _ = jax.lax.scan(
-          body, (zeros(l0), zeros(m0), zeros(g0)), (jnp.arange(accum_now), micro))
+      # Zeros start the scale states' maximum too: amaxes and scales are never negative.
+      (loss, metrics, grads, scales), _ = jax.lax.scan(
+          body, (zeros(l0), zeros(m0), zeros(g0), zeros(sc0)), (jnp.arange(accum_now), micro))
     updates, opt_state = optimizer.update(grads, state.opt_state, trainable)
     params = partition.merge(optax.apply_updates(trainable, updates), frozen)
     grad_norm = optax.tree.norm(grads)
     finite = divergence.step_is_finite(loss, grad_norm)
     metrics = {**metrics, "loss": (loss, jnp.ones_like(loss))}
     if skip_nonfinite:
-      params, opt_state = divergence.keep_if_finite(finite, (params, opt_state),
-                                                    (state.params, state.opt_state))
+      params, opt_state, scales = divergence.keep_if_finite(
+          finite, (params, opt_state, scales),
+          (state.params, state.opt_state, getattr(state, "fp8", None)))
       metrics = divergence.without_nonfinite_step(finite, metrics)
     metrics["learning_rate"] = (optim.current_learning_rate(state.opt_state), jnp.ones(()))
     metrics["grad_norm"] = (grad_norm, jnp.ones(()))
@@ -114,10 +131,30 @@ def make_train_step(objective, model, optimizer, accum: int, skip_nonfinite: boo
     sparsity = optim.held_sparsity(opt_state)  # optimizer.keep_pruned: the zeros held
     if sparsity is not None:
       metrics["sparsity"] = (sparsity, jnp.ones(()))
-    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                              **({} if scales is None else {"fp8": scales}))
     return new_state, metrics
 
   return train_step
+
+
+def _with_scales(grad_fn, objective, model, partition, frozen, denominators, scales):
+  """`grad_fn` (params, batch, rng) -> ((loss, metrics), grads) as (params, batch, rng) ->
+  ((loss, metrics), grads, next scale state): without FP8 (`scales` None) the same, the state
+  None; with it the model handed to the loss reads `scales` (fp8.WithScales) and the gradient
+  with respect to them is their next value (flax's `_overwrite_with_gradient`): it never enters
+  the optimizer, the gradient norm, clipping or weight decay."""
+  if scales is None:
+    return lambda p, mb, r: (*grad_fn(p, mb, r), None)
+  loss_fn = lambda p, sc, mb, r: objective.loss(fp8.WithScales(model, sc),
+                                                partition.merge(p, frozen), mb, r, denominators,
+                                                deterministic=False)
+  both = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)
+
+  def fp8_grad_fn(p, mb, r):
+    out, (grads, next_scales) = both(p, scales, mb, r)
+    return out, grads, next_scales
+  return fp8_grad_fn
 
 
 def abstract_params_of(objective, model, init_batch):
@@ -155,20 +192,42 @@ def create_train_state(objective, model, optimizer, config, mesh, init_batch, ab
   repl = sharding.replicated(mesh)
   opt_shardings = optim.state_shardings(config, optimizer, abstract_opt,
                                         partition.trainable(param_shardings), repl)
-  state_shardings = TrainState(step=repl, params=param_shardings, opt_state=opt_shardings, rng=repl)
-  abstract_state = TrainState(
+  # model.fp8: the scale state, created by the same init (fp8.KeepingScales) and replicated.
+  with_scales = bool(config.model.get("fp8", False))
+  abstract_scales = (jax.eval_shape(lambda r: _init_params_and_scales(
+      objective, model, r, init_batch)[1], jax.random.key(0)) if with_scales else None)
+  state_cls, scale_field = ((Fp8TrainState, lambda scales: {"fp8": scales}) if with_scales
+                            else (TrainState, lambda scales: {}))
+  state_shardings = state_cls(step=repl, params=param_shardings, opt_state=opt_shardings, rng=repl,
+                              **scale_field(jax.tree.map(lambda _: repl, abstract_scales)))
+  abstract_state = state_cls(
       step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params, opt_state=abstract_opt,
-      rng=jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))))
+      rng=jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))),
+      **scale_field(abstract_scales))
 
   def init(rng):
-    params = nn.meta.unbox(objective.init_params(model, jax.random.fold_in(rng, 1), init_batch))
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      opt_state=optimizer.init(partition.trainable(params)),
-                      rng=jax.random.key_data(jax.random.fold_in(rng, 2)))
+    if with_scales:
+      params, scales = _init_params_and_scales(objective, model, jax.random.fold_in(rng, 1),
+                                               init_batch)
+    else:
+      params = objective.init_params(model, jax.random.fold_in(rng, 1), init_batch)
+      scales = None
+    params = nn.meta.unbox(params)
+    return state_cls(step=jnp.zeros((), jnp.int32), params=params,
+                     opt_state=optimizer.init(partition.trainable(params)),
+                     rng=jax.random.key_data(jax.random.fold_in(rng, 2)), **scale_field(scales))
 
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     state = jax.jit(init, out_shardings=state_shardings)(rng)
   return state, state_shardings, abstract_state
+
+
+def _init_params_and_scales(objective, model, rng, init_batch):
+  """(boxed params, FP8 scale state) from one `objective.init_params`: the model it is handed
+  keeps the scale state its init creates (fp8.KeepingScales)."""
+  keeping = fp8.KeepingScales(model)
+  params = objective.init_params(keeping, rng, init_batch)
+  return params, nn.meta.unbox(keeping.scales)
 
 
 def _abstract_with_shardings(abstract, shardings):
@@ -219,6 +278,8 @@ def setup(config, objective, model_cfg: ModelConfig, mesh, schedule: Schedule | 
                                        micro_rows),
                        in_shardings=(state_shardings, batch_shard),
                        out_shardings=(state_shardings, metric_shard), donate_argnums=(0,))
+  # With model.fp8 evaluation and prediction read the parameters alone, so they compute in the
+  # model's dtype without FP8, as every reader of the workdir will (bertjax/models/fp8.py).
   eval_step = jax.jit(make_eval_step(objective, model),
                       in_shardings=(state_shardings.params, batch_shard), out_shardings=metric_shard)
   # Compiled only when an evaluation calls it (a task decoding its dev set).
