@@ -329,3 +329,29 @@ def test_quickstart_losses_with_fp8_stay_within_the_tolerance_of_bfloat16(tmp_pa
   assert isinstance(state, train.Fp8TrainState)
   assert means["fp8"] != means["bfloat16"]  # the float8 products ran
   assert abs(means["fp8"] - means["bfloat16"]) <= TOLERANCE, means
+
+
+@pytest.mark.slow
+def test_fp8_with_the_fused_residual_kernel_and_the_grouped_update():
+  """FP8 projections beside the fused residual tail (the output projections then leave their
+  bias to the kernel) and the grouped optimizer update: a step runs, every projection keeps a
+  scale state that the step advances, and the parameters equal those of the FP8 run without the
+  two kernels' choices to float32 rounding of the same values."""
+  runs = {}
+  for name, extra in (("plain", {}), ("fused", {"model.kernel_overrides.fused_residual": True,
+                                                "optimizer.fused_update": True})):
+    config = tiny(**STEPPED, **extra)
+    s, state = build(config)
+    batch = sharding.shard_batch(jax.device_get(a_batch(config)), s.mesh)
+    with jax.set_mesh(s.mesh):
+      after, _ = s.train_step(state, batch)
+    runs[name] = (flat(after.params), flat(after.fp8))
+  (plain_params, plain_scales), (params, scales) = runs["plain"], runs["fused"]
+  assert scales.keys() == plain_scales.keys() and scales
+  for key, value in scales.items():
+    if key.endswith("amax_history"):
+      assert value[0] > 0, key  # the step recorded its amax
+      np.testing.assert_allclose(value, plain_scales[key], rtol=2e-2, err_msg=key)
+  assert params.keys() == plain_params.keys()
+  for key, value in params.items():
+    np.testing.assert_allclose(value, plain_params[key], rtol=1e-3, atol=1e-5, err_msg=key)
