@@ -747,11 +747,14 @@ def assert_ended_by(statuses, out, failed: int, said: str):
 def test_one_process_failing_alone_ends_every_process_at_once(failed):
   """tests/multihost_failing.py: after a first collective together, process `failed` alone fails
   with a one-line error while the other waits in the next collective. Both end within
-  FAILED_ALONE_S, exit 2, with one line each, the other's naming the failed process and its
-  line; process 0, whose store the others read, ends last. (Seen failing on the original code:
-  the failed process waited at JAX's shutdown barrier, the other in its collective.)"""
+  FAILED_ALONE_S at the default BERTJAX_HEARTBEAT_TIMEOUT_S, exit 2, with one line each, the
+  other's naming the failed process and its line; process 0, whose store the others read, ends
+  last (else process 1 would abort with a C++ stack once the store is gone). (Seen failing on the
+  original code: neither ended within the bound, the failed process waiting at JAX's shutdown
+  barrier, the other in its collective.)"""
   statuses, out = each_ends_after_an_error([str(REPO / "tests" / "multihost_failing.py"),
-                                            str(failed)])
+                                            str(failed)],
+                                           env={"BERTJAX_HEARTBEAT_TIMEOUT_S": "60"})
   assert_ended_by(statuses, out, failed, f"the input of process {failed} is bad")
 
 
@@ -776,11 +779,10 @@ def test_a_process_failing_alone_mid_run_ends_both_with_one_line(runs, tmp_path)
   """The 2-process quickstart resumed from its step-10 checkpoint, process 1 alone under a
   file-size limit (`ulimit -f`: its host's own setting) below its checkpoint files: its step-20
   save (synchronous: an asynchronous one's failure stays in orbax's thread, where both processes
-  wait in orbax's barriers) fails with its one line while process 0 waits in that save. Both
-  end within
-  FAILED_ALONE_S at the default BERTJAX_HEARTBEAT_TIMEOUT_S, exit 2, one line each (process 0's
-  naming process 1 and its line); the step-10 checkpoint and the metrics up to it stay, and no
-  partial step 20 is left. (On the original code process 1 waited 151 s at JAX's shutdown
+  wait in orbax's barriers) fails with its one line while process 0 waits in that save. Both end
+  within FAILED_ALONE_S at the default BERTJAX_HEARTBEAT_TIMEOUT_S, exit 2, one line each
+  (process 0's naming process 1 and its line); the step-10 checkpoint and the metrics up to it
+  stay, and no partial step 20 is left. (On the original code process 1 waited 151 s at JAX's shutdown
   barrier after its line, process 0 in the save; then both aborted, exit 134, with C++ stack
   traces.)"""
   whole = runs(2, "(-1,1,1)")
