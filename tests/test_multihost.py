@@ -721,6 +721,8 @@ def each_ends_after_an_error(command, env=None):
         statuses.append(proc.wait(timeout=max(0.1, deadline - time.monotonic())))
       except subprocess.TimeoutExpired:
         statuses.append(None)
+    if None not in statuses:
+      procs.wait(RUN_S)  # every process has ended: their last lines copied into `out`
   finally:
     stop(procs)
   return statuses, out

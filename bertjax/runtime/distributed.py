@@ -252,9 +252,14 @@ def _end(line: str, status: int) -> None:
   if not _ENDING.acquire(blocking=False):
     while True:  # the other thread is ending this process
       time.sleep(60)
-  print(line, file=sys.stderr, flush=True)
   with contextlib.suppress(Exception):
     sys.stdout.flush()
+  print(line, file=sys.stderr, flush=True)
+  # The last word: what the other threads (the main one goes on meanwhile) and the libraries
+  # beneath would print from now on goes nowhere.
+  with contextlib.suppress(OSError), open(os.devnull, "wb") as devnull:
+    for fd in (1, 2):
+      os.dup2(devnull.fileno(), fd)
   client, me, n = _client(), jax.process_index(), jax.process_count()
   with contextlib.suppress(Exception):
     client.key_value_set(f"{_LEFT_KEY}{me}", "1", True)
