@@ -3,7 +3,7 @@
 Two processes of two CPU devices each (gloo collectives, a coordinator on a free 127.0.0.1 port)
 against one process of four: the same losses, checkpoints that resume across process counts,
 one config per run, and the faults of a multi-host run (SIGTERM to one process, kill -9 of one, a
-process alone). Every process is started with a timeout and ended in a `finally`, so a failing
+process alone, one failing alone). Every process is started with a timeout and ended in a `finally`, so a failing
 test leaves nothing running and never hangs.
 """
 

@@ -188,7 +188,8 @@ def watching_the_others() -> Iterator[None]:
 # processes of the quickstart, process 1 under `ulimit -f` failing its step-20 save): without this,
 # process 1 printed its line, then waited 151 s at JAX's shutdown barrier (2 x
 # BERTJAX_HEARTBEAT_TIMEOUT_S + 30) while process 0 waited in the save's barrier; then both
-# aborted (exit 134) with C++ stack traces.
+# aborted (exit 134) with C++ stack traces. With it, process 1 ended 0.4 s after its line and
+# process 0 1.4 s after it, both with exit 2 and one line.
 
 FAILED_KEY = "bertjax/failed"  # {"process", "line", "status"} of the first process to fail alone
 _LEFT_KEY = "bertjax/left/"    # + a process id: that process is ending now
