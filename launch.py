@@ -180,4 +180,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  run_cli(main)
+  # Several processes: one failing alone ends every one at once (bertjax/runtime/distributed.py).
+  run_cli(lambda: distributed.run_main(main))

@@ -3,7 +3,7 @@
 Two processes of two CPU devices each (gloo collectives, a coordinator on a free 127.0.0.1 port)
 against one process of four: the same losses, checkpoints that resume across process counts,
 one config per run, and the faults of a multi-host run (SIGTERM to one process, kill -9 of one, a
-process alone). Every process is started with a timeout and ended in a `finally`, so a failing
+process alone, one failing alone). Every process is started with a timeout and ended in a `finally`, so a failing
 test leaves nothing running and never hangs.
 """
 
@@ -574,7 +574,8 @@ def kill_process_1_after(command, line: str):
 
 
 def one_line_errors(lines, process):
-  return [l for l in lines if l.startswith(f"[p{process}] error:")]
+  """The `error:` lines of `process` (a number, or a pattern such as r"\\d": any process)."""
+  return [l for l in lines if re.match(rf"\[p{process}\] error:", l)]
 
 
 @pytest.mark.slow
@@ -686,6 +687,141 @@ def test_kill_9_of_one_process_ends_the_other_with_one_line(tmp_path):
   errors = one_line_errors(after, 0)
   assert len(errors) == 1, after[-20:]
   assert "process 1 of the run stopped responding" in errors[0] and "resume" in errors[0]
+
+
+# A process failing alone (its own error, the others going on to their next collective): every
+# process must end within this many seconds of the first error line. A liveness bound, far above
+# the 1-2 s it takes (2-core CPU machine, 2026-11-28) and far below JAX's shutdown barrier
+# (2 x BERTJAX_HEARTBEAT_TIMEOUT_S + 30 = 150 s at the default 60) that held them before.
+FAILED_ALONE_S = 60
+
+
+def on_process_1(*, file_size_limit: int = 0, env: dict | None = None) -> list[str]:
+  """A command's prefix giving process 1 alone a file-size limit (as `ulimit -f` would) and
+  environment variables, then becoming the command: one bad host among good ones."""
+  code = ("import os, resource, sys\n"
+          "if os.environ['JAX_PROCESS_ID'] == '1':\n"
+          f"  os.environ.update({dict(env or {})!r})\n"
+          f"  if {file_size_limit}:\n"
+          f"    resource.setrlimit(resource.RLIMIT_FSIZE, ({file_size_limit}, {file_size_limit}))\n"
+          "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n")
+  return [sys.executable, "-c", code]
+
+
+def each_ends_after_an_error(command, env=None):
+  """Starts `command` on 2 processes and, once one prints an `error:` line, gives every process
+  FAILED_ALONE_S to end on its own (the launcher stops none of them here): (each one's exit
+  status, None for one still running then; the output)."""
+  procs, out = start(command, env=env)
+  try:
+    started = time.monotonic()
+    while not one_line_errors(out.lines, r"\d"):
+      assert all(p.poll() is None for p in procs.procs), out.lines[-30:]  # ended with no error
+      assert time.monotonic() - started < RUN_S, out.lines[-30:]
+      time.sleep(0.5)
+    deadline = time.monotonic() + FAILED_ALONE_S
+    statuses = []
+    for proc in procs.procs:
+      try:
+        statuses.append(proc.wait(timeout=max(0.1, deadline - time.monotonic())))
+      except subprocess.TimeoutExpired:
+        statuses.append(None)
+    if None not in statuses:
+      procs.wait(RUN_S)  # every process has ended: their last lines copied into `out`
+  finally:
+    stop(procs)
+  return statuses, out
+
+
+def assert_ended_by(statuses, out, failed: int, said: str):
+  """Process `failed` ended with its own one line (holding `said`), the other with one line naming
+  it and that line; both with exit status 2, each line its process's last, no traceback or stack."""
+  assert statuses == [2, 2], (statuses, out.lines[-30:])
+  for process in (0, 1):
+    errors = one_line_errors(out.lines, process)
+    mine = [l for l in out.lines if l.startswith(f"[p{process}] ")]
+    assert len(errors) == 1 and mine[-1] == errors[0], mine[-20:]
+  own = one_line_errors(out.lines, failed)[0].split(" error: ", 1)[1]
+  assert said in own, own
+  other = one_line_errors(out.lines, 1 - failed)[0]
+  assert other.startswith(f"[p{1 - failed}] error: process {failed} failed: {own}; "), other
+  assert "run the same command to resume" in other.split(own, 1)[1], other
+  assert not [l for l in out.lines if "Traceback" in l or "Check failure" in l], out.lines[-30:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("failed", [0, 1])
+def test_one_process_failing_alone_ends_every_process_at_once(failed):
+  """tests/multihost_failing.py: after a first collective together, process `failed` alone fails
+  with a one-line error while the other waits in the next collective. Both end within
+  FAILED_ALONE_S at the default BERTJAX_HEARTBEAT_TIMEOUT_S, exit 2, with one line each, the
+  other's naming the failed process and its line; process 0, whose store the others read, ends
+  last (else process 1 would abort with a C++ stack once the store is gone). (Seen failing on the
+  original code: neither ended within the bound, the failed process waiting at JAX's shutdown
+  barrier, the other in its collective.)"""
+  statuses, out = each_ends_after_an_error([str(REPO / "tests" / "multihost_failing.py"),
+                                            str(failed)],
+                                           env={"BERTJAX_HEARTBEAT_TIMEOUT_S": "60"})
+  assert_ended_by(statuses, out, failed, f"the input of process {failed} is bad")
+
+
+def assert_intact(workdir, reference, steps):
+  """WORKDIR/checkpoints holds `steps` and nothing else (no partial save), each verified against
+  its digest and, the last, with `reference`'s parameters of that step bit for bit; every line
+  of metrics.jsonl is whole, and the rows up to that step are `reference`'s."""
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == [str(s) for s in steps]
+  for step in steps:
+    checkpoints.verify(workdir / "checkpoints", step, steps)
+  got, want = params(workdir, steps[-1]), params(reference, steps[-1])
+  assert len(got) == len(want) > 0
+  for x, y in zip(got, want):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  kept = lambda rs: [r for r in rs if r["step"] <= steps[-1]]
+  assert kept(rows) == kept(metric_writers.read_metrics(reference)) and kept(rows)
+
+
+@pytest.mark.slow
+def test_a_process_failing_alone_mid_run_ends_both_with_one_line(runs, tmp_path):
+  """The 2-process quickstart resumed from its step-10 checkpoint, process 1 alone under a
+  file-size limit (`ulimit -f`: its host's own setting) below its checkpoint files: its step-20
+  save (synchronous: an asynchronous one's failure stays in orbax's thread, where both processes
+  wait in orbax's barriers) fails with its one line while process 0 waits in that save. Both end
+  within FAILED_ALONE_S at the default BERTJAX_HEARTBEAT_TIMEOUT_S, exit 2, one line each
+  (process 0's naming process 1 and its line); the step-10 checkpoint and the metrics up to it
+  stay, and no partial step 20 is left. (On the original code process 1 waited 151 s at JAX's shutdown
+  barrier after its line, process 0 in the save; then both aborted, exit 134, with C++ stack
+  traces.)"""
+  whole = runs(2, "(-1,1,1)")
+  workdir = tmp_path / "run"
+  shutil.copytree(whole, workdir)
+  shutil.rmtree(workdir / "checkpoints" / "20")
+  # Process 1 writes about half of the checkpoint's 11 MiB, in files of 0.7-3.3 MB (seen over
+  # several saves); nothing else it writes comes near 256 KiB (JAX's compilation cache is process
+  # 0's to write).
+  command = [*on_process_1(file_size_limit=256 * 1024), *QUICK, "--workdir", str(workdir),
+             "--config.distributed=True", "--config.mesh_shape=(-1,1,1)",
+             "--config.async_checkpointing=False"]
+  statuses, out = each_ends_after_an_error(command, env={"BERTJAX_HEARTBEAT_TIMEOUT_S": "60"})
+  assert_ended_by(statuses, out, 1, "file-size limit (ulimit -f)")
+  assert_intact(workdir, whole, [10])
+
+
+@pytest.mark.slow
+def test_a_process_failing_alone_before_the_first_step_ends_both_with_one_line(runs, tmp_path):
+  """The finished 2-process quickstart run again, BERTJAX_WAIT_TIMEOUT_S unreadable on process 1
+  only (read, after the join, by the processes that wait for process 0's inputs): process 1
+  refuses in its one line while process 0 goes on to restore. Both end within FAILED_ALONE_S,
+  exit 2, one line each; the checkpoints and metrics stay. (On the original code process 0
+  ended 33 s later with a traceback of gloo's timeout, exit 1.)"""
+  whole = runs(2, "(-1,1,1)")
+  workdir = tmp_path / "run"
+  shutil.copytree(whole, workdir)
+  command = [*on_process_1(env={"BERTJAX_WAIT_TIMEOUT_S": "soon"}), *QUICK, "--workdir",
+             str(workdir), "--config.distributed=True", "--config.mesh_shape=(-1,1,1)"]
+  statuses, out = each_ends_after_an_error(command)
+  assert_ended_by(statuses, out, 1, "BERTJAX_WAIT_TIMEOUT_S='soon' must be a whole number")
+  assert_intact(workdir, whole, [10, 20])
 
 
 def readme_command(path):
