@@ -114,10 +114,10 @@ def initialize() -> None:
   _FAILURES.start()
 
 
-class _Watch:
-  """Every process bumps a counter of its own in the coordinator's store each second; one whose
-  counter stands still for BERTJAX_HEARTBEAT_TIMEOUT_S is lost, and this process ends with one
-  line naming it. A process that ended its run says so ("done") and is not watched."""
+class _Reader:
+  """A daemon thread of a joined process that reads the coordinator's store each second
+  (`_run`, until `stopped`): started and stopped by the run, nothing in a run of one process."""
+  name = "bertjax-reader"
 
   def __init__(self):
     self.stopped = threading.Event()
@@ -127,17 +127,34 @@ class _Watch:
     if self.thread is not None or not active():
       return
     self.stopped.clear()
-    self.thread = threading.Thread(target=self._run, daemon=True, name="bertjax-watch")
+    self.thread = threading.Thread(target=self._run, daemon=True, name=self.name)
     self.thread.start()
 
-  def stop(self) -> None:
+  def stop(self) -> bool:
+    """Stops the thread; whether one was running."""
     if self.thread is None:
-      return
+      return False
     self.stopped.set()
     self.thread.join(timeout=5)
     self.thread = None
+    return True
+
+  def _run(self) -> None:
+    raise NotImplementedError
+
+
+class _Watch(_Reader):
+  """Every process bumps a counter of its own in the coordinator's store each second; one whose
+  counter stands still for BERTJAX_HEARTBEAT_TIMEOUT_S is lost, and this process ends with one
+  line naming it. A process that ended its run says so ("done") and is not watched."""
+  name = "bertjax-watch"
+
+  def stop(self) -> bool:
+    if not super().stop():
+      return False
     with contextlib.suppress(Exception):
       _client().key_value_set(f"bertjax/alive/{jax.process_index()}", "done", True)
+    return True
 
   def _run(self) -> None:
     client, me, n = _client(), jax.process_index(), jax.process_count()
@@ -198,27 +215,10 @@ _LAST_OUT_S = 10               # process 0 (the store's host) waits this long fo
 _ENDING = threading.Lock()     # one way out per process: its own failure, or another's
 
 
-class _Failures:
+class _Failures(_Reader):
   """From the join on, a thread of every process reads FAILED_KEY each second; another process's
   failure there ends this one (`_end`) with one line naming it."""
-
-  def __init__(self):
-    self.stopped = threading.Event()
-    self.thread: threading.Thread | None = None
-
-  def start(self) -> None:
-    if self.thread is not None or not active():
-      return
-    self.stopped.clear()
-    self.thread = threading.Thread(target=self._run, daemon=True, name="bertjax-failures")
-    self.thread.start()
-
-  def stop(self) -> None:
-    if self.thread is None:
-      return
-    self.stopped.set()
-    self.thread.join(timeout=5)
-    self.thread = None
+  name = "bertjax-failures"
 
   def _run(self) -> None:
     client, me = _client(), jax.process_index()
