@@ -42,16 +42,20 @@ def operands(seq=S, dtype=jnp.bfloat16):
   return x, x, x, jax.ShapeDtypeStruct((2,), jnp.uint32)
 
 
+def with_gradient(forward):
+  """(forward, its gradient with respect to q, k and v): `forward(q, k, v, extra)` a kernel's
+  forward pass, the gradient running its backward kernels too."""
+  def gradient(q, k, v, extra):
+    loss = lambda q, k, v: jnp.sum(forward(q, k, v, extra).astype(jnp.float32))
+    return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+  return forward, gradient
+
+
 def kernel_fns():
   """The flash kernel's forward pass alone, and its forward and backward (three pallas_calls:
   forward, dq, dk/dv), each a new function so that no cached trace is reused."""
-  def forward(q, k, v, seed):
-    return fa.flash_attention(q, k, v, dropout_rate=0.1, seed=seed, interpret=False)
-
-  def gradient(q, k, v, seed):
-    loss = lambda q, k, v: jnp.sum(forward(q, k, v, seed).astype(jnp.float32))
-    return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
-  return forward, gradient
+  return with_gradient(lambda q, k, v, seed: fa.flash_attention(
+      q, k, v, dropout_rate=0.1, seed=seed, interpret=False))
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
@@ -88,13 +92,8 @@ def test_twin_without_triton_named_fails_here(monkeypatch):
 def window_fns(window: int = 64):
   """The windowed kernel (ModernBERT's local layers: segment ids, a window each side), forward
   alone and with its backward pass."""
-  def forward(q, k, v, ids):
-    return fa.flash_attention(q, k, v, segment_ids=(ids, ids), window=window, interpret=False)
-
-  def gradient(q, k, v, ids):
-    loss = lambda q, k, v: jnp.sum(forward(q, k, v, ids).astype(jnp.float32))
-    return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
-  return forward, gradient
+  return with_gradient(lambda q, k, v, ids: fa.flash_attention(
+      q, k, v, segment_ids=(ids, ids), window=window, interpret=False))
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])

@@ -58,8 +58,7 @@ import jax.numpy as jnp
 from bertjax import convert, inputs
 from bertjax.config import config_checks, config_lib
 from bertjax.core import paths
-from bertjax.core.errors import (ArgumentParser, Preempted, UserError, doc_summary, fail,
-                                 run_cli)
+from bertjax.core.errors import ArgumentParser, Preempted, doc_summary, fail, run_cli
 from bertjax.data import ragged
 from bertjax.models import encoder, kernels
 from bertjax.registry import get_objective, objective_class
@@ -469,10 +468,7 @@ def parse_args(argv):
   for flag in ("batch_size", "seq_len", "rounds"):
     if getattr(args, flag) is not None and getattr(args, flag) < 1:
       fail(f"--{flag} {getattr(args, flag)} must be >= 1; leave it out for the config's value")
-  try:
-    args.length_distribution = ragged.parse(args.lengths)
-  except UserError as e:
-    fail(str(e))
+  args.length_distribution = ragged.parse(args.lengths)  # a UserError: one line
   if args.pack is not None and args.length_distribution is None:
     fail("--pack and --no-pack choose how ragged rows are laid out; give --lengths too "
          "(e.g. --lengths wikitext2 --pack)")
