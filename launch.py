@@ -151,8 +151,9 @@ def main(argv=None):
                              devices_per_process=args.devices_per_process)
     sys.exit(1 if record["failed"] else 0)
   # From here to the end a SIGTERM stops the run as preempted (exit 75, one line; see
-  # bertjax/runtime/preemption.py); a sweep's runs are processes of their own.
-  with Preemption() as preemption:
+  # bertjax/runtime/preemption.py); a sweep's runs are processes of their own. After it the process
+  # is ending with the run's status: a SIGTERM then is ignored.
+  with Preemption(last=True) as preemption:
     with preemption.abandoning("loading the config (nothing was written)"):
       config = args.config  # loaded and locked by the --config flag
       config_lib.apply_overrides(config, overrides)

@@ -371,6 +371,54 @@ def test_sigterm_to_the_plain_benchmark_exits_75(tmp_path):
   assert err.strip().splitlines()[-1].startswith("preempted: SIGTERM during the benchmark")
 
 
+# The plain benchmark as its process runs it, sent SIGTERM a second after its batches reach the
+# device (shard_batch's second call): during the warm-up or the timed steps.
+DURING_THE_STEPS = """
+import os, runpy, signal, sys, threading
+from bertjax.runtime import sharding
+original, calls = sharding.shard_batch, []
+def shard_batch(*args, **kwargs):
+  calls.append(1)
+  if len(calls) == 2:
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+  return original(*args, **kwargs)
+sharding.shard_batch = shard_batch
+sys.argv = ["benchmark", *sys.argv[1:]]
+runpy.run_module("bertjax.tools.benchmark", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_timed_steps_exits_75_between_steps(tmp_path):
+  """A SIGTERM while the compiled steps run is acted on between two steps (noted by
+  `sigterm_between_steps`, not raised inside JAX's `block_until_ready`): exit 75 with the line,
+  and the benchmark's own handler is what a SIGTERM meets outside the steps."""
+  command = [sys.executable, "-c", DURING_THE_STEPS, "--preset", "bert-tiny", "--batch_size", "2",
+             "--seq_len", "16", "--steps", "100000", "--override", "max_predictions_per_seq=4"]
+  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_COMPILATION_CACHE_DIR=str(tmp_path / "cache"))
+  run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert run.returncode == 75, run.stderr[-3000:]
+  assert run.stderr.strip().splitlines()[-1].startswith("preempted: SIGTERM during the benchmark")
+  assert "Traceback" not in run.stderr and "Fatal Python error" not in run.stderr
+
+
+def test_sigterm_between_steps_raises_at_the_check_and_restores_the_handler():
+  from bertjax.core.errors import Preempted  # pylint: disable=import-outside-toplevel
+  from bertjax.tools import benchmark  # pylint: disable=import-outside-toplevel
+  before = signal.getsignal(signal.SIGTERM)
+  with pytest.raises(Preempted, match="SIGTERM during the benchmark"):
+    with benchmark.sigterm_between_steps() as check:
+      check()  # nothing came yet
+      os.kill(os.getpid(), signal.SIGTERM)  # noted by the handler, which raises nothing
+      noted = True
+      check()
+  assert noted and signal.getsignal(signal.SIGTERM) is before
+  with pytest.raises(Preempted):  # one after the last step's check: raised on leaving
+    with benchmark.sigterm_between_steps():
+      os.kill(os.getpid(), signal.SIGTERM)
+  assert signal.getsignal(signal.SIGTERM) is before
+
+
 @pytest.mark.slow
 def test_cpu_smoke_compiles_ahead_in_parallel_then_times_from_the_cache(tmp_path):
   """The named CPU set end to end with an empty compilation cache: the compile-ahead processes

@@ -102,7 +102,7 @@ LAZY = {("bertjax/runtime/metric_writers.py", "tensorboardX"),
         ("bertjax/tasks/base.py", "tensorflow_datasets.text"),
         ("bertjax/data/sources.py", "tensorflow_datasets"),
         ("bertjax/data/sources.py", "tensorflow_datasets.text"),
-        ("bertjax/convert/readers.py", "torch"),
+        ("bertjax/convert/readers.py", "torch"), ("bertjax/tools/gemm_rate.py", "torch"),
         ("bertjax/__init__.py", "jax"), ("bertjax/__init__.py", "jax.numpy"),
         ("bertjax/__init__.py", "bertjax.models.architectures"), ("bertjax/__init__.py", "bertjax"),
         ("bertjax/__init__.py", "bertjax.core.errors"), ("bertjax/__init__.py", "bertjax.convert")}

@@ -182,3 +182,54 @@ def test_distill_docstring_names_the_setting_the_teacher_sets():
   for flag in flags:
     assert flag in doc
   assert "The environment variable" not in doc
+
+
+# ----------------------------------------------------------------------------- first-use mistakes
+
+
+def test_benchmark_profile_into_a_file_is_refused_before_the_timing(tmp_path):
+  """ea9bcfe timed the step first, then `FileExistsError` with a traceback (status 1) when
+  --profile named a file."""
+  file = tmp_path / "ops"
+  file.write_text("notes\n")
+  with pytest.raises(UserError) as e:
+    benchmark.parse_args(["--preset", "bert-tiny", "--profile", str(file)])
+  assert str(e.value) == (f"--profile {file} is a file, not a folder; fix: pass a folder to "
+                          "--profile")
+  assert file.read_text() == "notes\n"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--override", "learning_rate"],
+     "--override 'learning_rate' has no value; write --override learning_rate=VALUE"),
+    (["--dropout", "1.5"], "--dropout 1.5 must be in [0, 1) (a dropout probability); fix: "
+                           "--dropout 0.1"),
+    (["--override", "learning_rate=abc"],
+     "--override learning_rate='abc' is not a valid float; give a value like 0.0001"),
+    (["--override", "batch_size=0"], "batch_size=0 must be >= 1 (rows per optimizer step (all "
+                                     "hosts, all micro-batches)); fix: --override batch_size=32"),
+])
+def test_benchmark_mistakes_name_its_own_flags(argv, message):
+  """ea9bcfe's lines told the benchmark's user to write --config.KEY=VALUE (launch.py's flag,
+  which this command refuses) for a bare --override, a --dropout out of range or a refused
+  setting."""
+  with pytest.raises(UserError) as e:
+    benchmark.build_config(benchmark.parse_args(["--preset", "bert-tiny", *argv]))
+  assert str(e.value) == message
+  assert "--config." not in str(e.value)
+
+
+@pytest.mark.parametrize("argv, objective", [
+    (["--config", "configs/glue.py:task=rte,runlocal"], "glue"),
+    (["--config", "configs/squad.py:runlocal"], "squad"),
+    (["--preset", "bert-tiny", "--objective", "ner"], "ner"),
+])
+def test_benchmark_of_a_fine_tuning_config_is_one_line(argv, objective):
+  """ea9bcfe compiled a GLUE, SQuAD or CoNLL step on synthetic batches that lack its keys:
+  `KeyError: 'weight'` with a traceback (status 1); `--objective glue` asked for a task."""
+  with pytest.raises(UserError) as e:
+    benchmark.build_config(benchmark.parse_args(argv))
+  assert str(e.value) == (f"objective {objective!r} is a fine-tuning task; the benchmark times "
+                          "pretraining objectives on synthetic batches: pass a pretraining "
+                          "config or --objective (e.g. --config configs/bert.py:runlocal, or "
+                          "--objective mlm)")

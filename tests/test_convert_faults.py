@@ -159,3 +159,18 @@ def test_from_hf_of_a_hub_name_says_how_to_get_a_folder(tmp_path):
   assert "only a local folder" in stderr[0] and "save_pretrained" in stderr[0], stderr
   assert "huggingface-cli download bert-base-uncased" in stderr[0], stderr
   assert not (tmp_path / "out").exists()
+
+
+def test_from_hf_of_a_missing_path_does_not_call_it_a_hub_name(tmp_path):
+  """ea9bcfe answered a mistyped local path (absolute, or a file) with `not a Hugging Face hub
+  name: download one first (huggingface-cli download /abs/path ...)`, a command that cannot
+  work; a path is now named as a missing folder (or a file)."""
+  (tmp_path / "model.safetensors").write_bytes(b"not a folder")
+  for given, what in ((tmp_path / "bert-base", "not found"),
+                      (tmp_path / "model.safetensors", "is a file")):
+    code, stdout, stderr = convert_cli("from-hf", "--model-dir", given, "--workdir",
+                                       tmp_path / "out")
+    one_line_refusal(code, stderr, str(given))
+    assert stderr[0] == (f"error: model directory {given} {what}; --model-dir takes a local "
+                         "Hugging Face model folder (config.json + model.safetensors)"), stderr
+    assert not (tmp_path / "out").exists()

@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import pytest
 
 from bertjax import registry
+from bertjax.core import run_files
 from bertjax.objectives.rtd import rtd_terms
 from bertjax.runtime import metric_writers, progress
 from bertjax.runtime.run_record import summarize
-from bertjax.tools import report
 from bertjax.trainer import train
 from tests.helpers import load_config
 
@@ -59,7 +59,7 @@ def test_distillation_headlines_the_kl_not_the_loss(tmp_path, capsys):
   distill = registry.objective_class(config.objective)
   assert distill.main_metric(config) == "soft_kl"
   assert distill.main_metric({"objective": "distill", "distill": {"soft_weight": 0.0}}) == "loss"
-  assert report.lower_is_better("soft_kl")
+  assert run_files.lower_is_better("soft_kl")
   row = {"loss": 172.9, "soft_ce": 33.4, "soft_kl": 0.81, "mlm_accuracy": 0.3, "agreement": 0.9}
   metric_writers.MetricWriter(tmp_path, 200, enabled=True, tensorboard=False).print_row(
       200, "train", row)

@@ -677,8 +677,8 @@ def test_sigterm_to_one_process_stops_both_at_one_step_with_one_checkpoint(tmp_p
 @pytest.mark.slow
 def test_kill_9_of_one_process_ends_the_other_with_one_line(tmp_path):
   """kill -9 of process 1 mid-run: process 0 ends, after BERTJAX_HEARTBEAT_TIMEOUT_S, with one
-  line naming process 1, exit 69. (On the original code it hung about 2.5 minutes, then aborted
-  with a traceback, exit 134.)"""
+  line naming process 1, exit 69, releasing the workdir's lock as it ends. (On the original code
+  it hung about 2.5 minutes, then aborted with a traceback, exit 134; later it left the lock.)"""
   workdir = tmp_path / "run"
   command = long_run(workdir)
   survivor, out = kill_process_1_after(command, r"^\[p0\] train step 5/2000:")
@@ -687,6 +687,7 @@ def test_kill_9_of_one_process_ends_the_other_with_one_line(tmp_path):
   errors = one_line_errors(after, 0)
   assert len(errors) == 1, after[-20:]
   assert "process 1 of the run stopped responding" in errors[0] and "resume" in errors[0]
+  assert not (workdir / "lock").exists()
 
 
 # A process failing alone (its own error, the others going on to their next collective): every
@@ -765,6 +766,28 @@ def test_one_process_failing_alone_ends_every_process_at_once(failed):
   assert_ended_by(statuses, out, failed, f"the input of process {failed} is bad")
 
 
+@pytest.mark.slow
+def test_process_0_ended_by_a_failure_of_process_1_releases_the_workdir_lock(tmp_path):
+  """tests/multihost_failing.py holding WORKDIR/lock (process 0 takes it, as a run's process 0
+  does): process 1 fails alone while process 0 is busy in a step, and process 0 ends through
+  os._exit, which skips the lock's release. The same command run again takes the lock afresh, with
+  no "took over the stale lock" warning, and each run leaves nothing in the workdir. (Seen failing
+  on the original code: the lock stayed, and the second run took it over with that warning; one
+  on another host would have been refused.)"""
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  command = [str(REPO / "tests" / "multihost_failing.py"), "1", str(workdir)]
+  runs = []
+  for _ in range(2):
+    statuses, out = each_ends_after_an_error(command)
+    runs.append((statuses, out, sorted(p.name for p in workdir.iterdir())))
+  for statuses, out, _ in runs:
+    assert "[p0] holding the lock: True" in out.lines, out.lines[-30:]
+    assert not [l for l in out.lines if "stale lock" in l], out.lines[-30:]
+    assert_ended_by(statuses, out, 1, "the input of process 1 is bad")
+  assert [left for _, _, left in runs] == [[], []]
+
+
 def assert_intact(workdir, reference, steps):
   """WORKDIR/checkpoints holds `steps` and nothing else (no partial save), each verified against
   its digest and, the last, with `reference`'s parameters of that step bit for bit; every line
@@ -785,8 +808,8 @@ def assert_intact(workdir, reference, steps):
 def test_a_process_failing_alone_mid_run_ends_both_with_one_line(runs, tmp_path):
   """The 2-process quickstart resumed from its step-10 checkpoint, process 1 alone under a
   file-size limit (`ulimit -f`: its host's own setting) below its checkpoint files: its step-20
-  save (synchronous: an asynchronous one's failure stays in orbax's thread, where both processes
-  wait in orbax's barriers) fails with its one line while process 0 waits in that save. Both end
+  save (synchronous; an asynchronous one's failure: tests/test_multihost_async_save.py) fails
+  with its one line while process 0 waits in that save. Both end
   within FAILED_ALONE_S at the default BERTJAX_HEARTBEAT_TIMEOUT_S, exit 2, one line each
   (process 0's naming process 1 and its line); the step-10 checkpoint and the metrics up to it
   stay, and no partial step 20 is left. (On the original code process 1 waited 151 s at JAX's shutdown
@@ -805,6 +828,7 @@ def test_a_process_failing_alone_mid_run_ends_both_with_one_line(runs, tmp_path)
   statuses, out = each_ends_after_an_error(command, env={"BERTJAX_HEARTBEAT_TIMEOUT_S": "60"})
   assert_ended_by(statuses, out, 1, "file-size limit (ulimit -f)")
   assert_intact(workdir, whole, [10])
+  assert not (workdir / "lock").exists()  # process 0's, released as it ended
 
 
 @pytest.mark.slow
@@ -822,6 +846,7 @@ def test_a_process_failing_alone_before_the_first_step_ends_both_with_one_line(r
   statuses, out = each_ends_after_an_error(command)
   assert_ended_by(statuses, out, 1, "BERTJAX_WAIT_TIMEOUT_S='soon' must be a whole number")
   assert_intact(workdir, whole, [10, 20])
+  assert not (workdir / "lock").exists()  # process 0's, released as it ended
 
 
 def readme_command(path):

@@ -131,3 +131,30 @@ def test_modernbert_with_a_sentence_pair_objective_is_refused_before_any_data(tm
                                         "NSP/SOP head; use --config.objective=mlm$"):
       train.train_and_evaluate(config, workdir)
     assert not workdir.exists()
+
+
+@pytest.mark.parametrize("flag, kind", [("--config", "config"), ("--sweep", "sweep")])
+def test_a_config_or_sweep_file_that_is_not_python_is_one_line(tmp_path, flag, kind):
+  """ea9bcfe ran a .json or .txt given to --config or --sweep as Python: `NameError: name 'x'
+  is not defined` (--config) or `AttributeError: 'NoneType' object has no attribute 'loader'`
+  (--sweep), each with a traceback and status 1."""
+  spec = tmp_path / "settings.json"
+  spec.write_text('{"learning_rate": 0.001}\n')
+  r = run_module("launch.py", flag, str(spec), "--workdir", str(tmp_path / "run"))
+  line = _one_error_line(r)
+  assert line == (f"error: {kind} file {spec} is not a Python file (.py): a {kind} file is "
+                  f"Python code; fix: pass a .py {kind} file"), line
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_workdir_that_cannot_be_made_is_one_line():
+  """ea9bcfe, as root: `FileNotFoundError: [Errno 2] No such file or directory: '/proc/...'`
+  with a traceback, as the permission check passes for root where mkdir fails (a read-only
+  mount alike). /proc takes no new folder from anyone."""
+  if not pathlib.Path("/proc/self").exists():
+    pytest.skip("no /proc here")
+  workdir = "/proc/bertjax-run"
+  with pytest.raises(UserError) as e:
+    train.train_and_evaluate(tiny_config(), workdir)
+  assert str(e.value).startswith(f"workdir {workdir} cannot be created"), str(e.value)
+  assert "fix: pass a --workdir you can write to" in str(e.value)

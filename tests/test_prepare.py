@@ -255,3 +255,20 @@ def test_cli(corpus_files, tok_dir, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
     assert "Traceback" not in r.stderr
   assert not (tmp_path / "c").exists()
+
+
+def test_overwrite_refuses_a_run_workdir(corpus_files, tok_dir, tmp_path):
+  """ea9bcfe's `prepare --output RUN --overwrite` (what its refusal of a non-empty --output
+  suggests) replaced a training workdir whole: checkpoints, config.json and metrics gone."""
+  source = sources.TextFileSource([str(p) for p in corpus_files], format="wikitext")
+  run = tmp_path / "run"
+  (run / "checkpoints" / "20").mkdir(parents=True)
+  (run / "config.json").write_text('{"objective": "mlm"}\n')
+  before = sorted(p.relative_to(run) for p in run.rglob("*"))
+  with pytest.raises(errors.UserError) as e:
+    prepare.prepare_corpus(source, tok_dir, run, num_shards=1, num_workers=1, overwrite=True)
+  assert str(e.value) == (f"output {run} holds checkpoints, config.json: a run, a model or a "
+                          "sweep, which --overwrite would delete; choose another --output, a "
+                          "new folder")
+  assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+  assert not list(tmp_path.glob(".run.*"))  # no staging folder left

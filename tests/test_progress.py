@@ -226,4 +226,20 @@ def test_the_end_table_shows_the_best_evaluation_and_its_folder(tmp_path):
   best = min(evals, key=lambda r: r["loss"])
   assert summary["best"] is None and summary["best_eval_step"] == best["step"]
   assert (f"best: loss {progress._number(best['loss'])} at step {best['step']}: not kept "
-          "(--config.best_metric=loss keeps it in best/)") in progress.end_table(summary)
+          "(--config.best_metric=loss --config.best_mode=min keeps it in best/)"
+          ) in progress.end_table(summary)
+
+
+@pytest.mark.parametrize("metric, flags", [
+    ("loss", "--config.best_metric=loss --config.best_mode=min"),
+    ("score", "--config.best_metric=score"), ("f1", "--config.best_metric=f1"),
+])
+def test_the_hint_to_keep_the_best_keeps_that_best(metric, flags):
+  """ea9bcfe's hint for a loss was `--config.best_metric=loss keeps it in best/`, but with
+  best_mode's default, max, that kept the highest loss (quickstart runlocal: step 10's 8.817,
+  not step 20's 8.327, shown as the best); a loss needs best_mode=min too."""
+  summary = {"status": "finished", "step": 20, "best_metric": metric, "best": None,
+             "best_eval_step": 20, "best_eval": {metric: 0.5}, "last_eval_step": 20,
+             "last_eval": {metric: 0.5}}
+  assert f"best: {metric} 0.5 at step 20: not kept ({flags} keeps it in best/)" in (
+      progress.end_table(summary).splitlines())

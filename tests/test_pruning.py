@@ -500,3 +500,29 @@ def test_a_distillation_run_is_refused_in_one_line(tmp_path):
   with pytest.raises(UserError, match=r"^\S+ is a distill_glue run; pruning scores and exports "
                                       r"the heads of glue, squad and ner runs only"):
     Session.open(tmp_path, tmp_path / "out", None)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--override", "learning_rate=1e-4"],
+     "--override learning_rate=1e-4 changes the re-fine-tuning, which --finetune-steps 0 (the "
+     "default) leaves out; fix: add --finetune-steps N, or drop --override"),
+    (["--finetune-steps", "2", "--override", "lerning_rate=1e-4"],
+     "unknown config key 'lerning_rate'; did you mean learning_rate?"),
+    (["--finetune-steps", "2", "--override", "learning_rate=fast"],
+     "--override learning_rate='fast' is not a valid float; give a value like 0.001"),
+    (["--finetune-steps", "2", "--override", "learning_rate"],
+     "override 'learning_rate' has no value; write --override learning_rate=VALUE"),
+])
+def test_a_bad_override_is_one_line_before_anything_runs(tmp_path, argv, message):
+  """ea9bcfe ignored --override without --finetune-steps (a mistyped key too), and with it
+  found a bad key or value only after the first evaluation, OUT/step_0 and OUT/step_1 written,
+  in a line naming launch.py's --config.KEY=VALUE. The run's record alone reaches the check."""
+  run = tmp_path / "run"
+  (run / "checkpoints").mkdir(parents=True)
+  config = load_config("configs/glue.py:task=rte,runlocal")
+  (run / "config.json").write_text(json.dumps(config.to_dict()))
+  with pytest.raises(UserError) as e:
+    prune_cli.main(["--workdir", str(run), "--output", str(tmp_path / "out"),
+                    "--target-heads", "0.5", *argv])
+  assert str(e.value) == message
+  assert not (tmp_path / "out").exists()

@@ -152,6 +152,30 @@ def test_gs_lock_is_refused_while_its_run_lives_and_taken_from_a_dead_one(fake_g
   assert not lock.exists()
 
 
+def test_gs_lock_is_released_by_the_hook_run_before_os_exit(fake_gcs):
+  """A process ending at once (os._exit: bertjax/runtime/distributed.py) runs `release_held`
+  first: a gs:// lock goes too, and one another run has taken over stays (tests/
+  test_lock_released_at_exit.py shows the hook running before os._exit, on local workdirs)."""
+  ours, taken = paths.as_path(RUN), paths.as_path(RUN + "-taken")
+  ours.mkdir(parents=True)
+  taken.mkdir(parents=True)
+  held = [workdir_lib.locked(RUN), workdir_lib.locked(RUN + "-taken")]
+  for lock in held:
+    lock.__enter__()
+  theirs = json.dumps({"pid": 1, "hostname": "elsewhere", "started": "2030-01-01T00:00:00+00:00"})
+  try:
+    assert json.loads((fake_gcs / "bucket/runs/remote/lock").read_text())["pid"] == os.getpid()
+    (taken / workdir_lib.LOCK).write_text(theirs)
+    workdir_lib.release_held()
+    assert not (ours / workdir_lib.LOCK).exists()
+    assert not (fake_gcs / "bucket/runs/remote/lock").exists()
+    assert (taken / workdir_lib.LOCK).read_text() == theirs
+  finally:
+    for lock in held:
+      lock.__exit__(None, None, None)
+  assert (taken / workdir_lib.LOCK).read_text() == theirs  # the normal release keeps it too
+
+
 def test_gs_workdir_without_its_libraries_is_one_line(tmp_path, monkeypatch):
   """Without the fake: gcsfs (fsspec's gs://) or google-cloud-storage (orbax's) missing."""
   config = _config("unused")

@@ -335,3 +335,14 @@ def test_crashing_point_is_reported_and_the_others_run(tmp_path):
   assert [c["point"] for c in curves] == ["objective=mlm_nsp"]
   assert curves[0]["steps"] == [2, 4, 6]
   assert mpimg.imread(workdir / "train_loss.png").shape[0] > 100
+
+
+def test_a_file_given_for_the_folder_is_named_a_file(tmp_path):
+  """ea9bcfe said `sweep folder .../metrics.jsonl not found` of a file that is there."""
+  file = tmp_path / "metrics.jsonl"
+  file.write_text('{"step": 1, "split": "train", "loss": 9.0}\n')
+  with pytest.raises(UserError) as e:
+    report.write_report(file)
+  assert str(e.value) == (f"{file} is a file, not a folder; pass the --workdir of a sweep or of "
+                          "a run, not a file in it")
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]

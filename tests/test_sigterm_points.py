@@ -167,6 +167,89 @@ def test_sigterm_while_launch_imports_its_libraries(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
+# launch.py run as a command, a SIGTERM coming as the process exits: the last exit hook (registered
+# first), after JAX's shutdown, sends it, as a launcher stopping the others once one process has
+# ended does.
+AS_IT_EXITS = """
+import atexit, os, runpy, signal, sys, time
+def sigterm_while_exiting():
+  os.kill(os.getpid(), signal.SIGTERM)
+  time.sleep(0.5)  # a Python handler runs here, the default action kills here
+  print("exit hook done", file=sys.stderr, flush=True)
+atexit.register(sigterm_while_exiting)
+sys.argv = ["launch.py", "--config", "configs/quickstart.py:runlocal", *sys.argv[1:]]
+runpy.run_path("launch.py", run_name="__main__")
+"""
+
+
+def test_sigterm_as_the_process_exits_keeps_the_runs_status(tmp_path):
+  """A run that has ended is not changed by a SIGTERM while its process exits: its own status,
+  nothing more printed. (The handler restored at the end had been the one for a run that never
+  started: "while loading the libraries", exit 75 after a finished run. Python's finalization then
+  resets such a handler to the default action, which kills: in a run of two processes, the one a
+  launcher stopped once the other had ended was seen ending by signal 15 instead of 75.)"""
+  args = [f"--config.{k}={v}" for k, v in {**TINY_ARGS, "total_steps": 2}.items()]
+  command = [sys.executable, "-c", AS_IT_EXITS, "--workdir", str(tmp_path / "run"), *args]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+  run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  lines = run.stderr.strip().splitlines()
+  assert lines[-1] == "exit hook done", lines[-20:]
+  assert run.returncode == 0 and _ending(lines) == [], lines[-20:]
+  assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "finished"
+
+
+# launch.py as its process runs it, sent SIGTERM while XLA compiles the model's initialization
+# (`jit_init`, seconds on a CPU): 0.05 s into that compilation, from a thread; SIGNAL names the
+# signal.
+WHILE_COMPILING = """
+import os, runpy, signal, sys, threading
+from jax._src import compiler
+original, sent = compiler.backend_compile_and_load, threading.Event()
+def send():
+  os.kill(os.getpid(), int(os.environ["SIGNAL"]))
+  sent.set()
+def compiling(backend, module, *args, **kwargs):
+  if "jit_init" not in str(module.operation.attributes["sym_name"]):
+    return original(backend, module, *args, **kwargs)
+  threading.Timer(0.05, send).start()
+  try:
+    return original(backend, module, *args, **kwargs)
+  finally:
+    print("signal sent while compiling" if sent.is_set() else "compiled before the signal",
+          file=sys.stderr, flush=True)
+compiler.backend_compile_and_load = compiling
+sys.argv = ["launch.py", "--config", "configs/quickstart.py:runlocal", *sys.argv[1:]]
+runpy.run_path("launch.py", run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_xla_compiles_stops_the_run_with_its_line(tmp_path, signum):
+  """jaxlib checks for signals while XLA compiles, so the run's handler ran inside the
+  compilation, and the `Preempted` it raised ended the wait but not the compilation: XLA's
+  threads went on with what the unwinding freed, and the process crashed (9e59c5e: exit -11
+  after the run's line, 8 times in 8 here). The handler now puts the signal off until JAX's
+  code has returned (preemption.inside_jax): exit 75, the one line last, no checkpoint. Ctrl-C
+  likewise (exit 130), its signal sent again not taken for a second Ctrl-C."""
+  args = [f"--config.{k}={v}" for k, v in {**TINY_ARGS, "total_steps": 2}.items()]
+  command = [sys.executable, "-c", WHILE_COMPILING, "--workdir", str(tmp_path / "run"), *args]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO),
+             JAX_COMPILATION_CACHE_DIR=str(tmp_path / "cache"),  # empty: the step is compiled
+             SIGNAL=str(int(signum)))
+  run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  lines = run.stderr.strip().splitlines()
+  assert "signal sent while compiling" in lines, lines[-20:]
+  if signum == signal.SIGTERM:
+    _preempted(run.returncode, lines, "while starting")
+  else:
+    assert run.returncode == errors.EXIT_INTERRUPTED, lines[-20:]
+    assert _ending(lines) == [] and lines[-1].startswith("interrupted: Ctrl-C while starting"), (
+        lines[-20:])
+  assert not (tmp_path / "run" / "checkpoints").exists() or not any(
+      (tmp_path / "run" / "checkpoints").iterdir())
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
   """The uninterrupted run the stopped ones are compared with."""

@@ -455,3 +455,33 @@ def test_a_sweep_whose_points_run_on_two_local_processes(tmp_path, monkeypatch):
             if r["split"] == "train"] == [2, 4]  # one record, process 0's
   second = run_launch(*args)
   assert second.returncode == 0 and "2 already finished, 0 to run" in second.stdout
+
+
+def test_a_finished_point_with_other_settings_is_refused_not_skipped(tmp_path, capsys):
+  """ea9bcfe, re-running a finished sweep with --config.learning_rate=3e-3, printed `2 already
+  finished, 0 to run` and `sweep done`, status 0, and rewrote sweep.json to record 0.003 and
+  the new commands for points trained at 0.001. Finished points are faked here (summary.json,
+  config.json): nothing is launched either way."""
+  spec = write_sweep(tmp_path / "s.py", {"config": "configs/quickstart.py:runlocal",
+                                         "fixed": {"total_steps": 4, "log_every": 1},
+                                         "product": {"seed": [0, 1]}})
+  workdir = tmp_path / "sweep"
+  for seed in (0, 1):
+    point = workdir / f"seed={seed}"
+    point.mkdir(parents=True)
+    (point / "summary.json").write_text(json.dumps({"status": "finished", "step": 4}))
+    (point / "config.json").write_text(json.dumps(
+        {"objective": "mlm_nsp", "learning_rate": 0.001, "seed": seed, "total_steps": 4,
+         "log_every": 5}))
+  (workdir / "sweep.json").write_text('{"points": []}\n')
+  with pytest.raises(UserError) as e:
+    sweep.run_sweep(spec, workdir, overrides=["--config.learning_rate=3e-3"])
+  assert str(e.value) == (f"point seed=0 in {workdir} finished with learning_rate=0.001, and "
+                          "this sweep gives learning_rate=0.003; a finished point is not run "
+                          "again: use a new --workdir for other settings, or give the ones it "
+                          "finished with")
+  assert (workdir / "sweep.json").read_text() == '{"points": []}\n'
+  # The settings it finished with (log_every, a cadence, may differ): skipped, as before.
+  record = sweep.run_sweep(spec, workdir, overrides=["--config.learning_rate=1e-3"])
+  assert [(p["status"], p["skipped"]) for p in record["points"]] == [("finished", True)] * 2
+  assert "2 already finished, 0 to run" in capsys.readouterr().out

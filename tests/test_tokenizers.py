@@ -21,6 +21,7 @@ import pytest
 
 from bertjax.core import errors
 from bertjax.data import tokenizers as T
+from bertjax.data.tokenizers import __main__ as tokenizers_cli
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -325,17 +326,18 @@ def test_cli_train_and_errors(corpus, tmp_path):
   assert tok.kind == "sentencepiece" and tok.vocab_size == 500 and tok.lowercase
   assert tok.encode("The") == tok.encode("the")
 
+  fresh = tmp_path / "tok2"  # the inputs' mistakes (one holding a tokenizer is refused first)
   empty = tmp_path / "empty.txt"
   empty.write_text("\n  \n")
   for args, message in [
-      (["train", "--input", str(empty), "--output", str(out), "--vocab_size", "500"],
+      (["train", "--input", str(empty), "--output", str(fresh), "--vocab_size", "500"],
        "no text found"),
-      (["train", "--input", str(tmp_path / "nothing*.txt"), "--output", str(out),
+      (["train", "--input", str(tmp_path / "nothing*.txt"), "--output", str(fresh),
         "--vocab_size", "500"], "matches no file"),
-      (["train", "--input", str(a), "--output", str(out), "--vocab_size", "900000"],
+      (["train", "--input", str(a), "--output", str(fresh), "--vocab_size", "900000"],
        "smaller --vocab_size"),
-      (["train", "--input", str(a), "--output", str(out)], "--vocab_size"),
-      (["train", "--input", str(a), "--output", str(out), "--vocab_size", "500",
+      (["train", "--input", str(a), "--output", str(fresh)], "--vocab_size"),
+      (["train", "--input", str(a), "--output", str(fresh), "--vocab_size", "500",
         "--model_type", "word"], "invalid choice"),
   ]:
     r = _run_cli(*args)
@@ -343,3 +345,22 @@ def test_cli_train_and_errors(corpus, tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
     assert "Traceback" not in r.stderr
+  assert not fresh.exists()
+
+
+def test_cli_train_keeps_a_tokenizer_already_there(tmp_path):
+  """ea9bcfe's `train --output RUN/tokenizer` replaced a run's tokenizer without a word, and
+  the run resumed on a corpus made with the old one (an export then ships the wrong vocabulary)."""
+  out = tmp_path / "run" / "tokenizer"
+  out.mkdir(parents=True)
+  (out / T.SPM_FILE).write_bytes(b"the run's model")
+  (out / T.CONFIG_FILE).write_text('{"kind": "sentencepiece"}')
+  sample = REPO / "bertjax/data/samples/wikitext2_test.raw"
+  with pytest.raises(errors.UserError) as e:
+    tokenizers_cli.main(["train", f"--input={sample}", f"--output={out}", "--vocab_size=300",
+                         "--max_sentences=2000"])
+  assert str(e.value) == (f"--output {out} already holds a tokenizer (spm.model, "
+                          "tokenizer_config.json), which this would replace; nothing was "
+                          "written: choose a new folder")
+  assert (out / T.SPM_FILE).read_bytes() == b"the run's model"
+  assert sorted(p.name for p in out.iterdir()) == [T.SPM_FILE, T.CONFIG_FILE]

@@ -39,7 +39,7 @@ from typing import Any, Sequence
 import jax
 
 from bertjax.config import config_lib, config_rules, settings
-from bertjax.core import paths
+from bertjax.core import paths, run_files
 from bertjax.runtime import checkpoints, optim, sharding
 # The table of allowed values (bertjax/config/config_rules.py); its names are also read from here.
 from bertjax.config.config_rules import (AT_LEAST_1, CHOICES, NON_NEGATIVE, OPEN_UNIT, POSITIVE,
@@ -88,6 +88,10 @@ def check_ranges(config) -> None:
   if config.total_steps == 0 and epochs is not _MISSING and epochs <= 0:
     fail("total_steps=0 derives the steps from num_epochs, which is not positive; fix: "
          "--config.num_epochs=3 or --config.total_steps=1000")
+  best = config.get("best_metric", "")  # best_mode's default, max, would keep the worst loss
+  if best and config.get("best_mode", "max") == "max" and run_files.lower_is_better(best):
+    fail(f"best_metric={best!r} is best at its lowest, but best_mode='max' keeps its highest; "
+         "fix: --config.best_mode=min")
   check_evals(config)
 
 

@@ -24,7 +24,10 @@ from bertjax.models.config import ModelConfig
 def load_module(file: pathlib.Path, kind: str = "config"):
   """The Python file `file` (a `kind` file: a config, a sweep, or a helper such as
   configs/common.py) as a module. A syntax error in it (or in a file it imports) is one line
-  naming the file and line."""
+  naming the file and line; a file that is not Python (.json, .txt) is one line too."""
+  if file.suffix != ".py":
+    fail(f"{kind} file {file} is not a Python file (.py): a {kind} file is Python code; fix: "
+         f"pass a .py {kind} file")
   module_spec = importlib.util.spec_from_file_location(
       f"bertjax_{kind.replace(' ', '_')}_{file.stem}", file)
   module = importlib.util.module_from_spec(module_spec)

@@ -71,6 +71,11 @@ def _read_torch_bin(path: pathlib.Path) -> dict[str, np.ndarray]:
 
 def read_hf_config(model_dir: PathLike) -> dict[str, Any]:
   d = pathlib.Path(model_dir)
+  text = str(model_dir)
+  if not d.is_dir() and (d.exists() or d.is_absolute() or text.startswith((".", "~"))
+                         or text.count("/") > 1):  # a path, which no hub name looks like
+    fail(f"model directory {d} {'is a file' if d.exists() else 'not found'}; --model-dir "
+         "takes a local Hugging Face model folder (config.json + model.safetensors)")
   if not d.is_dir():
     hub = f"huggingface-cli download {model_dir} --local-dir {d.name}"
     fail(f"model directory {d} not found; from-hf takes only a local folder (config.json + "

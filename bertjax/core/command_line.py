@@ -103,6 +103,8 @@ class OneLineConfigErrors(flags.ArgumentParser):
     self.loader, self.explain = loader, explain
 
   def parse(self, argument):
+    if not str(argument).partition(":")[0].endswith(".py"):
+      self.explain(argument)  # a .json or .txt would run as Python: its one line instead
     try:
       config = self.loader.parse(argument)
     except (SyntaxError, AttributeError, TypeError, ValueError):

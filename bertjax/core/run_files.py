@@ -119,3 +119,8 @@ def read_number(path: epath.Path, key: str) -> float | int | None:
     _warn(f"{path}: skipped: its {key} {_short(value)} is not a finite number")
     return None
   return value
+
+
+def lower_is_better(metric: str) -> bool:
+  """Whether the metric rows' `metric` is best at its lowest: a loss, a perplexity, a KL."""
+  return "loss" in metric or "perplexity" in metric or metric.endswith("_kl")

@@ -111,6 +111,11 @@ def _chunks(documents: Iterable[Sequence[str]], size: int,
     yield chunk
 
 
+# Files of a training workdir, a model folder or a sweep (never of a prepared corpus).
+_NOT_A_CORPUS = ("checkpoints", "config.json", "metrics.jsonl", "model.json", "params",
+                 "sweep.json")
+
+
 def _check_output(out_dir: pathlib.Path, overwrite: bool) -> None:
   if out_dir.exists():
     if not out_dir.is_dir():
@@ -118,6 +123,11 @@ def _check_output(out_dir: pathlib.Path, overwrite: bool) -> None:
     if any(out_dir.iterdir()) and not overwrite:
       errors.fail(f"output {out_dir} already exists and is not empty; choose another --output or "
                   "pass --overwrite")
+    # What --overwrite would delete with the folder: a training run, a model or a sweep.
+    held = sorted(n for n in _NOT_A_CORPUS if (out_dir / n).exists())
+    if overwrite and held:
+      errors.fail(f"output {out_dir} holds {', '.join(held)}: a run, a model or a sweep, which "
+                  "--overwrite would delete; choose another --output, a new folder")
 
 
 def prepare_corpus(source: Iterable[Sequence[str]],

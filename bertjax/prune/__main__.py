@@ -21,10 +21,11 @@ import shlex
 import sys
 from typing import Sequence
 
+from bertjax.config import config_lib
 from bertjax.core import paths
-from bertjax.core.errors import ArgumentParser, doc_summary, fail, run_cli
+from bertjax.core.errors import ArgumentParser, UserError, doc_summary, fail, run_cli
 from bertjax.prune import flow, magnitude, table
-from bertjax.prune.session import Session
+from bertjax.prune.session import Session, read_run_config
 from bertjax.runtime import checkpoints, xla_defaults
 
 
@@ -55,6 +56,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   plan = flow.Plan(args.target_heads, args.target_layers, args.target_sparsity,
                    args.sparsity_scope, args.steps, args.finetune_steps, args.ranking, args.seed)
   plan.check()
+  if args.override and args.finetune_steps == 0:
+    fail(f"--override {args.override[0]} changes the re-fine-tuning, which --finetune-steps 0 "
+         "(the default) leaves out; fix: add --finetune-steps N, or drop --override")
   paths.check_output_folder(args.output, "--output")
   out = paths.absolute(args.output)
   if out.exists() and any(out.iterdir()):
@@ -69,6 +73,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   if not any((workdir / d).is_dir() for d in ("checkpoints", "params")):
     fail(f"--workdir {args.workdir} holds no checkpoints/; point it at a fine-tuning run that "
          "saved a checkpoint")
+  # A bad --override key or value: one line before OUT is made, not after the first evaluation.
+  try:
+    config_lib.apply_overrides(read_run_config(paths.absolute(args.workdir)), args.override)
+  except UserError as e:  # its line names launch.py's flag, --config.KEY=VALUE
+    fail(str(e).replace("--config.", "--override "))
   params = checkpoints.restore_params(args.workdir)  # fails with one line before OUT is made
   tokenizer = paths.as_path(args.workdir) / "tokenizer"
   tokenizer = paths.reading(tokenizer) if tokenizer.is_dir() else None

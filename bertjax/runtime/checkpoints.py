@@ -9,6 +9,7 @@ one is finalized.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import json
@@ -31,6 +32,7 @@ from bertjax.runtime.orbax_workarounds import draining_event_loops
 
 
 RECORD = "config"  # the checkpoint item holding the run's resolved settings
+_WAIT_S = 0.1      # how often a wait for an asynchronous save reads its background error
 
 
 class Checkpointer:
@@ -49,8 +51,11 @@ class Checkpointer:
     self.directory = paths.absolute(directory)
     self.async_save = async_save
     self.record = record
+    # cleanup_tmp_directories: a save cut short (a full disk, a kill) left a partial folder
+    # (STEP.orbax-checkpoint-tmp*), which the next run removes before it saves.
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                           enable_async_checkpointing=async_save)
+                                           enable_async_checkpointing=async_save,
+                                           cleanup_tmp_directories=True)
     self.manager = ocp.CheckpointManager(
         self.directory, options=options,
         item_handlers={"state": ocp.StandardCheckpointHandler(),
@@ -59,6 +64,7 @@ class Checkpointer:
     self._saved: int | None = None     # the step this process saved last
     self._pending: int | None = None   # saved, its digest not yet written
     self._needed = 0                   # bytes of the state being saved
+    self._failed = False               # a save failed in orbax's background thread
     # While a save is in flight (an asynchronous one: until its digest is written), orbax's loops
     # drain on close and its tracebacks go to WORKDIR/checkpoint-errors.log
     # (bertjax/runtime/orbax_workarounds.py).
@@ -82,6 +88,7 @@ class Checkpointer:
     self._needed = sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize
                        for x in jax.tree.leaves(state) if hasattr(x, "dtype"))
     self._loops.start()
+    orbax_workarounds.forget_failed()
     items = {"state": ocp.args.StandardSave(state), "data": ocp.args.JsonSave(data_state or {})}
     if self.record is not None:
       items[RECORD] = ocp.args.JsonSave(self.record)
@@ -98,9 +105,11 @@ class Checkpointer:
     self.manager.wait_until_finished()
 
   def poll(self) -> None:
-    """Writes the digest of an asynchronous save that has finished meanwhile (one flag read when
-    none has); the training loop calls it after every step."""
-    if self._pending is not None and not self.manager.is_saving_in_progress():
+    """Writes the digest of an asynchronous save that has finished meanwhile, or raises its error
+    where it failed on this process (two reads when neither); the training loop calls it after
+    every step."""
+    if self._pending is not None and (orbax_workarounds.failed_in_background() is not None
+                                      or not self.manager.is_saving_in_progress()):
       self._seal()
 
   def _seal(self) -> None:
@@ -113,11 +122,24 @@ class Checkpointer:
     step, self._pending = self._pending, None
     try:
       with self._no_space(step):
-        self.manager.wait_until_finished()
+        self._wait_for_save()
         if jax.process_index() == 0:
           digests.write(self.directory / str(step))
     finally:
       self._loops.end()
+
+  def _wait_for_save(self) -> None:
+    """`manager.wait_until_finished`, except that an error of this process's asynchronous save is
+    raised as soon as orbax's background thread meets it: with several processes orbax would
+    wait in its barriers for the others instead (orbax_workarounds.py, 3), and the error raised
+    here ends every process (bertjax/runtime/distributed.py, `run_main`)."""
+    while self.manager.is_saving_in_progress():
+      error = orbax_workarounds.failed_in_background()
+      if error is not None:
+        self._failed = True
+        raise error
+      time.sleep(_WAIT_S)
+    self.manager.wait_until_finished()
 
   @contextlib.contextmanager
   def _no_space(self, step: int):
@@ -131,8 +153,11 @@ class Checkpointer:
         raise
       self._pending = None
       self._loops.abandon()
-      for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
-        paths.rmtree(partial)
+      self._remove_partial(step)
+      # orbax's other writing threads may still be writing that step's files (recreating its
+      # folder) until the process ends: removed once more at the end, after Python has joined
+      # them (threads are joined before exit hooks run).
+      atexit.register(self._remove_partial, step)
       where = self.directory / str(step)
       older = [s for s in self.all_steps() if s != step]
       logged = orbax_workarounds.log_failed_save(
@@ -149,6 +174,14 @@ class Checkpointer:
                    f"about {size_in_gib(self._needed)}, {free_space(self.directory)} free there; "
                    f"{kept}: free some space and run the same command to resume{report}")
       raise DiskFull(problem) from e
+
+  def _remove_partial(self, step: int) -> None:
+    """Removes what a failed save of `step` left (its STEP.orbax-checkpoint-tmp* folders). A
+    writer still adding files makes it fail: what is left goes at the end, or at the next run's
+    start (cleanup_tmp_directories)."""
+    for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+      with contextlib.suppress(OSError):
+        paths.rmtree(partial)
 
   def restore_latest(self, abstract_state: Any, set_data_state: Callable[[dict], None] | None = None
                      ) -> tuple[int, Any, dict] | None:
@@ -219,11 +252,17 @@ class Checkpointer:
       self.manager.reload()
 
   def close(self) -> None:
+    """Waits for the save in flight and closes orbax's manager; not where a save failed in orbax's
+    background thread (before, or while waiting here): its threads may wait in barriers for the
+    other processes, and this process is ending with the error."""
+    if self._failed:
+      return
     try:
       self._seal()
       self.manager.wait_until_finished()
     finally:
-      self.manager.close()
+      if not self._failed:
+        self.manager.close()
 
 
 def verify(directory: paths.Path, step: int, steps: list[int]) -> None:

@@ -82,9 +82,29 @@ def requested_processes(environ: Mapping[str, str] | None = None) -> int:
       "num_processes", 1))
 
 
+_AT_ONCE: list[Callable[[], None]] = []  # run before os._exit (`at_once_exit`)
+
+
+def at_once_exit(hook: Callable[[], None]) -> None:
+  """Runs `hook()` (once registered, at every such end) just before this process ends at once
+  through os._exit, which skips context managers, `finally` blocks and atexit: what must not
+  outlive the process (the workdir lock its process 0 holds: bertjax/runtime/workdir.py). A hook
+  runs on the thread that ends the process while the main thread may be anywhere; it must be
+  quick, and what it raises is ignored."""
+  if hook not in _AT_ONCE:
+    _AT_ONCE.append(hook)
+
+
+def _exit(status: int) -> None:
+  for hook in list(_AT_ONCE):
+    with contextlib.suppress(Exception):
+      hook()
+  os._exit(status)  # pylint: disable=protected-access  # the main thread may be in a collective
+
+
 def _say_and_exit(line: str, status: int) -> None:
   print(line, file=sys.stderr, flush=True)
-  os._exit(status)  # pylint: disable=protected-access  # the main thread may be in a collective
+  _exit(status)
 
 
 def initialize() -> None:
@@ -247,9 +267,10 @@ def _failure_of_another(client, me: int) -> tuple[str, int] | None:
 
 def _end(line: str, status: int) -> None:
   """Ends this process now: its line on stderr, then os._exit (JAX's shutdown barrier would wait
-  for processes that are in a collective or gone). Process 0 hosts the store: it ends last, once
-  every other process has said it is ending (or after _LAST_OUT_S), so that none of them loses
-  the store before reading what ended the run. Called from two threads, it ends the process once."""
+  for processes that are in a collective or gone), after the hooks of `at_once_exit`. Process 0
+  hosts the store: it ends last, once every other process has said it is ending (or after
+  _LAST_OUT_S), so that none of them loses the store before reading what ended the run. Called
+  from two threads, it ends the process once."""
   if not _ENDING.acquire(blocking=False):
     while True:  # the other thread is ending this process
       time.sleep(60)
@@ -273,7 +294,7 @@ def _end(line: str, status: int) -> None:
       with contextlib.suppress(Exception):  # DEADLINE_EXCEEDED: it is stuck; end all the same
         client.blocking_key_value_get(f"{_LEFT_KEY}{other}", left_ms)
     time.sleep(1)  # from its word to its os._exit: a moment
-  os._exit(status)  # pylint: disable=protected-access
+  _exit(status)
 
 
 def _failure_line(error: BaseException) -> tuple[str, int, bool]:

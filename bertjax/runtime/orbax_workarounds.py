@@ -11,13 +11,23 @@ what it works around, so it can go when orbax no longer needs it:
    stderr (a few to a few hundred of them, some after the one-line error). orbax offers no
    setting for its loop, so `draining_event_loops` swaps asyncio's event loop policy (the public
    way to choose the loops `asyncio.new_event_loop` makes) for one whose loops cancel and await
-   their unfinished tasks before they close, as `asyncio.run` does, and read the errors of the
-   tasks `gather` left behind (else "Task exception was never retrieved", one per task).
+   their unfinished tasks before they close, as `asyncio.run` does, read the errors of the
+   tasks `gather` left behind (else "Task exception was never retrieved", one per task), and
+   drop the wake-ups that TensorStore's operations of those cancelled tasks still send after
+   the close.
 2. Background tracebacks. A failed save is logged by orbax's writing threads with the whole
    traceback (`logging.error(..., exc_info=True)`: hundreds of lines of orbax and TensorStore
    frames) before the caller sees the error. `hold_disk_error_logs` holds those of a full disk
    back; the checkpointer writes them (`held`) with its own traceback to
    WORKDIR/checkpoint-errors.log and reports the error in one line naming that file.
+3. A failed asynchronous save, on one process of several. orbax's background thread keeps the
+   error (`_AsyncManager._thread_func`), its finalize thread takes it and then waits in a barrier
+   for the other processes (`MultihostSynchronizedValue.set`), which wait in another barrier for
+   this one (`async_write_complete`): no caller is told, and every process waits until
+   `AsyncOptions.timeout_secs` (20 minutes). The one report that comes out at once is orbax's log
+   record of the error (`logging.error(..., exc_info=True)` in that thread); `_Hold` keeps its
+   error for `failed_in_background`, which the checkpointer reads after each step and while it
+   waits for a save.
 """
 
 from __future__ import annotations
@@ -59,6 +69,18 @@ class _DrainingLoop(asyncio.SelectorEventLoop):
     self._tasks.discard(task)
     if not task.cancelled():
       task.exception()
+
+  def call_soon_threadsafe(self, callback, *args, context=None):
+    """As asyncio's, except that once the loop is closed the call is dropped: a TensorStore
+    operation of a task cancelled at `close` finishes later and wakes the loop from its own
+    thread; asyncio raises "Event loop is closed", which TensorStore prints (a traceback after
+    the one-line error of a full disk: 9e59c5e's CI, test_full_disk.py). Nothing waits on it."""
+    try:
+      return super().call_soon_threadsafe(callback, *args, context=context)
+    except RuntimeError:
+      if not self.is_closed():
+        raise
+      return None
 
   def close(self) -> None:
     pending = [t for t in self._tasks if not t.done()]
@@ -131,12 +153,16 @@ class _Hold(logging.Filter):
   def __init__(self):
     super().__init__()
     self.records: list[str] = []
+    self.failed: list[BaseException] = []  # errors of asynchronous saves' background threads
 
   def filter(self, record: logging.LogRecord) -> bool:
     if record.levelno < logging.WARNING:
       return True
     message = record.getMessage()
     error = record.exc_info[1] if record.exc_info else None
+    if (error is not None and record.funcName == "_thread_func"
+        and record.pathname.endswith("async_checkpointer.py")):
+      self.failed.append(error)
     if errors.disk_error_of(error or ValueError(message)) is None:
       return True
     if len(self.records) < _HELD:
@@ -154,6 +180,17 @@ def hold_disk_error_logs() -> None:
   logger = logging.getLogger("absl")
   if _hold not in logger.filters:
     logger.addFilter(_hold)
+
+
+def failed_in_background() -> BaseException | None:
+  """The first error of an asynchronous save's background thread (in this process) since
+  `forget_failed`; None where none failed."""
+  return _hold.failed[0] if _hold.failed else None
+
+
+def forget_failed() -> None:
+  """A new save starts: the errors of earlier ones are forgotten."""
+  _hold.failed.clear()
 
 
 def held() -> str:

@@ -29,6 +29,8 @@ from typing import Any, Callable, Mapping, TextIO
 
 from jax import monitoring
 
+from bertjax.core import run_files
+
 EVERY_S = 10.0  # the default seconds of work between progress lines (config.progress_every_s)
 
 # JAX's compilation stages (jax.monitoring events): their time is not the pace of the pass.
@@ -188,8 +190,10 @@ def end_table(summary: Mapping[str, Any], summary_path: str | pathlib.Path | Non
     lines.append(str(summary["reading"]))
   metric, best = summary.get("best_metric"), summary.get("best_eval") or {}
   if best_step is not None and metric in best:
-    where = (summary["best"] if summary.get("best") else
-             f"not kept (--config.best_metric={metric} keeps it in best/)")
+    # best_mode is "max" unless set: a loss is kept at its lowest only with best_mode=min.
+    flags = f"--config.best_metric={metric}" + (
+        " --config.best_mode=min" if run_files.lower_is_better(metric) else "")
+    where = summary["best"] if summary.get("best") else f"not kept ({flags} keeps it in best/)"
     lines.append(f"best: {metric} {_number(best[metric])} at step {best_step}: {where}")
   lines.append(f"checkpoint: {summary.get('checkpoint') or 'none'}")
   if summary_path is not None:

@@ -1,8 +1,10 @@
 """One workdir, one run: the lock a running process holds, and the settings a resumed run may change.
 
 - WORKDIR/lock (JSON: pid, hostname, started; with several processes, how many) is created
-  atomically by the run that trains in the workdir (its process 0) and removed when it ends. A second run is refused while the holder lives; a lock whose
-  process is gone (killed, on this host) is taken over with a warning. On another host nothing can
+  atomically by the run that trains in the workdir (its process 0) and removed when it ends, also
+  when it ends at once (bertjax/runtime/distributed.py's os._exit: `release_held`). A second run
+  is refused while the holder lives; a lock whose process is gone (killed, on this host) is taken
+  over with a warning. On another host nothing can
   be checked: the run is refused, and the message says to delete the file if that run is gone.
   The workdir may be remote (gs://...; bertjax/core/paths.py): the same rules hold, since the pid is
   checked only on the host the lock names. An object store offers no exclusive create through
@@ -39,7 +41,7 @@ import jax
 
 from bertjax.core import paths
 from bertjax.core.errors import fail, read_text
-from bertjax.runtime import checkpoints
+from bertjax.runtime import checkpoints, distributed
 
 LOCK = "lock"
 CHANGES = "changes.jsonl"
@@ -82,7 +84,9 @@ OTHER_RUN = ("objective", "task", "model.architecture", "model.vocab_size", "mod
              "model.scan_layers")
 DECISIVE = OTHER_RUN + ("data.corpus", "data.tokenizer", "data_dir")
 
-_held: set[str] = set()  # the locks this process holds (a pid of ours in a lock may be a past run's)
+# The locks this process holds: their absolute paths and texts (a pid of ours in a lock may be a
+# past run's).
+_held: dict[str, str] = {}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,7 +125,7 @@ def _acquire(path: paths.Path) -> str:
       continue
     with os.fdopen(fd, "w") as f:
       f.write(mine)
-    _held.add(str(paths.absolute(path)))
+    _held[str(paths.absolute(path))] = mine
     return mine
   fail(f"could not take {path}: other runs keep taking it; start one run per --workdir")
 
@@ -138,16 +142,28 @@ def _acquire_remote(path: paths.Path, mine: str) -> str:
       continue
     path.write_text(mine)
     if _read_lock(path) == mine:
-      _held.add(str(paths.absolute(path)))
+      _held[str(paths.absolute(path))] = mine
       return mine
   fail(f"could not take {path}: other runs keep taking it; start one run per --workdir")
 
 
 def _release(path: paths.Path, mine: str) -> None:
-  _held.discard(str(paths.absolute(path)))
+  _held.pop(str(paths.absolute(path)), None)
   with contextlib.suppress(FileNotFoundError):
     if path.read_text() == mine:  # never another run's lock
       path.unlink()
+
+
+def release_held() -> None:
+  """Releases every lock this process holds (each only while its text is still ours): run
+  before this process ends through os._exit (`distributed.at_once_exit`), which skips `locked`'s
+  release; the next run then finds no lock, on this host or another."""
+  for held, mine in list(_held.items()):
+    with contextlib.suppress(Exception):  # ending all the same: a lock left is taken over later
+      _release(paths.as_path(held), mine)
+
+
+distributed.at_once_exit(release_held)
 
 
 def _read_lock(path: paths.Path) -> str | None:

@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 
 from bertjax.core import paths, run_files
 from bertjax.core.errors import fail
+from bertjax.runtime import workdir as workdir_lib
 from bertjax.sweep.launchers import (host_address, hosts_install_commands, hosts_point_commands,
                                      local_command, tpu_install_commands, tpu_point_command)
 from bertjax.sweep.spec import Point, REPO, Sweep, load_sweep, plain_value
@@ -45,6 +46,22 @@ def is_finished(point_dir: str | os.PathLike, total_steps: int) -> bool:
     resolved = (_read_json(point_dir / "config.json") or {}).get("total_steps")
     total_steps = resolved if isinstance(resolved, int) else 0
   return total_steps > 0 and summary.get("step") == total_steps
+
+
+def check_finished(point: Point, point_dir: paths.Path) -> None:
+  """Refuses a finished point whose config.json records other values of what the sweep sets
+  (a resumed run could not change them either, bertjax/runtime/workdir.py): skipped, it would be
+  recorded in sweep.json with settings it was not trained with."""
+  recorded = workdir_lib.flatten(_read_json(point_dir / "config.json") or {})
+  for key, value in point.settings.items():
+    if key in workdir_lib.SCHEDULE or (key.startswith("model.") and recorded.get("init_from")):
+      continue  # the trainer derives these (epochs; init_from's model): recorded as derived
+    new = workdir_lib.as_recorded({"v": value})["v"]
+    if key in recorded and recorded[key] != new and workdir_lib.allowed(
+        key, recorded[key], new) is not None:
+      fail(f"point {point.name} in {point_dir.parent} finished with {key}={recorded[key]!r}, "
+           f"and this sweep gives {key}={new!r}; a finished point is not run again: use a new "
+           "--workdir for other settings, or give the ones it finished with")
 
 
 def last_line(text: str) -> str:
@@ -328,6 +345,9 @@ def run_sweep(path: str, workdir: str | os.PathLike, dry_run: bool = False, tpu:
     _print_plan(sweep, local_dir, install, commands)
     return {**record, "finished": 0, "failed": 0, "skipped": 0}
 
+  for point in sweep.points:  # before sweep.json is written
+    if is_finished(local_dir / point.name, point.total_steps):
+      check_finished(point, local_dir / point.name)
   _carry_over(record, local_dir)
   local_dir.mkdir(parents=True, exist_ok=True)
   save = lambda: _write_json(local_dir / "sweep.json", record)

@@ -38,6 +38,9 @@ class Point:
   args: list[str]             # every --config.k=v of this point: fixed, command line, swept
   total_steps: int            # from the config; 0 when the trainer derives it (GLUE epochs)
   resolved: dict[str, Any]
+  # What the sweep sets (fixed, command line, swept), as the config holds it: a finished point
+  # trained with other values is not skipped as if it were this one (runner.check_finished).
+  settings: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -196,8 +199,11 @@ def load_sweep(spec: str, overrides: Sequence[str] = (), also_check: Sequence[st
       fail(f"{where}: point {name} sets seeds={tuple(config.seeds)}; sweep over 'seed' instead "
            f"so each seed is its own point")
     resolved = {k: plain_value(config[k]) for k in RESOLVED_KEYS if k in config}
+    keys = dict.fromkeys(a.partition("=")[0] for a in args)
+    settings = {k: plain_value(config[k]) for k in keys}
     points.append(Point(name=name, overrides=overrides_, args=[f"--config.{a}" for a in args],
-                        total_steps=int(config.get("total_steps", 0) or 0), resolved=resolved))
+                        total_steps=int(config.get("total_steps", 0) or 0), resolved=resolved,
+                        settings=settings))
   return Sweep(path=path, arg=arg, config=config_spec, points=points)
 
 

@@ -8,6 +8,7 @@ the ModernBERT presets, which train MLM alone).
   python -m bertjax.tools.benchmark --preset modernbert-base --batch_size 2 --seq_len 512 \
       --override max_predictions_per_seq=77 --steps 3 --compare hf-torch --rounds 3
   python -m bertjax.tools.benchmark --ablate h100-bert-base --output ablate.md   # tools/ablate.py
+  python -m bertjax.tools.benchmark --gemm_rate --preset bert-base --batch_size 8 --rounds 3
   python -m bertjax.tools.benchmark --preset modernbert-tiny --batch_size 16 --seq_len 512 \
       --lengths wikitext2 [--pack]
 
@@ -43,6 +44,7 @@ accelerators; on a CPU, a large float32 matmul's rate measured in the same run).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import pathlib
 import signal
@@ -58,13 +60,15 @@ import jax.numpy as jnp
 from bertjax import convert, inputs
 from bertjax.config import config_checks, config_lib
 from bertjax.core import paths
-from bertjax.core.errors import ArgumentParser, Preempted, doc_summary, fail, run_cli
+from bertjax.core.errors import (ArgumentParser, Preempted, UserError, doc_summary, fail,
+                                 run_cli)
 from bertjax.data import ragged
 from bertjax.models import encoder, kernels
 from bertjax.registry import get_objective, objective_class
-from bertjax.runtime import profiling, sharding, xla_defaults
+from bertjax.runtime import preemption, profiling, sharding, xla_defaults
 from bertjax.runtime.host_memory import host_peak_rss_bytes
-from bertjax.tools import ablate, checkpoint_cost
+from bertjax.tasks.base import TaskObjective
+from bertjax.tools import ablate, checkpoint_cost, gemm_rate
 from bertjax.trainer import train
 
 REPO = pathlib.Path(__file__).resolve().parent.parent.parent
@@ -160,6 +164,15 @@ def peak_memory_bytes(device) -> int:
 
 
 def build_config(args):
+  """The config the step is timed with; a refused setting is one line naming this command's
+  own flag (--override KEY=VALUE), as the trainer's checks name launch.py's --config.KEY=VALUE."""
+  try:
+    return _build_config(args)
+  except UserError as e:
+    raise type(e)(str(e).replace("--config.", "--override ")) from None
+
+
+def _build_config(args):
   if args.config:
     config = config_lib.load_config_file(args.config)
   else:
@@ -189,6 +202,10 @@ def build_config(args):
              ("hidden_dropout_prob", "attention_probs_dropout_prob"))
     overrides += [f"model.{name}={args.dropout}" for name in names]
   config_lib.apply_overrides(config, overrides + list(args.override or []))
+  if issubclass(objective_class(config.objective), TaskObjective):  # its batches: not synthetic
+    fail(f"objective {config.objective!r} is a fine-tuning task; the benchmark times "
+         "pretraining objectives on synthetic batches: pass a pretraining config or --objective "
+         "(e.g. --config configs/bert.py:runlocal, or --objective mlm)")
   if config.max_seq_length > config.model.max_position_embeddings:
     config_lib.apply_overrides(config, [f"model.max_position_embeddings={config.max_seq_length}"])
   config_checks.check_settings(config)
@@ -224,19 +241,41 @@ def real_tokens(batch) -> int:
   return int(batch["attention_mask"].sum())
 
 
+def step_setup(config):
+  """The trainer's own setup: the same model, optimizer, shardings and jitted step a run trains,
+  after the trainer's checks of the settings, the mesh and the model (each a one-line error).
+  Returns (objective, model config, mesh, run, train state)."""
+  objective = get_objective(config)
+  cfg = objective.model_config(config)
+  mesh = sharding.make_mesh(config.mesh_shape)
+  config_checks.check_ranges(config)
+  config_checks.check_run(config, objective, cfg, mesh)
+  run, state = train.setup(config, objective, cfg, mesh)
+  return objective, cfg, mesh, run, state
+
+
+def compiled_flops(compiled) -> float:
+  """XLA's count of a compiled step's flops (0 where the backend gives none)."""
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float(cost.get("flops", 0.0)) if cost else 0.0
+
+
+def step_hlo(config) -> tuple[str, float]:
+  """The optimized HLO of the step `bench_jax` times (on a full synthetic batch) and its flops."""
+  _, cfg, mesh, run, state = step_setup(config)
+  batch = next(inputs.SyntheticBatches(config, cfg.vocab_size, config.seed, config.batch_size))
+  with jax.set_mesh(mesh), nn.logical_axis_rules(run.rules):
+    compiled = run.train_step.lower(state, sharding.shard_batch(batch, mesh)).compile()
+  return compiled.as_text(), compiled_flops(compiled)
+
+
 def bench_jax(config, steps: int, profile_dir: str | None = None,
               lengths: ragged.Lengths | None = None) -> dict:
   """Times the train step of `config` on synthetic batches: full ones (50-100% of each row), or
   with `lengths` ragged rows from the pipeline (padded, or packed when config.data.pack)."""
 
-  # The trainer's own setup: the same model, optimizer, shardings and jitted step a run trains.
-  objective = get_objective(config)
-  cfg = objective.model_config(config)
-  mesh = sharding.make_mesh(config.mesh_shape)
-  # The trainer's checks of the settings, the mesh and the model, each a one-line error.
-  config_checks.check_ranges(config)
-  config_checks.check_run(config, objective, cfg, mesh)
-  run, state = train.setup(config, objective, cfg, mesh)
+  objective, cfg, mesh, run, state = step_setup(config)
   n_params = run.num_params
   data = objective.build_inputs(config, None) if not config.data.synthetic else None
   if lengths is not None:
@@ -253,9 +292,7 @@ def bench_jax(config, steps: int, profile_dir: str | None = None,
     with CacheEvents() as step_cache:
       compiled = run.train_step.lower(state, batch0).compile()
     compile_s = time.perf_counter() - t
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    xla_flops = float(cost.get("flops", 0.0)) if cost else 0.0
+    xla_flops = compiled_flops(compiled)
     # The compiled step's own buffers, as XLA planned them: exact and repeatable, where the
     # process's peak memory also holds the runtime and varies by tens of MB between runs.
     memory = compiled.memory_analysis()
@@ -280,18 +317,21 @@ def bench_jax(config, steps: int, profile_dir: str | None = None,
     if steps == 0:  # the compiled step's plan only: nothing runs
       return plan
     device_batches = [sharding.shard_batch(b, mesh) for b in host_batches]
-    state, m = compiled(state, device_batches[0])  # warm-up
-    jax.block_until_ready(m)
-    times = []
-    for k in range(steps):
-      t = time.perf_counter()
-      state, m = compiled(state, device_batches[k % len(device_batches)])
-      jax.block_until_ready((state.step, m))
-      times.append(time.perf_counter() - t)
-    profile = None
-    if profile_dir:
-      profile = profile_steps(compiled, state, device_batches, profile_dir)
-      state = profile.pop("state")
+    with sigterm_between_steps() as check:
+      state, m = compiled(state, device_batches[0])  # warm-up
+      jax.block_until_ready(m)
+      times = []
+      for k in range(steps):
+        check()
+        t = time.perf_counter()
+        state, m = compiled(state, device_batches[k % len(device_batches)])
+        jax.block_until_ready((state.step, m))
+        times.append(time.perf_counter() - t)
+      profile = None
+      if profile_dir:
+        check()
+        profile = profile_steps(compiled, state, device_batches, profile_dir)
+        state = profile.pop("state")
   step_s = statistics.median(times)
   flops = model_flops_per_token(cfg, config.max_seq_length, config.max_predictions_per_seq,
                                 pair_head=getattr(objective, "pair_head", False),
@@ -398,16 +438,46 @@ def _alternate(config, args, argv: list[str]) -> dict:
   return result
 
 
+_PREEMPTED = ("SIGTERM during the benchmark (it saves nothing); run the same command again to "
+              "measure")
+
+
 def _preempted(signum, frame):
-  del signum, frame
-  raise Preempted("SIGTERM during the benchmark (it saves nothing); run the same command again "
-                  "to measure")
+  if preemption.inside_jax(frame):  # an XLA compilation or a wait: raised there, it crashed
+    preemption.again_soon(signum)
+    return
+  raise Preempted(_PREEMPTED)
+
+
+@contextlib.contextmanager
+def sigterm_between_steps():
+  """Within it a SIGTERM is noted, and `Preempted` raised by the yielded check, called between
+  steps, as the trainer does; the benchmark's own handler (`_preempted`, raising at once) is
+  back after. Raised at once, a SIGTERM during the timed steps was seen leaving the process
+  waiting in JAX's `block_until_ready` for good (9e59c5e, once in four SIGTERMs here)."""
+  came = []
+  try:
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: came.append(signum))
+  except ValueError:  # not the main thread: its caller handles signals
+    previous = None
+
+  def check():
+    if came:
+      raise Preempted(_PREEMPTED)
+
+  try:
+    yield check
+  finally:
+    if previous is not None:
+      signal.signal(signal.SIGTERM, previous)
+  check()
 
 
 def parse_args(argv):
   parser = ArgumentParser(description=doc_summary(__doc__))
   parser.add_argument("--preset", default="bert-mini", help="a model preset (bertjax.models.presets)")
-  parser.add_argument("--config", help="any experiment config (data is replaced by synthetic batches)")
+  parser.add_argument("--config", help="a pretraining experiment config (data is replaced by "
+                                       "synthetic batches)")
   parser.add_argument("--batch_size", type=int)
   parser.add_argument("--seq_len", type=int)
   parser.add_argument("--objective")
@@ -438,10 +508,14 @@ def parse_args(argv):
   parser.add_argument("--rounds", type=int, default=1,
                       help="with --compare: alternate bertjax and the reference this many times, "
                            "each in its own process, and report the median of the per-round "
-                           "ratios; with --checkpoint_cost: rounds of save and restore")
+                           "ratios; with --checkpoint_cost: rounds of save and restore; with "
+                           "--gemm_rate: rounds of the products")
   parser.add_argument("--checkpoint_cost", action="store_true",
                       help="time the save and restore of the model's train state and the digest "
                            "each gets (bertjax/tools/checkpoint_cost.py), medians of --rounds")
+  parser.add_argument("--gemm_rate", action="store_true",
+                      help="time the step's 2-D matrix products in XLA and in torch, alternately "
+                           "in this process (bertjax/tools/gemm_rate.py), medians of --rounds")
   parser.add_argument("--override", action="append", help="extra config override key=value")
   parser.add_argument("--reference_only", action="store_true",
                       help="with --compare: time the reference only (its JSON on the last line)")
@@ -469,6 +543,14 @@ def parse_args(argv):
     if getattr(args, flag) is not None and getattr(args, flag) < 1:
       fail(f"--{flag} {getattr(args, flag)} must be >= 1; leave it out for the config's value")
   args.length_distribution = ragged.parse(args.lengths)  # a UserError: one line
+  if args.dropout is not None and not 0 <= args.dropout < 1:
+    fail(f"--dropout {args.dropout:g} must be in [0, 1) (a dropout probability); fix: "
+         "--dropout 0.1")
+  for item in args.override or ():
+    if "=" not in item:
+      fail(f"--override {item!r} has no value; write --override {item}=VALUE")
+  if args.profile is not None:  # before the timing, not after it (a file there: a traceback)
+    paths.check_output_folder(args.profile, "--profile")
   if args.pack is not None and args.length_distribution is None:
     fail("--pack and --no-pack choose how ragged rows are laid out; give --lengths too "
          "(e.g. --lengths wikitext2 --pack)")
@@ -487,8 +569,13 @@ def main(argv=None) -> dict:
   if args.length_distribution is not None:
     ragged.check_pack(config, objective_class(config.objective))
   if args.checkpoint_cost:
-    result = checkpoint_cost.measure(config, max(1, args.rounds))
+    result = checkpoint_cost.measure(config, max(1, args.rounds), step_setup)
     print(checkpoint_cost.describe(result))
+    print(json.dumps(result))
+    return result
+  if args.gemm_rate:
+    result = gemm_rate.measure(config, max(1, args.rounds), step_hlo)
+    print(gemm_rate.describe(result))
     print(json.dumps(result))
     return result
   if args.reference_only:

@@ -21,9 +21,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from bertjax.core import digests, paths
-from bertjax.registry import get_objective
-from bertjax.runtime import checkpoints, sharding
-from bertjax.trainer import train
+from bertjax.runtime import checkpoints
 
 
 def _timed(fn) -> tuple[float, object]:
@@ -32,13 +30,11 @@ def _timed(fn) -> tuple[float, object]:
   return time.perf_counter() - t, out
 
 
-def measure(config, rounds: int) -> dict:
+def measure(config, rounds: int, step_setup) -> dict:
   """Seconds (medians of `rounds`) of orbax's save and restore of the train state of `config`'s
-  model, and of the digest's write and check; the checkpoint's size."""
-  objective = get_objective(config)
-  cfg = objective.model_config(config)
-  mesh = sharding.make_mesh(config.mesh_shape)
-  _, state = train.setup(config, objective, cfg, mesh)
+  model, and of the digest's write and check; the checkpoint's size. The state is the one the
+  trainer builds after its checks: `step_setup(config)`, bertjax/tools/benchmark.py's."""
+  _, cfg, _, _, state = step_setup(config)
   # Fresh Adam moments are zeros, which orbax's compression shrinks to nothing; a trained run's
   # are not: random values of their shapes give the checkpoint a trained run's size.
   rng = np.random.default_rng(0)

@@ -91,10 +91,6 @@ class PointResult:
     return tuple((k, repr(v)) for k, v in sorted(self.overrides.items()) if k not in SEED_KEYS)
 
 
-def lower_is_better(metric: str) -> bool:
-  return "loss" in metric or "perplexity" in metric or metric.endswith("_kl")
-
-
 def _is_metric(key: str, value: Any) -> bool:
   return (key not in NOT_METRICS and not key.endswith("_examples")
           and isinstance(value, (int, float)) and not isinstance(value, bool))
@@ -141,7 +137,7 @@ def load_point(sweep_dir: paths.Path, entry: dict[str, Any],
   for row in evals:
     for k, v in row.items():
       if _is_metric(k, v):
-        better = min if lower_is_better(k) else max
+        better = min if run_files.lower_is_better(k) else max
         best[k] = v if k not in best else better(best[k], v)
   summary = run_files.read_json(point_dir / "summary.json") or {}
   config = {**(entry.get("resolved") or {}),
@@ -182,6 +178,9 @@ def load_points(sweep_dir: str | pathlib.Path) -> list[PointResult]:
   settings of its config.json that differ between them (the task of runs of several tasks), so
   runs of different settings are never taken for seeds of one."""
   sweep_dir = paths.as_path(sweep_dir)  # local or remote (gs://...)
+  if sweep_dir.exists() and not sweep_dir.is_dir():
+    fail(f"{sweep_dir} is a file, not a folder; pass the --workdir of a sweep or of a run, "
+         "not a file in it")
   if not sweep_dir.is_dir():
     fail(f"sweep folder {sweep_dir} not found; pass the --workdir of a sweep or of a run")
   record = run_files.read_json(sweep_dir / "sweep.json")
@@ -271,7 +270,7 @@ def main_metric(points: Sequence[PointResult], requested: str | None = None) -> 
   for candidate in ("score", "f1", "loss"):
     if candidate in names:
       return candidate
-  return next((k for k in names if not lower_is_better(k)), names[0] if names else None)
+  return next((k for k in names if not run_files.lower_is_better(k)), names[0] if names else None)
 
 
 def metric_scope(points: Sequence[PointResult], metric: str | None) -> str:
@@ -326,7 +325,8 @@ def best_points(points: Sequence[PointResult]) -> list[dict[str, Any]]:
   for task, members in by_task.items():
     for metric in sorted({k for m in members for k in m.final}):
       have = [m for m in members if metric in m.final]
-      pick = (min if lower_is_better(metric) else max)(have, key=lambda m: m.final[metric])
+      better = min if run_files.lower_is_better(metric) else max
+      pick = better(have, key=lambda m: m.final[metric])
       out.append({"task": task, "metric": metric, "value": pick.final[metric], "point": pick.name})
   return out
 
@@ -474,10 +474,10 @@ def write_report(sweep_dir: str | pathlib.Path, metric: str | None = None) -> di
   text = render_markdown(sweep_dir, points, metric, groups, best, glue_result, scope)
   paths.replace_text(sweep_dir / "report.md", text)
   plot_train_loss(points, sweep_dir / "train_loss.png")
-  plot_dev_curve(points, metric, sweep_dir / "dev_curve.png", scope, lower_is_better(metric or ""))
+  lower = run_files.lower_is_better(metric or "")
+  plot_dev_curve(points, metric, sweep_dir / "dev_curve.png", scope, lower)
   if not is_run(sweep_dir):  # one run: one learning rate, no curve against it
-    plot_dev_vs_lr(points, metric, sweep_dir / "dev_vs_lr.png", scope,
-                   lower_is_better(metric or ""))
+    plot_dev_vs_lr(points, metric, sweep_dir / "dev_vs_lr.png", scope, lower)
   return {"points": points, "metric": metric, "scope": scope, "seed_groups": groups,
           "best": best, "glue": glue_result, "markdown": text}
 

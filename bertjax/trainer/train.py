@@ -26,6 +26,7 @@ import ml_collections
 import optax
 
 from bertjax.core import paths, run_files
+from bertjax.core.errors import DISK_FULL_ERRNOS, fail
 from bertjax.data.tokenizers import CONFIG_FILE as TOKENIZER_MARK  # written last by its save
 from bertjax.evaluators.context import EvalContext
 from bertjax.evaluators.schedule import Evaluations
@@ -304,8 +305,7 @@ def _best_eval(config, objective, workdir: paths.Path, best: checkpoints.BestKee
           if r.get("split") == "eval" and isinstance(r.get(metric), (int, float))]
   if not rows:
     return {}
-  lower = "loss" in metric or "perplexity" in metric or metric.endswith("_kl")
-  row = (min if lower else max)(rows, key=lambda r: r[metric])
+  row = (min if run_files.lower_is_better(metric) else max)(rows, key=lambda r: r[metric])
   return {"best_eval": {k: v for k, v in row.items() if k not in ("step", "split")},
           "best_eval_step": row["step"], "best_metric": metric, "best": None}
 
@@ -479,7 +479,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     # reads, and writes staged then moved into place whole (the prepared corpus, a trained
     # tokenizer); a resumed run's settings are checked against its config.json before anything
     # is prepared or written (the schedule once it is derived).
-    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+      workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a read-only mount, or a folder even root cannot write in (/proc)
+      if e.errno in DISK_FULL_ERRNOS:
+        raise
+      fail(f"workdir {workdir} cannot be created ({e.strerror or type(e).__name__}); fix: pass "
+           "a --workdir you can write to")
     held.enter_context(workdir_lib.locked(workdir))
     with preemption.abandoning(STARTING):
       settings = workdir_lib.Settings(workdir, config.get("allow_changed_settings", False),

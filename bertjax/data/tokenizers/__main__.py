@@ -10,6 +10,7 @@ from absl import flags
 
 from bertjax.core import command_line, errors, paths
 from bertjax.data import sources
+from bertjax.data.tokenizers.base import TOKENIZER_FILES
 from bertjax.data.tokenizers.spm_tokenizer import train_sentencepiece
 
 _log = logging.getLogger("bertjax.data.tokenizers")  # not __name__: that is __main__ under -m
@@ -48,9 +49,15 @@ def main(argv: Sequence[str] | None = None) -> None:
   logging.getLogger("bertjax").setLevel(logging.INFO)  # ours, not every library's
   paths.check_output_folder(fv.output, "--output")
   source = sources.TextFileSource(fv.input, format=fv.format)
-  tokenizer = train_sentencepiece(sources.iter_sentences(source), fv.output,
+  # A tokenizer there (a run's workdir/tokenizer: its corpus was made with it) is not replaced.
+  held = [n for n in TOKENIZER_FILES if (paths.as_path(fv.output) / n).exists()]
+  if held:
+    errors.fail(f"--output {fv.output} already holds a tokenizer ({', '.join(held)}), which "
+                "this would replace; nothing was written: choose a new folder")
+  tokenizer = train_sentencepiece(sources.iter_sentences(source), None,
                                   vocab_size=fv.vocab_size, model_type=fv.model_type,
                                   lowercase=fv.lowercase, max_sentences=fv.max_sentences)
+  tokenizer.save(fv.output)
   _log.info("wrote %s to %s", tokenizer, fv.output)
 
 
