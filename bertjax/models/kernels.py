@@ -120,84 +120,19 @@ class Kernels:
   pallas_local_window: bool = False
 
 
-# CPU (XLA:CPU on 2-core x86 machines, bertjax.tools.benchmark; PERFORMANCE.md):
-# - flat_dense: XLA:CPU hands its matmul kernels row-major 2-D operands only; a dot_general over
-#   several axes made it write transposed copies of activations, gradients and 3-D kernels around
-#   every attention projection. 2-core x86 (oneDNN on), 2026-11-23: bert-base batch 8 step
-#   343 -> 382 tokens/s, XLA temp 1068 -> 962 MB.
-# - layer_norm_vjp: 2-core x86, 2026-11-22: bert-base (batch 8, seq 128) step temp 1146 -> 1077 MB.
-# - remat_activation: 2-core x86, 2026-11-22: bert-base step temp 1279 -> 1147 MB, speed within
-#   noise.
-# - attention "xla" with a boolean mask: the only implementation XLA:CPU has.
-# - one_hot_rows: the 2-row token-type lookup as a one-hot product against the float32
-#   scatter-add of its gradient: 2-core x86, 2026-11-23, bert-mini batch 16 6766-6939 against
-#   6437-7017 tokens/s (medians 6872 vs 6454).
-# - dropout "packed32": the bit-packed mask let each layer's random words die after the forward
-#   pass, bert-base batch 8 temp 1231 -> 962 MB (bertjax/models/dropout.py). The other forms are
-#   unmeasured on a CPU.
-# - attention_dropout "explicit": the Pallas kernel runs only interpreted on a CPU (for tests).
-# - erf_gelu: XLA:CPU expands erfc into about twice the work of erf; 2-core x86, 2026-11-22: with
-#   the row-maximum top-1 and bias_product, bert-mini batch 16 3821 -> 3860-3960 tokens/s.
-# - bias_product: the MLM bias gradient, a column sum over [320, 30522]: 2-core x86, 2026-11-22,
-#   21 ms -> ~3 ms of a bert-mini batch 16 step.
-# - scalar_clipping: optax's divide kept every clipped gradient as its own buffer, the step's peak
-#   in the optimizer; 2-core x86, 2026-11-22: bert-base step temp 1077 -> 1068 MB with the peak
-#   back in the backward pass.
-# - float32_lookup, float32_gather: for half precision; the bf16 scatter-add they avoid is
-#   unmeasured on a CPU (float32 runs, the CPU's default, read the same values either way).
+# Why each field is set so on a CPU, with the measurements: PERFORMANCE.md, "Why the kernel sets".
 CPU = Kernels(platform="cpu", flat_dense=True, layer_norm_vjp=True, remat_activation=True,
               attention="xla", attention_lengths=False, one_hot_rows=2, dropout="packed32",
               erf_gelu=True, float32_lookup=True, float32_gather=True, bias_product=True,
               scalar_clipping=True, attention_dropout="explicit")
 
-# GPU (one H100 80GB, jax 0.11.2, commit 297e3fb, recorded in PERFORMANCE.md 2026-11-25: bf16
-# bert-base, seq 128, batch 256, MLM+NSP, dropout 0.1; tokens/s) unless a line says otherwise:
-# - attention: the fused cuDNN kernel with key lengths, attention forward+backward at
-#   [32, 512, 16 heads] 0.61 ms against 2.2 ms composed by XLA.
-# - one_hot_rows: the token-type gradient 89 ms as a bf16 scatter-add, 0.22 ms as a float32 one,
-#   0.07 ms as a one-hot product.
-# - flat_dense and layer_norm_vjp: the former GPU set (both off) 414.6k; with flat_dense 427.5k;
-#   with layer_norm_vjp 440.8k. Each was measured alone; the two together are unmeasured.
-# - dropout: the masks' words from XLA's RngBitGenerator instead of threefry, 414.6k -> 429.6k
-#   (measured with JAX_DEFAULT_PRNG_IMPL=rbg, which makes every key rbg; "packed32+rbg" draws
-#   only the masks so, from a key derived per layer: that form itself unmeasured). The other
-#   forms (mask32, bits16, recompute16, +unsafe_rbg) are there to be measured, unmeasured so far;
-#   an older version with byte-resolution masks ran 482k, so fewer random bits a mask may pay.
-# - remat_activation stays off: unmeasured on a GPU. (The whole CPU set, remat included, ran
-#   454.1k on the H100: the activation remat's share of that is unmeasured.)
-# - attention_dropout "pallas": the flash kernel with counter-based dropout (Triton), bf16
-#   bert-base seq 128 batch 256 MLM+NSP, dropout 0.1, one H200, jax 0.11.2, commit dd89774:
-#   492,281 -> 549,204 tokens/s (+11.6%), peak 13,562 -> 11,362 MiB (one `--ablate` row each,
-#   PERFORMANCE.md). Its CUDA lowering is checked on the CPU (tests/test_kernel_lowering.py).
-#   One device only: under a mesh of several, "auto" keeps the explicit path
-#   (`attention_dropout_path`), as XLA does not partition a Pallas call.
-# - row_multiple 8: cuDNN refuses odd query or key lengths in training ("Unsupported sequence
-#   length Q 21, KV 128" on the H100 for the gathered layer's 20 predictions + [CLS]); 8 rather
-#   than 2 because tensor cores take rows in eights (unmeasured against 2).
-# - float32_lookup: one H100, jax 0.11.2, commit 03ffe11: a profile put 115 of the bf16 step's
-#   177 ms in bf16 scatter-adds of the embedding gradients; the lookups on the float32 tables gave
-#   148k -> 482k (PERFORMANCE.md, quoted, not re-measured). float32_gather, the same scatter for
-#   the masked rows: unmeasured.
-# - erf_gelu, bias_product, scalar_clipping: kept from the CPU, unmeasured on a GPU.
-# - pallas_local_window stays off: ModernBERT's local layers in the windowed flash kernel are
-#   unmeasured on a GPU (an ablation row in experiments/ablations/modernbert-base-1024.py); their
-#   CUDA lowering is checked on the CPU (tests/test_kernel_lowering.py).
+# Why each field is set so on a GPU, with the measurements: PERFORMANCE.md, "Why the kernel sets".
 GPU = Kernels(platform="gpu", flat_dense=True, layer_norm_vjp=True, remat_activation=False,
               attention="cudnn", attention_lengths=True, one_hot_rows=16, dropout="packed32+rbg",
               erf_gelu=True, float32_lookup=True, float32_gather=True, bias_product=True,
               scalar_clipping=True, attention_dropout="pallas", row_multiple=8)
 
-# TPU: unmeasured; the ordinary formulation. Reshapes that merge the tiled minor dimensions can
-# cost a relayout there, so Dense stays a dot_general over the kernel's axes. Small tables as
-# one-hot products, as on GPUs: a gradient of every token added into a few rows is the operation
-# the GPU measurement found slow; on a TPU, unmeasured. Attention through the splash kernel
-# (padding and packed rows as its segment ids): unmeasured on a TPU, the TPU counterpart of the
-# GPU set's fused kernel; off a TPU it runs in Pallas's
-# interpret mode, a correctness check (tests/test_splash_attention.py). XLA's attention stays
-# one setting away: `model.kernels=tpu-xla`. Attention dropout explicit: the Pallas flash kernel
-# is untried on TPUs (it would run interpreted there). Dropout as on CPUs (threefry draws, packed
-# masks): unmeasured. Float32 lookups and gathers, the erf GELU, the bias as a product and the
-# scalar clipping kept from the CPU and GPU sets: unmeasured on a TPU.
+# TPU: unmeasured; why each field is set so: PERFORMANCE.md, "Why the kernel sets".
 TPU = Kernels(platform="tpu", flat_dense=False, layer_norm_vjp=False, remat_activation=False,
               attention="splash", attention_lengths=False, one_hot_rows=16, dropout="packed32",
               erf_gelu=True, float32_lookup=True, float32_gather=True, bias_product=True,
