@@ -164,6 +164,24 @@ def test_launcher_cli_runs_a_script_and_passes_its_status():
   assert cli(7).returncode == 7
 
 
+@pytest.mark.parametrize("args, said", [
+    (["--port", "99999", "--", "launch.py"], "error: flag --port=99999: 99999 is not an integer "
+                                             "in the range [1, 65535]"),
+    (["--", "/nonexistent"], "error: the command after -- runs '/nonexistent', which is neither "
+                             "an executable file nor a program on PATH"),
+    (["--", "nowhere.py"], "error: the command after -- runs nowhere.py, which is not a file"),
+], ids=["port", "program", "script"])
+def test_launcher_refuses_bad_input_in_one_line(tmp_path, args, said):
+  """Before starting anything: one line, exit 2 (--port 99999 was accepted; a missing program
+  printed a traceback)."""
+  done = subprocess.run([sys.executable, "-m", "bertjax.tools.multihost", *args], cwd=tmp_path,
+                        capture_output=True, text=True, timeout=60,
+                        env=dict(os.environ, PYTHONPATH=str(REPO)))
+  assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+  assert done.stderr.splitlines() == [done.stderr.strip()] and said in done.stderr, done.stderr
+  assert list(tmp_path.iterdir()) == []
+
+
 # ---------------------------------------------------------------------------------------------
 # Two processes train what one trains.
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -158,6 +159,17 @@ class Processes:
     return first_failure or 0
 
 
+def check_program(program: str) -> None:
+  """The command's first word names a script (x.py) or a program that can be started."""
+  if program.endswith(".py"):
+    if not os.path.isfile(program):
+      fail(f"the command after -- runs {program}, which is not a file (from {os.getcwd()}); "
+           "give the script's path, e.g. -- launch.py --config ...")
+  elif shutil.which(program) is None:
+    fail(f"the command after -- runs {program!r}, which is neither an executable file nor a "
+         "program on PATH; give a program that exists, e.g. -- launch.py --config ...")
+
+
 def _status(code: int) -> int:
   """A process's exit status as a shell reports it (128 + N for a signal N)."""
   return 128 - code if code < 0 else code
@@ -177,7 +189,7 @@ def define_flags(fv: flags.FlagValues) -> None:
                       "collectives), or '' to leave it to JAX (one machine's GPUs: one process "
                       "per GPU is the caller's CUDA_VISIBLE_DEVICES business)", flag_values=fv)
   flags.DEFINE_integer("port", None, "the coordinator's port (default: a free one)",
-                       flag_values=fv)
+                       lower_bound=1, upper_bound=65535, flag_values=fv)
   flags.DEFINE_float("timeout", None, "end every process after this many seconds (exit 124)",
                      flag_values=fv)
   flags.DEFINE_float("grace", 30.0, "seconds between SIGTERM and SIGKILL when stopping the "
@@ -199,6 +211,7 @@ def parse_args(argv: Sequence[str]) -> types.SimpleNamespace:
   command = argv[cut + 1:]
   if not command:
     fail(f"the command after -- is empty; see {PROG} --help")
+  check_program(command[0])
   return types.SimpleNamespace(command=command, processes=fv.processes,
                                devices_per_process=fv["devices-per-process"].value,
                                platform=fv.platform, port=fv.port, timeout=fv.timeout,
