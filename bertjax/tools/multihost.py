@@ -13,13 +13,16 @@ runs under this Python. Each line a process prints comes out prefixed `[pN] `.
 The launcher ends when every process has ended, and exits with the status of the first process
 that failed (0 when all finished); once one fails, the others get SIGTERM, then SIGKILL after
 `--grace` seconds. A SIGTERM or Ctrl-C to the launcher goes on to every process as SIGTERM (a
-preemption: each saves and exits 75). `--timeout S` ends them all the same way after S seconds
+preemption: each saves and exits 75); so does any other end of the launcher, kill -9 included,
+through the kernel (Linux's parent-death signal): no process outlives it. The workdir's lock is
+the training's (its process 0 holds it), released as that process ends. `--timeout S` ends them all the same way after S seconds
 (exit 124 when it came to that). It never imports JAX.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
 import shutil
@@ -95,12 +98,25 @@ class Processes:
                  for i in range(self.num)]
 
   def start(self) -> None:
+    """Starts the processes, each ended by the kernel when this one ends however it ends (kill -9
+    included: `_ended_with_us`), and each holding the read end of its own output's pipe too: a
+    process told to stop when the launcher is gone still prints its last lines (into the pipe's
+    64 KiB) without a broken pipe failing it before it has saved."""
     for i, env in enumerate(self.envs):
-      proc = subprocess.Popen(self.command, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                              start_new_session=True)  # a terminal's Ctrl-C reaches us only
+      read, write = os.pipe()
+      try:
+        proc = subprocess.Popen(self.command, env=env, stdout=write, stderr=write,
+                                stdin=subprocess.DEVNULL, pass_fds=(read,),
+                                start_new_session=True,  # a terminal's Ctrl-C reaches us only
+                                preexec_fn=_ended_with_us(os.getpid()))
+      except OSError as e:  # a program not startable after all (its permissions changed)
+        os.close(read)
+        self.end_all()
+        fail(f"cannot start {self.command[0]} ({e.strerror or e}); give a program that runs")
+      finally:
+        os.close(write)
       self.procs.append(proc)
-      reader = threading.Thread(target=self._copy, args=(i, proc.stdout), daemon=True)
+      reader = threading.Thread(target=self._copy, args=(i, os.fdopen(read, "rb")), daemon=True)
       reader.start()
       self._readers.append(reader)
 
@@ -157,6 +173,29 @@ class Processes:
     for reader in self._readers:
       reader.join(timeout=5)
     return first_failure or 0
+
+
+# Linux's prctl(PR_SET_PDEATHSIG, sig): the kernel sends `sig` to this process when the thread
+# that started it ends (the launcher's main thread: its end is the launcher's).
+_PR_SET_PDEATHSIG = 1
+_ON_LAUNCHER_DEATH = signal.SIGTERM  # a preemption: each process saves and exits 75
+
+
+def _ended_with_us(launcher: int):
+  """The `preexec_fn` of every process: where the kernel offers it (Linux), a SIGTERM to the
+  process when the launcher ends, even by kill -9, so that no process of the run outlives it as
+  an orphan (it would keep the workdir's lock and train unwatched); libc is looked up here, before
+  the fork, so that the child only makes the call."""
+  try:
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+  except (AttributeError, OSError):  # not Linux: the launcher's own end_all is all there is
+    return None
+
+  def in_the_child():
+    prctl(_PR_SET_PDEATHSIG, int(_ON_LAUNCHER_DEATH), 0, 0, 0)
+    if os.getppid() != launcher:  # it ended between the fork and the call: nothing to run
+      os._exit(1)  # pylint: disable=protected-access  # the forked child, before its exec
+  return in_the_child
 
 
 def check_program(program: str) -> None:
