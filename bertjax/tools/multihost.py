@@ -22,7 +22,6 @@ the training's (its process 0 holds it), released as that process ends. `--timeo
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import re
 import shutil
@@ -98,21 +97,17 @@ class Processes:
                  for i in range(self.num)]
 
   def start(self) -> None:
-    """Starts the processes, each ended by the kernel when this one ends however it ends (kill -9
-    included: `_ended_with_us`), and each holding the read end of its own output's pipe too: a
-    process told to stop when the launcher is gone still prints its last lines (into the pipe's
-    64 KiB) without a broken pipe failing it before it has saved."""
+    """Starts the processes, each told to stop by the kernel when this thread ends however it
+    ends (kill -9 included: `owned`), and each holding the read end of its own output's pipe too:
+    a process told to stop when the launcher is gone still prints its last lines (into the pipe's
+    64 KiB) without a broken pipe failing it before it has saved. Call it from the thread that
+    lives as long as the processes (the main one)."""
     for i, env in enumerate(self.envs):
       read, write = os.pipe()
       try:
-        proc = subprocess.Popen(self.command, env=env, stdout=write, stderr=write,
+        proc = subprocess.Popen(owned(self.command), env=env, stdout=write, stderr=write,
                                 stdin=subprocess.DEVNULL, pass_fds=(read,),
-                                start_new_session=True,  # a terminal's Ctrl-C reaches us only
-                                preexec_fn=_ended_with_us(os.getpid()))
-      except OSError as e:  # a program not startable after all (its permissions changed)
-        os.close(read)
-        self.end_all()
-        fail(f"cannot start {self.command[0]} ({e.strerror or e}); give a program that runs")
+                                start_new_session=True)  # a terminal's Ctrl-C reaches us only
       finally:
         os.close(write)
       self.procs.append(proc)
@@ -175,27 +170,30 @@ class Processes:
     return first_failure or 0
 
 
-# Linux's prctl(PR_SET_PDEATHSIG, sig): the kernel sends `sig` to this process when the thread
-# that started it ends (the launcher's main thread: its end is the launcher's).
-_PR_SET_PDEATHSIG = 1
-_ON_LAUNCHER_DEATH = signal.SIGTERM  # a preemption: each process saves and exits 75
+# Each process starts as this, which asks Linux for a SIGTERM (a preemption: the process saves
+# and exits 75) when its parent, the launcher's thread that started it, ends, kill -9 included
+# (prctl(PR_SET_PDEATHSIG): option 1; kept across the exec) and then becomes the command. Not a
+# `preexec_fn`: Python code between fork and exec, in a process that has imported JAX (the
+# tests', a caller's), may deadlock, and JAX warns of it.
+_OWNED = f"""
+import ctypes, os, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, {int(signal.SIGTERM)}, 0, 0, 0)
+if os.getppid() != int(sys.argv[1]):  # the launcher ended before the call: nothing to run
+    os._exit(1)
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as e:
+    print(f"error: cannot run {{sys.argv[2]}} ({{e.strerror}}); give a program that exists",
+          file=sys.stderr, flush=True)
+    os._exit(127)
+"""
 
 
-def _ended_with_us(launcher: int):
-  """The `preexec_fn` of every process: where the kernel offers it (Linux), a SIGTERM to the
-  process when the launcher ends, even by kill -9, so that no process of the run outlives it as
-  an orphan (it would keep the workdir's lock and train unwatched); libc is looked up here, before
-  the fork, so that the child only makes the call."""
-  try:
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-  except (AttributeError, OSError):  # not Linux: the launcher's own end_all is all there is
-    return None
-
-  def in_the_child():
-    prctl(_PR_SET_PDEATHSIG, int(_ON_LAUNCHER_DEATH), 0, 0, 0)
-    if os.getppid() != launcher:  # it ended between the fork and the call: nothing to run
-      os._exit(1)  # pylint: disable=protected-access  # the forked child, before its exec
-  return in_the_child
+def owned(command: Sequence[str]) -> list[str]:
+  """`command` ended by the kernel when the launcher ends (Linux), as it is elsewhere."""
+  if not sys.platform.startswith("linux"):
+    return list(command)
+  return [sys.executable, "-c", _OWNED, str(os.getpid()), *command]
 
 
 def check_program(program: str) -> None:

