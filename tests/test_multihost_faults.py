@@ -15,6 +15,7 @@ import os
 import pathlib
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -111,3 +112,100 @@ def test_launcher_refuses_bad_input_in_one_line(tmp_path, args, said):
   assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
   assert done.stderr.splitlines() == [done.stderr.strip()] and said in done.stderr, done.stderr
   assert list(tmp_path.iterdir()) == []
+
+
+@contextlib.contextmanager
+def port_taken():
+  """A port some other program listens on (a socket of this test's): the coordinator's."""
+  with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    yield s, s.getsockname()[1]
+
+
+def test_launcher_refuses_a_port_in_use_before_starting_anything(tmp_path):
+  with port_taken() as (_, port):
+    done = subprocess.run([sys.executable, "-m", "bertjax.tools.multihost", "--port", str(port),
+                           "--", sys.executable, "-c", "open('started', 'w')"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+  assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+  assert done.stderr.splitlines() == [
+      f"error: the coordinator's port {port} (127.0.0.1:{port}) is in use (a run still going, or "
+      "another program, listens there); end that program, or start every process with another "
+      "free port (JAX_COORDINATOR_ADDRESS=host:port; bertjax.tools.multihost --port, or leave it "
+      "out for a free one)"]
+  assert list(tmp_path.iterdir()) == []
+
+
+def own_lines(lines, process: int) -> list[str]:
+  """What process `process` printed (stdout and stderr), without its prefix."""
+  return [l.split(" ", 1)[1] if " " in l else "" for l in lines if l.startswith(f"[p{process}] ")]
+
+
+@pytest.mark.slow
+def test_the_coordinators_port_in_use_ends_both_processes_in_one_line_each(tmp_path):
+  """Another program holds the port given: process 0 refuses it before joining (exit 2) and the
+  launcher stops process 1, which was waiting for the others there: SIGTERM while joining, exit
+  75. Before, process 0 printed gRPC's log line and a traceback, and process 1 waited out the
+  join timeout (300 s)."""
+  env = {"BERTJAX_JOIN_TIMEOUT_S": "120"}
+  with port_taken() as (_, port):
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+      out = Lines()
+      procs = multihost.Processes([*QUICK, "--workdir", str(tmp_path / "run")], 2, 2, "cpu",
+                                  port=port, grace=10, out=out)
+    finally:
+      os.environ.clear()
+      os.environ.update(saved)
+    started = time.monotonic()
+    procs.start()
+    try:
+      status = procs.wait(timeout=120)
+    finally:
+      procs.end_all()
+  took = time.monotonic() - started
+  assert status == 2, out.lines
+  assert [p.returncode for p in procs.procs] == [2, 75]
+  assert own_lines(out.lines, 0) == [
+      f"error: the coordinator's port {port} (127.0.0.1:{port}) is in use (a run still going, or "
+      "another program, listens there); end that program, or start every process with another "
+      "free port (JAX_COORDINATOR_ADDRESS=host:port; bertjax.tools.multihost --port, or leave it "
+      "out for a free one)"]
+  assert own_lines(out.lines, 1) == [
+      f"preempted: SIGTERM while process 1 of 2 waited for the others to join at 127.0.0.1:{port} "
+      "(nothing was written); run the same command again to go on"]
+  assert took < 60, took  # the launcher's SIGTERM, not the join timeout, ended process 1
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_process_waiting_to_join_ends_it_at_once_with_75(tmp_path):
+  """Process 1 of 2 of launch.py has reached the coordinator (this test's socket: its connection
+  is accepted) and waits for the others; a SIGTERM ends it within seconds with one line, exit 75,
+  nothing written. Before, it was held until the join timeout, then exited 2."""
+  with port_taken() as (server, port):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo",
+               JAX_NUM_PROCESSES="2", JAX_PROCESS_ID="1", BERTJAX_JOIN_TIMEOUT_S="120",
+               JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}")
+    proc = subprocess.Popen([sys.executable, *QUICK, "--workdir", str(tmp_path / "run")],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+      server.settimeout(120)
+      connection, _ = server.accept()  # it is in jax.distributed.initialize now
+      with contextlib.closing(connection):
+        sent = time.monotonic()
+        proc.terminate()
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+      proc.kill()
+  assert proc.returncode == 75, err[-3000:]
+  assert out == "" and err.splitlines() == [
+      f"preempted: SIGTERM while process 1 of 2 waited for the others to join at 127.0.0.1:{port} "
+      "(nothing was written); run the same command again to go on"]
+  assert took < 10, took
+  assert not (tmp_path / "run").exists()

@@ -37,6 +37,7 @@ from typing import Mapping, Sequence
 from absl import flags
 
 from bertjax.core import command_line as cli
+from bertjax.core import ports
 from bertjax.core.errors import fail, run_cli
 
 EXIT_TIMEOUT = 124  # as coreutils' timeout
@@ -257,6 +258,8 @@ def parse_args(argv: Sequence[str]) -> types.SimpleNamespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(sys.argv[1:] if argv is None else argv)
+  if args.port:  # before any process starts: a port taken is refused in one line
+    ports.check_coordinator_port(f"127.0.0.1:{args.port}")
   procs = Processes(args.command, args.processes, args.devices_per_process,
                     args.platform or None, args.port, args.grace)
 
