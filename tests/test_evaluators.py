@@ -12,6 +12,7 @@ import pytest
 from bertjax import evaluators
 from bertjax.config import config_checks, config_lib
 from bertjax.core.errors import UserError
+from bertjax.registry import objective_class
 from bertjax.runtime import sharding
 from bertjax.runtime.metric_writers import MetricWriter, read_metrics
 from bertjax.trainer import eval_context, train
@@ -140,7 +141,8 @@ def _glue_dir(data_dir):
 # and NER's raised an IndexError there; learning_rate="fast" a TypeError).
 @pytest.mark.parametrize("entry, needle", [
     (dict(name="glue", every=5), "evals[0] names 'glue', which scores the dev sets of a glue "
-                                 "fine-tuning run, and this run trains 'mlm_nsp', which has none"),
+                                 "fine-tuning run, and this run trains 'mlm_nsp', which has no "
+                                 "glue dev sets; drop the entry"),
     (dict(name="squad", every=5), "evals[0] names 'squad', which scores the dev sets"),
     (dict(name="ner", every=5), "evals[0] names 'ner', which scores the dev sets"),
     (dict(name="glue_probe", every=5, learning_rate="fast"),
@@ -172,6 +174,21 @@ def test_an_evaluator_the_run_cannot_run_is_refused_before_the_workdir_is_made(
   assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("recipe, entries", [
+    ("configs/glue.py:task=rte,runlocal", [dict(name="glue", every=2),
+                                           dict(name="metric_sums", every=4)]),
+    ("configs/quickstart.py:runlocal", [dict(name="metric_sums", every=2),
+                                        dict(name="glue_probe", every=4, steps=10,
+                                             learning_rate=1)]),
+], ids=["glue_on_glue", "probe_on_pretraining"])
+def test_the_evaluators_a_run_can_run_pass_their_checks(data_dir, recipe, entries):
+  config = config_lib.load_config_file(str(REPO / recipe))
+  with config.unlocked():
+    config.evals = [{**e, "data_dir": str(data_dir / "glue")} if e["name"] == "glue_probe" else e
+                    for e in entries]
+  evaluators.check_entries(config, objective_class(config.objective)())  # raises nothing
+
+
 BAD_EVALS = """
 import sys
 sys.path.insert(0, {repo!r})
@@ -187,7 +204,7 @@ def get_config(arg=None):
 @pytest.mark.parametrize("name, said", [
     ("mlm_probe", "evals[1].name='mlm_probe' is not an evaluator"),
     ("glue", "evals[1] names 'glue', which scores the dev sets of a glue fine-tuning run"),
-])
+], ids=["unknown", "glue_on_pretraining"])
 def test_a_bad_evals_entry_stops_launch_in_one_line(tmp_path, name, said):
   (tmp_path / "bad.py").write_text(BAD_EVALS.format(repo=str(REPO), name=name))
   workdir = tmp_path / "run"

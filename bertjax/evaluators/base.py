@@ -31,8 +31,8 @@ class Evaluator:
     cls.check_options(options)
     if cls.own_task and objective.evaluator != cls.name:
       fail(f"{where} names {cls.name!r}, which scores the dev sets of a {cls.name} fine-tuning "
-           f"run, and this run trains {objective.name!r}, which has none; drop the entry (a "
-           "pretraining run can probe GLUE with name=\"glue_probe\")")
+           f"run, and this run trains {objective.name!r}, which has no {cls.name} dev sets; drop "
+           "the entry (a pretraining run can probe GLUE with name=\"glue_probe\")")
 
   @classmethod
   def check_options(cls, options: dict[str, Any]) -> None:
