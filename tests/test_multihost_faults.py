@@ -4,9 +4,10 @@ before anything starts, the launcher killed with -9, the coordinator's port alre
 SIGTERM to a process still waiting for the others. Each says what it ends with (one line per
 process, the exit status) and how soon; every process is ended in a `finally`.
 
-Cost on a 2-core machine (2026-12-06): 13 s in all; the launcher's cases under a second each (no
-JAX), kill -9 of the launcher 4 s (two stand-ins importing the workdir lock's module), the two
-launch.py cases 3 to 4 s each (launch.py importing JAX and reaching the join).
+Cost on a shared 2-core machine (2026-12-06): 13 to 34 s in all, with its load; the launcher's
+cases under a second each (no JAX), kill -9 of the launcher 4 to 8 s (two stand-ins importing the
+workdir lock's module), the two launch.py cases 3 to 11 s each (launch.py importing JAX and
+reaching the join).
 """
 
 import contextlib
@@ -22,6 +23,8 @@ import time
 
 import pytest
 
+from bertjax.core import ports
+from bertjax.core.errors import UserError
 from bertjax.tools import multihost
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -136,6 +139,21 @@ def test_launcher_refuses_a_port_in_use_before_starting_anything(tmp_path):
       "free port (JAX_COORDINATOR_ADDRESS=host:port; bertjax.tools.multihost --port, or leave it "
       "out for a free one)"]
   assert list(tmp_path.iterdir()) == []
+
+
+def test_a_pods_coordinator_port_is_checked_where_jax_binds_it():
+  """Without JAX_COORDINATOR_BIND_ADDRESS (a pod: `host0:8476`) JAX binds every interface: a
+  program listening on any of them holds the port, whatever name the address gives; a free port
+  passes, as does an address that names none."""
+  with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+    s.bind(("0.0.0.0", 0))
+    s.listen()
+    port = s.getsockname()[1]
+    with pytest.raises(UserError, match=rf"^the coordinator's port {port} \(host0:{port}\) is in "
+                                        "use"):
+      ports.check_coordinator_port(f"host0:{port}")
+  ports.check_coordinator_port(f"host0:{multihost.free_port()}")
+  ports.check_coordinator_port("host0")
 
 
 def own_lines(lines, process: int) -> list[str]:

@@ -30,11 +30,11 @@ def check_coordinator_port(address: str, bind_address: str | None = None) -> Non
   as gRPC binds it (SO_REUSEADDR: a port left in TIME_WAIT by a run that ended is free). Where
   the check itself cannot run (no IPv6 here, a name not resolved) it says nothing: JAX's own error
   stands."""
-  target = _host_port(bind_address or address)
+  given = _host_port(address)
+  target = _host_port(bind_address) if bind_address else given and ("::", given[1])
   if target is None:
     return
   host, port = target
-  host = host or "::"
   family = socket.AF_INET6 if ":" in host else socket.AF_INET
   try:
     with contextlib.closing(socket.socket(family, socket.SOCK_STREAM)) as s:
