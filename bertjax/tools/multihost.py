@@ -191,7 +191,8 @@ except OSError as e:
 
 
 def owned(command: Sequence[str]) -> list[str]:
-  """`command` ended by the kernel when the launcher ends (Linux), as it is elsewhere."""
+  """`command`, started on Linux through `_OWNED` so that the kernel stops it when the launcher
+  ends; elsewhere as it is (the launcher's own `end_all` is all there is)."""
   if not sys.platform.startswith("linux"):
     return list(command)
   return [sys.executable, "-c", _OWNED, str(os.getpid()), *command]
