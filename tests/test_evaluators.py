@@ -12,8 +12,9 @@ import pytest
 from bertjax import evaluators
 from bertjax.config import config_checks, config_lib
 from bertjax.core.errors import UserError
+from bertjax.registry import objective_class
 from bertjax.runtime import sharding
-from bertjax.runtime.metric_writers import read_metrics
+from bertjax.runtime.metric_writers import MetricWriter, read_metrics
 from bertjax.trainer import eval_context, train
 from evaluator_runs import FAMILIES, GOLDEN, prepared
 from helpers import REPO, TINY, load_config
@@ -85,15 +86,20 @@ def test_a_pretraining_run_with_two_evaluators_on_their_cadences(tmp_path, data_
   assert [{k: v for k, v in r.items() if not k.startswith("probe_")} for r in mlm] == own
 
 
-def test_the_probe_is_deterministic(tmp_path, data_dir):
-  """Two probes of the same parameters give the same numbers (no randomness in the fit)."""
+def test_the_probe_is_deterministic(tmp_path, data_dir, capsys):
+  """Two probes of the same parameters give the same numbers (no randomness in the fit). Each
+  says what it does as it starts (it printed nothing for 16 s of a quickstart run)."""
   config, objective, inputs, model_cfg, params = prepared("glue", tmp_path, data_dir)
   context = eval_context.standalone(config, objective, model_cfg, inputs, tmp_path / "run",
                                     sharding.make_mesh(config.mesh_shape))
   kind = evaluators.evaluator_class("glue_probe")
   options = dict(task="rte", data_dir=str(data_dir / "glue"), train_examples=32,
                  dev_examples=24, steps=30)
+  capsys.readouterr()
   first = dict(kind(config, context, **options).run(params, 1))
+  assert capsys.readouterr().err.splitlines()[0] == (
+      "eval glue_probe rte at step 1: embedding 32 train and 24 dev rows, then fitting the probe "
+      "(30 steps)")
   again = dict(kind(config, context, **options).run(params, 1))
   assert first == again and first["examples"] == 24
   assert kind.default_prefix(options) == "probe_rte/"
@@ -117,6 +123,72 @@ def test_a_bad_evals_entry_is_refused_by_the_checks(entry, needle):
   assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_run_whose_only_evaluation_is_a_probe_shows_it_on_its_eval_line(tmp_path, capsys):
+  """The row of a probe alone has only prefixed names; its line was `eval step 5/20:`."""
+  metrics = {"probe_rte/accuracy": 0.5, "probe_rte/loss": 0.69, "probe_rte/examples": 40,
+             "probe_rte/train_accuracy": 0.75}
+  MetricWriter(tmp_path, 20, enabled=True, tensorboard=False).print_row(5, "eval", metrics)
+  assert capsys.readouterr().err == (
+      "eval step 5/20: probe_rte/loss 0.6900 probe_rte/accuracy 0.5000\n")
+
+
+def _glue_dir(data_dir):
+  return str(data_dir / "glue")
+
+
+# Each refused by the plan, before the workdir is made (a GLUE evaluation of a pretraining run
+# was refused at its first evaluation, after the tokenizer and the corpus were written; SQuAD's
+# and NER's raised an IndexError there; learning_rate="fast" a TypeError).
+@pytest.mark.parametrize("entry, needle", [
+    (dict(name="glue", every=5), "evals[0] names 'glue', which scores the dev sets of a glue "
+                                 "fine-tuning run, and this run trains 'mlm_nsp', which has no "
+                                 "glue dev sets; drop the entry"),
+    (dict(name="squad", every=5), "evals[0] names 'squad', which scores the dev sets"),
+    (dict(name="ner", every=5), "evals[0] names 'ner', which scores the dev sets"),
+    (dict(name="glue_probe", every=5, learning_rate="fast"),
+     "glue_probe learning_rate='fast' must be a number > 0; fix the evals entry, e.g. "
+     "learning_rate=0.5"),
+    (dict(name="glue_probe", every=5, steps=0), "glue_probe steps=0 must be a whole number >= 1"),
+    (dict(name="glue_probe", every=5, l2=-1.0), "glue_probe l2=-1.0 must be a number >= 0"),
+    (dict(name="glue_probe", every=5, dev_examples=2.5),
+     "glue_probe dev_examples=2.5 must be a whole number >= 1"),
+    (dict(name="glue_probe", every=5, task="stsb"), "glue_probe task='stsb' is not a GLUE "
+                                                    "classification task"),
+    (dict(name="glue_probe", every=5, data_dir="{nowhere}"), "glue_probe: the GLUE rte train "
+                                                             "file was not found"),
+    (dict(name="glue_probe", every=5, epochs=3), "evals entry 'glue_probe' has no option 'epochs'"),
+], ids=["glue", "squad", "ner", "probe_rate_text", "probe_steps", "probe_l2", "probe_count_float",
+        "probe_regression_task", "probe_no_files", "probe_unknown_option"])
+def test_an_evaluator_the_run_cannot_run_is_refused_before_the_workdir_is_made(
+    tmp_path, data_dir, entry, needle):
+  config = _pretraining_config(total_steps=6, eval_every=2)
+  entry = {k: v.format(nowhere=tmp_path / "nowhere") if isinstance(v, str) else v
+           for k, v in entry.items()}
+  if entry["name"] == "glue_probe":
+    entry.setdefault("data_dir", _glue_dir(data_dir))
+  with config.unlocked():
+    config.evals = [entry]
+  with pytest.raises(UserError) as e:
+    train.train_and_evaluate(config, tmp_path / "run")
+  assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("recipe, entries", [
+    ("configs/glue.py:task=rte,runlocal", [dict(name="glue", every=2),
+                                           dict(name="metric_sums", every=4)]),
+    ("configs/quickstart.py:runlocal", [dict(name="metric_sums", every=2),
+                                        dict(name="glue_probe", every=4, steps=10,
+                                             learning_rate=1)]),
+], ids=["glue_on_glue", "probe_on_pretraining"])
+def test_the_evaluators_a_run_can_run_pass_their_checks(data_dir, recipe, entries):
+  config = config_lib.load_config_file(str(REPO / recipe))
+  with config.unlocked():
+    config.evals = [{**e, "data_dir": str(data_dir / "glue")} if e["name"] == "glue_probe" else e
+                    for e in entries]
+  evaluators.check_entries(config, objective_class(config.objective)())  # raises nothing
+
+
 BAD_EVALS = """
 import sys
 sys.path.insert(0, {repo!r})
@@ -124,20 +196,24 @@ from configs.quickstart import get_config as quickstart
 
 def get_config(arg=None):
   c = quickstart("runlocal")
-  c.evals = [dict(name="metric_sums", every=2), dict(name="mlm_probe", every=5)]
+  c.evals = [dict(name="metric_sums", every=2), dict(name={name!r}, every=5)]
   return c
 """
 
 
-def test_a_bad_evals_entry_stops_launch_in_one_line(tmp_path):
-  (tmp_path / "bad.py").write_text(BAD_EVALS.format(repo=str(REPO)))
+@pytest.mark.parametrize("name, said", [
+    ("mlm_probe", "evals[1].name='mlm_probe' is not an evaluator"),
+    ("glue", "evals[1] names 'glue', which scores the dev sets of a glue fine-tuning run"),
+], ids=["unknown", "glue_on_pretraining"])
+def test_a_bad_evals_entry_stops_launch_in_one_line(tmp_path, name, said):
+  (tmp_path / "bad.py").write_text(BAD_EVALS.format(repo=str(REPO), name=name))
   workdir = tmp_path / "run"
   r = subprocess.run([sys.executable, "launch.py", "--config", str(tmp_path / "bad.py"),
                       "--workdir", str(workdir)], cwd=REPO, capture_output=True, text=True,
                      env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
   assert r.returncode == 2
   lines = r.stderr.strip().splitlines()
-  assert len(lines) == 1 and "evals[1].name='mlm_probe' is not an evaluator" in lines[0], r.stderr
+  assert len(lines) == 1 and said in lines[0], r.stderr
   assert not workdir.exists()
 
 

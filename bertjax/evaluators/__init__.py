@@ -38,3 +38,20 @@ def evaluator_class(name: str):
     fail(f"unknown evaluator {name!r}; valid evaluators: {', '.join(REGISTERED)}")
   module, attr = REGISTERED[name].split(":")
   return getattr(importlib.import_module(module), attr)
+
+
+ENTRY_FIELDS = ("name", "every", "prefix")  # an entry's fields that are not its evaluator's
+
+
+def entry_options(entry) -> dict:
+  """A `config.evals` entry's options for its evaluator (the fields besides ENTRY_FIELDS)."""
+  entry = entry.to_dict() if hasattr(entry, "to_dict") else dict(entry)
+  return {k: v for k, v in entry.items() if k not in ENTRY_FIELDS}
+
+
+def check_entries(config, objective) -> None:
+  """What each evaluator of `config.evals` refuses (`Evaluator.check`: its options, an
+  evaluator of another objective's data), before a run creates or writes anything. The entries'
+  names and cadences are the settings checks' (bertjax/config/config_checks.py `check_evals`)."""
+  for i, entry in enumerate(config.get("evals", None) or ()):
+    evaluator_class(entry["name"]).check(config, objective, entry_options(entry), f"evals[{i}]")

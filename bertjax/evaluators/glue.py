@@ -19,6 +19,7 @@ from bertjax.tasks.glue import task_of
 
 class GlueEvaluator(Evaluator):
   name = "glue"
+  own_task = True
 
   def run(self, params, step):
     c = self.context

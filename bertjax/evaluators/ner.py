@@ -22,6 +22,7 @@ from bertjax.tasks.ner import TaggingTask, task_of
 
 class TaggingEvaluator(Evaluator):
   name = "ner"
+  own_task = True
 
   def run(self, params, step):
     config, c = self.config, self.context

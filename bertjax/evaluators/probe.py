@@ -30,29 +30,26 @@ from bertjax.tasks.glue import TASKS, dev_splits, encode_rows, local_file
 
 class GlueProbe(Evaluator):
   name = "glue_probe"
-  options = ("task", "data_dir", "train_examples", "dev_examples", "steps", "learning_rate",
-             "l2")
+  # The entry's options and their defaults.
+  DEFAULTS = dict(task="rte", data_dir="", train_examples=256, dev_examples=256, steps=200,
+                  learning_rate=0.5, l2=1e-3)
+  options = tuple(DEFAULTS)
 
-  def __init__(self, config, context, task: str = "rte", data_dir: str = "",
-               train_examples: int = 256, dev_examples: int = 256, steps: int = 200,
-               learning_rate: float = 0.5, l2: float = 1e-3, **options):
+  def __init__(self, config, context, **options):
     super().__init__(config, context, **options)
-    if task not in TASKS or glue.get_task(task).is_regression:
-      fail(f"glue_probe task {task!r} is not a GLUE classification task; set the entry's task "
-           f"to one of {', '.join(t for t in TASKS if t != 'stsb')}")
-    if min(train_examples, dev_examples, steps) < 1 or learning_rate <= 0 or l2 < 0:
-      fail(f"glue_probe needs train_examples, dev_examples and steps >= 1, learning_rate > 0 "
-           f"and l2 >= 0 (given {train_examples}, {dev_examples}, {steps}, {learning_rate}, "
-           f"{l2}); fix the evals entry")
+    o = {**self.DEFAULTS, **options}
+    task, data_dir = o["task"], o["data_dir"]
     tokenizer = context.data.tokenizer if context.data is not None else None
     if tokenizer is None:
       fail("glue_probe encodes GLUE text with the run's tokenizer, and this run has none "
            "(synthetic data); drop the glue_probe entry or train on text")
     data_dir = data_dir or base.shared_data_dir("glue")
     self.task = glue.get_task(task)
-    self.steps, self.learning_rate, self.l2 = int(steps), float(learning_rate), float(l2)
-    self.train = self._rows(tokenizer, data_dir, task, "train", int(train_examples))
-    self.dev = self._rows(tokenizer, data_dir, dev_splits(task)[0].task, "dev", int(dev_examples))
+    self.steps, self.learning_rate = int(o["steps"]), float(o["learning_rate"])
+    self.l2 = float(o["l2"])
+    self.train = self._rows(tokenizer, data_dir, task, "train", int(o["train_examples"]))
+    self.dev = self._rows(tokenizer, data_dir, dev_splits(task)[0].task, "dev",
+                          int(o["dev_examples"]))
     encoder = encoder_for(context.model_config)
 
     def embed(params, batch):
@@ -65,20 +62,62 @@ class GlueProbe(Evaluator):
     self.embed = jax.jit(embed)
 
   @classmethod
+  def check_options(cls, options):
+    super().check_options(options)
+    o = {**cls.DEFAULTS, **options}
+    task = o["task"]
+    if not isinstance(task, str) or task not in TASKS or glue.get_task(task).is_regression:
+      fail(f"glue_probe task={task!r} is not a GLUE classification task; set the entry's task "
+           f"to one of {', '.join(t for t in TASKS if t != 'stsb')}")
+    if not isinstance(o["data_dir"], str):
+      fail(f"glue_probe data_dir={o['data_dir']!r} must be a folder's path (a string); fix the "
+           "evals entry, e.g. data_dir=\"glue_data\"")
+    counts = {k: o[k] for k in ("train_examples", "dev_examples", "steps")}
+    rates = {"learning_rate": (o["learning_rate"], 0), "l2": (o["l2"], None)}
+    for key, value in counts.items():
+      if not _is_number(value, whole=True) or value < 1:
+        fail(f"glue_probe {key}={value!r} must be a whole number >= 1; fix the evals entry, "
+             f"e.g. {key}={cls.DEFAULTS[key]}")
+    for key, (value, above) in rates.items():
+      if not _is_number(value) or (value <= 0 if above == 0 else value < 0):
+        fail(f"glue_probe {key}={value!r} must be a number {'> 0' if above == 0 else '>= 0'}; "
+             f"fix the evals entry, e.g. {key}={cls.DEFAULTS[key]}")
+
+  @classmethod
+  def check(cls, config, objective, options, where):
+    """Besides its options: a run with text (its tokenizer encodes GLUE's) and the task's
+    training and dev files, found before the workdir is made."""
+    super().check(config, objective, options, where)
+    if config.get("data", {}).get("synthetic", False):
+      fail(f"{where} (glue_probe) encodes GLUE text with the run's tokenizer, and a run on "
+           "data.synthetic has none; drop the entry or train on text")
+    task = options.get("task", cls.DEFAULTS["task"])
+    data_dir = options.get("data_dir", "") or base.shared_data_dir("glue")
+    for name, split in ((task, "train"), (dev_splits(task)[0].task, "dev")):
+      cls._file(data_dir, name, split)
+
+  @staticmethod
+  def _file(data_dir: str, task: str, split: str):
+    path, tried = local_file(data_dir, task, split) if data_dir else (None, [])
+    if path is None:
+      fail(f"glue_probe: the GLUE {task} {split} file was not found (tried "
+           f"{' and '.join(map(str, tried)) or 'no folder'}); set the entry's data_dir to "
+           f"glue_data/ ({base.data_folder_hint()})")
+    return path
+
+  @classmethod
   def default_prefix(cls, options):
     return f"probe_{options.get('task', 'rte')}/"
 
   def _rows(self, tokenizer, data_dir: str, task: str, split: str, limit: int):
-    path, tried = local_file(data_dir, task, split) if data_dir else (None, [])
-    if path is None:
-      fail(f"glue_probe: the GLUE {task} {split} file was not found (tried "
-           f"{' and '.join(tried) or 'no folder'}); set the entry's data_dir to glue_data/ "
-           f"({base.data_folder_hint()})")
-    rows = glue.read_glue_tsv(path, task, split)[:limit]
+    rows = glue.read_glue_tsv(self._file(data_dir, task, split), task, split)[:limit]
     arrays, _ = encode_rows(tokenizer, rows, self.config.max_seq_length, regression=False)
     return arrays
 
-  def _features(self, params, arrays) -> np.ndarray:
+  def _batches(self, arrays) -> int:
+    return -(-len(arrays["label"]) // self.context.eval_batch_size)
+
+  def _features(self, params, arrays, lines, done: int = 0) -> np.ndarray:
     c = self.context
     inputs = {k: arrays[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
     chunks = []
@@ -88,14 +127,21 @@ class GlueProbe(Evaluator):
       with jax.set_mesh(c.mesh), nn.logical_axis_rules(c.rules):
         out = self.embed(params, c.shard(batch))
       chunks.append(to_host(out["features"])[valid])
+      lines.update(done + len(chunks))
     return np.concatenate(chunks).astype(np.float64)
 
   def run(self, params, step):
     if "encoder" not in params:
       fail(f"glue_probe reads the parameters under 'encoder', which the {self.config.objective} "
            "model does not have; drop the glue_probe entry for this objective")
-    x_train = self._features(params["encoder"], self.train)
-    x_dev = self._features(params["encoder"], self.dev)
+    # Its progress lines: what it does first (it may take longer than a line's interval before
+    # its first batch: compilation), then its batches as any evaluation pass's.
+    lines = self.context.progress(f"eval glue_probe {self.task.name} at step {step}:",
+                                  self._batches(self.train) + self._batches(self.dev))
+    lines.say(f"embedding {len(self.train['label'])} train and {len(self.dev['label'])} dev rows, "
+              f"then fitting the probe ({self.steps} steps)")
+    x_train = self._features(params["encoder"], self.train, lines)
+    x_dev = self._features(params["encoder"], self.dev, lines, self._batches(self.train))
     mean, std = x_train.mean(0), x_train.std(0) + 1e-6
     w, b = fit_softmax_regression((x_train - mean) / std, self.train["label"],
                                   self.task.num_labels, self.steps, self.learning_rate, self.l2)
@@ -130,3 +176,9 @@ def fit_softmax_regression(x: np.ndarray, y: np.ndarray, num_labels: int, steps:
   w, b = fit((jnp.zeros((x.shape[1], num_labels), jnp.float32),
               jnp.zeros((num_labels,), jnp.float32)))
   return np.asarray(w, np.float64), np.asarray(b, np.float64)
+
+
+def _is_number(value, whole: bool = False) -> bool:
+  """An int (or, unless `whole`, a float), not a bool: what a ConfigDict or a command line gives."""
+  kinds = (int,) if whole else (int, float)
+  return isinstance(value, kinds) and not isinstance(value, bool)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any
 
-from bertjax.evaluators import evaluator_class
+from bertjax.evaluators import entry_options, evaluator_class
 from bertjax.evaluators.base import Evaluator
 from bertjax.evaluators.context import EvalContext
 
@@ -35,7 +35,7 @@ class Evaluations:
       return cls([Scheduled(own, int(eval_every), "")])
     scheduled = []
     for entry in entries:
-      options = {k: v for k, v in _as_dict(entry).items() if k not in ("name", "every", "prefix")}
+      options = entry_options(entry)
       kind = evaluator_class(entry["name"])
       prefix = entry.get("prefix", None)
       scheduled.append(Scheduled(kind(config, context, **options), int(entry["every"]),
@@ -59,6 +59,3 @@ class Evaluations:
         metrics.update((s.prefix + name, value) for name, value in s.evaluator.run(params, step))
     return metrics
 
-
-def _as_dict(entry) -> Mapping[str, Any]:
-  return entry.to_dict() if hasattr(entry, "to_dict") else dict(entry)

@@ -20,6 +20,7 @@ from bertjax.tasks.squad import decode, version_of
 
 class SquadEvaluator(Evaluator):
   name = "squad"
+  own_task = True
 
   def run(self, params, step):
     config, c = self.config, self.context

@@ -3,7 +3,9 @@
 `initialize` joins the processes (jax.distributed.initialize) with stated timeouts, each read
 from the environment:
   BERTJAX_JOIN_TIMEOUT_S (300): how long a process waits for all of them to join; a process
-    started alone ends after it with one line (exit 2), not a hang.
+    started alone ends after it with one line (exit 2), not a hang. A SIGTERM while it waits
+    ends it at once (one line, exit 75), and process 0 refuses a coordinator's port in use before
+    the join (one line, exit 2).
   BERTJAX_HEARTBEAT_TIMEOUT_S (60): a process silent for this long is lost (killed, its host
     gone); every other process ends with one line naming it (exit `EXIT_PROCESS_LOST`) instead of
     waiting in a collective (`watching_the_others`, while a run trains). The next launch resumes
@@ -25,6 +27,8 @@ import contextlib
 import hashlib
 import json
 import os
+import select
+import signal
 import sys
 import threading
 import time
@@ -34,8 +38,9 @@ from typing import Any, Callable, Iterator, Mapping
 import jax
 from jax._src import distributed as jax_distributed  # its client: the coordinator's store
 
-from bertjax.core.errors import (EXIT_USER_ERROR, DiskFull, UserError, disk_error_of, disk_full,
-                                 fail)
+from bertjax.core import ports
+from bertjax.core.errors import (EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_USER_ERROR, DiskFull,
+                                 UserError, disk_error_of, disk_full, fail)
 
 EXIT_PROCESS_LOST = 69  # sysexits' EX_UNAVAILABLE: another process of the run is gone
 _TIMEOUTS = {"join": ("BERTJAX_JOIN_TIMEOUT_S", 300), "heartbeat": ("BERTJAX_HEARTBEAT_TIMEOUT_S", 60),
@@ -109,29 +114,82 @@ def _say_and_exit(line: str, status: int) -> None:
 
 def initialize() -> None:
   """jax.distributed.initialize with the stated timeouts (module docstring). A process alone past
-  the join timeout ends with one line (exit 2). JAX's own limits are set beyond ours: its
+  the join timeout ends with one line (exit 2); so does process 0 where the coordinator's port is
+  taken (bertjax/core/ports.py), before it binds it. A SIGTERM (Ctrl-C) while the process waits
+  for the others ends it at once with one line, exit 75 (130): JAX's join, in C++, holds the
+  Python handler back until it returns (`_joining`). JAX's own limits are set beyond ours: its
   reactions (a C++ abort with a stack trace) come only if ours did not."""
   kwargs = jax_distributed_kwargs()
   join, heartbeat = timeout_s("join"), timeout_s("heartbeat")
   address = kwargs.get("coordinator_address", "")
   if address.startswith("127.0.0.1:"):  # one machine: the coordinator listens there only
     os.environ.setdefault("JAX_COORDINATOR_BIND_ADDRESS", address)
+  if address and kwargs.get("process_id") == 0:
+    ports.check_coordinator_port(address, os.environ.get("JAX_COORDINATOR_BIND_ADDRESS"))
   n = kwargs.get("num_processes")
   last = n - 1 if isinstance(n, int) else "N-1"
-  joined = threading.Event()
-
-  def alone():
-    if not joined.wait(join):
-      _say_and_exit(f"error: process {kwargs.get('process_id', '?')} of {n or '?'} waited {join} "
-                    f"s (BERTJAX_JOIN_TIMEOUT_S) for the others at {address or 'the coordinator'}; "
-                    f"start the same command on every host (JAX_PROCESS_ID 0 to {last})",
-                    EXIT_USER_ERROR)
-  threading.Thread(target=alone, daemon=True, name="bertjax-join").start()
-  jax.distributed.initialize(**kwargs, initialization_timeout=join + 60,
-                             heartbeat_timeout_seconds=2 * heartbeat + 30,
-                             shutdown_timeout_seconds=2 * heartbeat + 30)
-  joined.set()
+  who = f"process {kwargs.get('process_id', '?')} of {n or '?'}"
+  alone = (f"error: {who} waited {join} s (BERTJAX_JOIN_TIMEOUT_S) for the others at "
+           f"{address or 'the coordinator'}; start the same command on every host "
+           f"(JAX_PROCESS_ID 0 to {last})")
+  stopped = (f"while {who} waited for the others to join at {address or 'the coordinator'} "
+             "(nothing was written); run the same command again to go on")
+  with _joining(join, alone, stopped):
+    jax.distributed.initialize(**kwargs, initialization_timeout=join + 60,
+                               heartbeat_timeout_seconds=2 * heartbeat + 30,
+                               shutdown_timeout_seconds=2 * heartbeat + 30)
   _FAILURES.start()
+
+
+# What a signal while joining ends the process with: its line's head and the exit status
+# (bertjax/core/errors.py: preempted 75, interrupted 130).
+_WHILE_JOINING = {signal.SIGTERM: ("preempted: SIGTERM", EXIT_PREEMPTED),
+                  signal.SIGINT: ("interrupted: Ctrl-C", EXIT_INTERRUPTED)}
+
+
+@contextlib.contextmanager
+def _joining(join: int, alone: str, stopped: str) -> Iterator[None]:
+  """While the body (the join) runs: a thread ends the process with `alone` (exit 2) after `join`
+  seconds, or with a SIGTERM's or Ctrl-C's line (`_WHILE_JOINING` + `stopped`) as soon as one
+  comes. The signal reaches it through Python's wakeup fd, which the C-level handler writes at
+  once, while the Python handler waits for the main thread to leave JAX's C++ call; a signal left
+  to its default action meanwhile gets a handler that does nothing, so that it is this line and
+  not a kill. Off the main thread only the timeout is watched."""
+  joined = threading.Event()
+  read, write = os.pipe()
+  os.set_blocking(write, False)
+  try:
+    previous_fd = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    defaults = {s: signal.signal(s, lambda *_: None) for s in _WHILE_JOINING
+                if signal.getsignal(s) == signal.SIG_DFL}
+  except ValueError:  # not the main thread
+    previous_fd, defaults = None, {}
+
+  def watch():
+    deadline = time.monotonic() + join
+    try:
+      while not joined.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+          _say_and_exit(alone, EXIT_USER_ERROR)
+        ready, _, _ = select.select([read] if previous_fd is not None else [], [], [],
+                                    min(left, 0.2))
+        for signum in os.read(read, 64) if ready else b"":
+          if signum in _WHILE_JOINING and not joined.is_set():
+            head, status = _WHILE_JOINING[signal.Signals(signum)]
+            _say_and_exit(f"{head} {stopped}", status)
+    finally:
+      os.close(read)
+  threading.Thread(target=watch, daemon=True, name="bertjax-join").start()
+  try:
+    yield
+  finally:
+    joined.set()
+    if previous_fd is not None:
+      signal.set_wakeup_fd(previous_fd)
+      for s, handler in defaults.items():
+        signal.signal(s, handler)
+    os.close(write)
 
 
 class _Reader:

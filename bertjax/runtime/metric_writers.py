@@ -23,6 +23,7 @@ import math
 import pathlib
 import sys
 import tempfile
+from typing import Any
 
 import jax
 
@@ -33,6 +34,16 @@ from bertjax.core import paths, run_files
 # moves (bertjax/objectives/distill.py).
 SHOWN = ("soft_kl", "mlm_accuracy", "nsp_accuracy", "sop_accuracy", "rtd_accuracy", "accuracy",
          "score", "f1", "exact_match", "agreement")
+
+
+def shown_keys(metrics: dict[str, Any]) -> list[str]:
+  """The keys of a row's line: loss, then SHOWN, each also behind an evaluator's prefix
+  (`probe_rte/accuracy`: a run whose only evaluation is a probe has no bare key to show)."""
+  return [k for base in ("loss", *SHOWN) for k, v in metrics.items()
+          if (k == base or k.endswith("/" + base)) and isinstance(v, (int, float))
+          and not isinstance(v, bool)]
+
+
 METRICS = "metrics.jsonl"  # the rows of a local workdir
 METRICS_DIR = "metrics.jsonl.d"  # those of a remote one: one object per logging event
 _DIGITS = 8  # an object's sequence number, zero-padded so that names sort in order
@@ -122,11 +133,8 @@ class MetricWriter:
     """One plain line per logged row, e.g. `train step 50/1000: loss 3.2100 mlm_accuracy 0.412 |
     12,345 tok/s` (the ETA is on the progress lines, bertjax/runtime/progress.py)."""
     parts = [f"{split} step {step}/{self.total_steps}:"]
-    if "loss" in metrics:
-      parts.append(f"loss {metrics['loss']:.4f}")
-    for k in SHOWN:
-      if isinstance(metrics.get(k), (int, float)):
-        parts.append(f"{k} {metrics[k]:.4f}")
+    for k in shown_keys(metrics):
+      parts.append(f"{k} {metrics[k]:.4f}")
     line = " ".join(parts)
     if "tokens_per_s" in metrics:
       line += f" | {metrics['tokens_per_s']:,.0f} tok/s"

@@ -131,6 +131,11 @@ class Progress:
                    "(compilation included)")
     return " | ".join(parts)
 
+  def say(self, text: str) -> None:
+    """A line of this pass that is not a count, e.g. what it starts with: `<what> <text>`."""
+    if self.enabled:
+      self._print(f"{self.what} {text}")
+
   def _print(self, line: str) -> None:
     self.lines.append(line)
     print(line, file=self.stream or sys.stderr, flush=True)

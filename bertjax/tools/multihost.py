@@ -13,7 +13,9 @@ runs under this Python. Each line a process prints comes out prefixed `[pN] `.
 The launcher ends when every process has ended, and exits with the status of the first process
 that failed (0 when all finished); once one fails, the others get SIGTERM, then SIGKILL after
 `--grace` seconds. A SIGTERM or Ctrl-C to the launcher goes on to every process as SIGTERM (a
-preemption: each saves and exits 75). `--timeout S` ends them all the same way after S seconds
+preemption: each saves and exits 75); so does any other end of the launcher, kill -9 included,
+through the kernel (Linux's parent-death signal): no process outlives it. The workdir's lock is
+the training's (its process 0 holds it), released as that process ends. `--timeout S` ends them all the same way after S seconds
 (exit 124 when it came to that). It never imports JAX.
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -34,6 +37,7 @@ from typing import Mapping, Sequence
 from absl import flags
 
 from bertjax.core import command_line as cli
+from bertjax.core import ports
 from bertjax.core.errors import fail, run_cli
 
 EXIT_TIMEOUT = 124  # as coreutils' timeout
@@ -94,12 +98,21 @@ class Processes:
                  for i in range(self.num)]
 
   def start(self) -> None:
+    """Starts the processes, each told to stop by the kernel when this thread ends however it
+    ends (kill -9 included: `owned`), and each holding the read end of its own output's pipe too:
+    a process told to stop when the launcher is gone still prints its last lines (into the pipe's
+    64 KiB) without a broken pipe failing it before it has saved. Call it from the thread that
+    lives as long as the processes (the main one)."""
     for i, env in enumerate(self.envs):
-      proc = subprocess.Popen(self.command, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                              start_new_session=True)  # a terminal's Ctrl-C reaches us only
+      read, write = os.pipe()
+      try:
+        proc = subprocess.Popen(owned(self.command), env=env, stdout=write, stderr=write,
+                                stdin=subprocess.DEVNULL, pass_fds=(read,),
+                                start_new_session=True)  # a terminal's Ctrl-C reaches us only
+      finally:
+        os.close(write)
       self.procs.append(proc)
-      reader = threading.Thread(target=self._copy, args=(i, proc.stdout), daemon=True)
+      reader = threading.Thread(target=self._copy, args=(i, os.fdopen(read, "rb")), daemon=True)
       reader.start()
       self._readers.append(reader)
 
@@ -158,6 +171,44 @@ class Processes:
     return first_failure or 0
 
 
+# Each process starts as this, which asks Linux for a SIGTERM (a preemption: the process saves
+# and exits 75) when its parent, the launcher's thread that started it, ends, kill -9 included
+# (prctl(PR_SET_PDEATHSIG): option 1; kept across the exec) and then becomes the command. Not a
+# `preexec_fn`: Python code between fork and exec, in a process that has imported JAX (the
+# tests', a caller's), may deadlock, and JAX warns of it.
+_OWNED = f"""
+import ctypes, os, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, {int(signal.SIGTERM)}, 0, 0, 0)
+if os.getppid() != int(sys.argv[1]):  # the launcher ended before the call: nothing to run
+    os._exit(1)
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as e:
+    print(f"error: cannot run {{sys.argv[2]}} ({{e.strerror}}); give a program that exists",
+          file=sys.stderr, flush=True)
+    os._exit(127)
+"""
+
+
+def owned(command: Sequence[str]) -> list[str]:
+  """`command`, started on Linux through `_OWNED` so that the kernel stops it when the launcher
+  ends; elsewhere as it is (the launcher's own `end_all` is all there is)."""
+  if not sys.platform.startswith("linux"):
+    return list(command)
+  return [sys.executable, "-c", _OWNED, str(os.getpid()), *command]
+
+
+def check_program(program: str) -> None:
+  """The command's first word names a script (x.py) or a program that can be started."""
+  if program.endswith(".py"):
+    if not os.path.isfile(program):
+      fail(f"the command after -- runs {program}, which is not a file (from {os.getcwd()}); "
+           "give the script's path, e.g. -- launch.py --config ...")
+  elif shutil.which(program) is None:
+    fail(f"the command after -- runs {program!r}, which is neither an executable file nor a "
+         "program on PATH; give a program that exists, e.g. -- launch.py --config ...")
+
+
 def _status(code: int) -> int:
   """A process's exit status as a shell reports it (128 + N for a signal N)."""
   return 128 - code if code < 0 else code
@@ -177,7 +228,7 @@ def define_flags(fv: flags.FlagValues) -> None:
                       "collectives), or '' to leave it to JAX (one machine's GPUs: one process "
                       "per GPU is the caller's CUDA_VISIBLE_DEVICES business)", flag_values=fv)
   flags.DEFINE_integer("port", None, "the coordinator's port (default: a free one)",
-                       flag_values=fv)
+                       lower_bound=1, upper_bound=65535, flag_values=fv)
   flags.DEFINE_float("timeout", None, "end every process after this many seconds (exit 124)",
                      flag_values=fv)
   flags.DEFINE_float("grace", 30.0, "seconds between SIGTERM and SIGKILL when stopping the "
@@ -199,6 +250,7 @@ def parse_args(argv: Sequence[str]) -> types.SimpleNamespace:
   command = argv[cut + 1:]
   if not command:
     fail(f"the command after -- is empty; see {PROG} --help")
+  check_program(command[0])
   return types.SimpleNamespace(command=command, processes=fv.processes,
                                devices_per_process=fv["devices-per-process"].value,
                                platform=fv.platform, port=fv.port, timeout=fv.timeout,
@@ -207,6 +259,8 @@ def parse_args(argv: Sequence[str]) -> types.SimpleNamespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(sys.argv[1:] if argv is None else argv)
+  if args.port:  # before any process starts: a port taken is refused in one line
+    ports.check_coordinator_port(f"127.0.0.1:{args.port}")
   procs = Processes(args.command, args.processes, args.devices_per_process,
                     args.platform or None, args.port, args.grace)
 

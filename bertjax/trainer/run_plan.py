@@ -22,6 +22,7 @@ import flax.linen as nn
 import ml_collections
 
 from bertjax.config import config_checks, settings
+from bertjax import evaluators
 from bertjax.core import paths
 from bertjax.models.config import ModelConfig
 from bertjax.objective import Schedule
@@ -71,9 +72,11 @@ def plan(config, workdir: paths.Path, devices: Sequence[Any] | None = None) -> R
   plan, before anything is created, prepared or written: the validator
   (bertjax/config/config_checks.py `check`), entered once, checks the config, the paths, the
   objective, init_from's model, the mesh, the batch, accumulation, positions and what the
-  objective asks of its data, and hands back what it checked them against."""
+  objective asks of its data, and hands back what it checked them against; then each evaluator
+  of `config.evals` refuses what it cannot run (its options, another objective's dev sets)."""
   objective = objective_class(config.objective)()  # its own check(config) runs in the validator
   checked = config_checks.check(config, workdir, objective, devices)
+  evaluators.check_entries(config, objective)  # each evaluator's own refusals (config.evals)
   return RunPlan(config=config, workdir=workdir, objective=objective, mesh=checked.mesh,
                  rules=checked.rules, model_cfg=checked.model_cfg,
                  grad_accum_steps=checked.grad_accum_steps,
