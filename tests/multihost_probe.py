@@ -3,6 +3,8 @@
   multihost_probe.py N            prints `probe <process id> of <count>` and exits N (no JAX)
   multihost_probe.py --differ ... runs the rest (python ...) as given, process 1 adding
                                   --config.learning_rate=0.5: processes with different settings
+  multihost_probe.py --code COPY ...  runs the rest (python ...) as given, process 1 in the folder
+                                  COPY (a copy of the repository with other code), the others here
   multihost_probe.py --hold DIR   a run's stand-in that waits: process 0 holds DIR's workdir lock
                                   as a run's does; each prints `waiting <pid>`, and on SIGTERM
                                   prints 200 lines, writes DIR/ended.<id> and exits 75
@@ -45,5 +47,9 @@ if __name__ == "__main__":
       command.append("--config.learning_rate=0.5")
     os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     os.execv(sys.executable, command)
+  elif sys.argv[1] == "--code":
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    os.chdir(sys.argv[2] if os.environ["JAX_PROCESS_ID"] == "1" else here)
+    os.execv(sys.executable, [sys.executable, *sys.argv[3:]])
   print(f"probe {os.environ['JAX_PROCESS_ID']} of {os.environ['JAX_NUM_PROCESSES']}", flush=True)
   sys.exit(int(sys.argv[1]))

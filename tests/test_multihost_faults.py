@@ -15,6 +15,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -227,3 +228,37 @@ def test_sigterm_to_a_process_waiting_to_join_ends_it_at_once_with_75(tmp_path):
       "(nothing was written); run the same command again to go on"]
   assert took < 10, took
   assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_processes_running_different_code_are_refused_naming_the_files(tmp_path):
+  """Process 1 runs from a copy of the repository whose encoder.py has one more line (a host left
+  on another commit): every process refuses in one line naming the file, exit 2, nothing
+  written. Before, the two trained together, each computing its own step."""
+  copy = tmp_path / "copy"
+  copy.mkdir()
+  shutil.copytree(REPO / "bertjax", copy / "bertjax",
+                  ignore=shutil.ignore_patterns("__pycache__"))
+  shutil.copytree(REPO / "configs", copy / "configs")
+  shutil.copy(REPO / "launch.py", copy / "launch.py")
+  with open(copy / "bertjax/models/encoder.py", "a", encoding="utf-8") as f:
+    f.write("# another commit\n")
+  workdir = tmp_path / "run"
+  out = Lines()
+  sample = f"--config.data.corpus={REPO / 'bertjax/data/samples/wikitext2_test.raw'}"
+  procs = multihost.Processes([str(REPO / "tests/multihost_probe.py"), "--code", str(copy),
+                               *QUICK, sample, "--workdir", str(workdir)], 2, 2, "cpu", grace=10,
+                              out=out)  # one corpus: the settings agree, only the code differs
+  procs.start()
+  try:
+    status = procs.wait(timeout=180)
+  finally:
+    procs.end_all()
+  assert status == 2, out.lines[-20:]
+  said = "run different code (bertjax/models/encoder.py differ); install the same bertjax (one " \
+         "commit) on every host"
+  for me in (0, 1):  # its own finding, or the other's passed on (whichever comes first)
+    lines = own_lines(out.lines, me)
+    assert len(lines) == 1 and lines[0].startswith("error: process ") and said in lines[0], \
+        out.lines
+  assert not workdir.exists()

@@ -17,8 +17,9 @@ only it reads, its disk, its own input pipeline) ends at once with its one line 
 others through the coordinator's store; each of them ends within seconds with one line naming it
 and its line, and the same exit status (`run_main`), instead of waiting in their next collective
 while it waits at JAX's shutdown barrier.
-Every process then compares its resolved config with the others' (`check_same_config`) through
-the coordinator's key-value store, so one run has one config.
+Every process then compares its resolved config and the digest of each of bertjax's source files
+with the others' (`check_same_config`) through the coordinator's key-value store, so one run has
+one config and one code: a host left on another commit is refused, naming the files that differ.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import contextlib
 import hashlib
 import json
 import os
+import pathlib
 import select
 import signal
 import sys
@@ -476,19 +478,36 @@ def config_difference(mine: Mapping[str, str], theirs: Mapping[str, str]) -> lis
   return sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
 
 
+def source_digests(package: pathlib.Path | None = None) -> dict[str, str]:
+  """{path of each .py file under the bertjax package, relative to its parent: the SHA-256 of its
+  bytes (16 hex digits)}: what tells two hosts' code apart."""
+  package = package or pathlib.Path(__file__).resolve().parent.parent
+  return {str(f.relative_to(package.parent)): hashlib.sha256(f.read_bytes()).hexdigest()[:16]
+          for f in sorted(package.rglob("*.py"))}
+
+
+def _listed(names: list[str]) -> str:
+  return ", ".join(names[:_SHOWN]) + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN
+                                      else "")
+
+
 def check_same_config(config: Any) -> None:
-  """Every process of the run publishes its config's digest and fields; each compares them with
-  its own and refuses, in one line naming the differing keys and processes, a run whose processes
-  were started with different settings (process 1 with another learning rate trains another
-  model than the one config.json records)."""
+  """Every process of the run publishes its config's digest and fields and its source files'
+  digests; each compares them with its own and refuses, in one line naming the differing files or
+  keys and the processes: a run whose processes run different code (a host left on another
+  commit computes another step, and nothing else would notice), or were started with different
+  settings (process 1 with another learning rate trains another model than the one config.json
+  records)."""
   if not active():
     return
   client, me, n = _client(), jax.process_index(), jax.process_count()
   fields = flat_config(config)
   text = json.dumps(fields, sort_keys=True)
   digest = hashlib.sha256(text.encode()).hexdigest()
+  code = source_digests()
   key = _key("config")
-  client.key_value_set(f"{key}/{me}", json.dumps({"digest": digest, "fields": fields}))
+  client.key_value_set(f"{key}/{me}", json.dumps({"digest": digest, "fields": fields,
+                                                   "code": code}))
   wait = timeout_s("join")
   differing: dict[int, list[str]] = {}
   for other in range(n):
@@ -501,12 +520,15 @@ def check_same_config(config: Any) -> None:
         raise
       fail(f"process {me} waited {wait} s (BERTJAX_JOIN_TIMEOUT_S) for the settings of process "
            f"{other}; it is slow or stuck: see its log")
+    files = config_difference(code, theirs.get("code", {}))
+    if files:
+      fail(f"process {me} and process {other} run different code ({_listed(files)} differ); "
+           "install the same bertjax (one commit) on every host and start again")
     if theirs["digest"] != digest:
       differing[other] = config_difference(fields, theirs["fields"])
   if differing:
     keys = sorted({k for ks in differing.values() for k in ks})
-    shown = ", ".join(keys[:_SHOWN]) + (f" and {len(keys) - _SHOWN} more" if len(keys) > _SHOWN
-                                        else "")
+    shown = _listed(keys)
     others = ", ".join(str(p) for p in sorted(differing))
     fail(f"process {me} and process {others} were started with different settings ({shown}); "
          "start every process with the same command and --config flags")
