@@ -77,7 +77,7 @@ def read_hf_config(model_dir: PathLike) -> dict[str, Any]:
     fail(f"model directory {d} {'is a file' if d.exists() else 'not found'}; --model-dir "
          "takes a local Hugging Face model folder (config.json + model.safetensors)")
   if not d.is_dir():
-    hub = f"huggingface-cli download {model_dir} --local-dir {d.name}"
+    hub = f"hf download {model_dir} --local-dir {d.name}"
     fail(f"model directory {d} not found; from-hf takes only a local folder (config.json + "
          f"model.safetensors), not a Hugging Face hub name: download one first ({hub}, or "
          "save_pretrained it from transformers) and pass that folder to --model-dir")
