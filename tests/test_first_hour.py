@@ -1,12 +1,18 @@
 """What a researcher meets in their first hour (issue 52, "The first hour"): the advice and
 defaults a first run reads. Each test is in-process and small (no training unless it says so)."""
 
+import ast
+import re
+
 import pytest
 
 from bertjax.convert import readers
 from bertjax.core.errors import UserError
+from bertjax.models.config import ModelConfig
+from bertjax.objectives import distill
+from configs import distill as distill_recipe
 
-from helpers import REPO
+from helpers import REPO, load_config
 
 
 def test_hub_download_advice_names_the_current_command():
@@ -18,3 +24,23 @@ def test_hub_download_advice_names_the_current_command():
   for doc in (REPO / "README.md", REPO / "configs" / "distill.py"):
     text = doc.read_text()
     assert "hf download " in text and "huggingface-cli" not in text, doc
+
+
+def test_distillation_quickstart_teacher_is_larger_than_its_student():
+  """configs/distill.py's docstring trains the teacher its runlocal student distils from: the
+  teacher has more weights than the student. The quickstart's own model (what README's first
+  journey leaves in runs/quickstart) is the student's size, and is warned of as a teacher."""
+  doc = distill_recipe.__doc__
+  command = doc.split("python launch.py --config configs/quickstart.py")[1].split("python")[0]
+  overrides = dict(o.split("=", 1) for o in re.findall(r"--config\.(\S+)", command))
+  teacher = load_config("configs/quickstart.py", **{k: ast.literal_eval(v) if k != "objective"
+                                                    else v for k, v in overrides.items()})
+  student = load_config("configs/distill.py:runlocal").model
+  as_model = lambda c: ModelConfig.from_dict(c.to_dict())
+  t, s = as_model(teacher.model), as_model(student)
+  assert distill.weight_count(t) > distill.weight_count(s) and t.num_hidden_layers == 4
+  assert distill.size_warning(s, t, "distill.teacher=runs/teacher") == ""
+  same = as_model(load_config("configs/quickstart.py").model)
+  assert distill.size_warning(s, same, "distill.teacher=runs/quickstart").startswith(
+      "warning: the student (2 layers, hidden 128) is not smaller than its teacher "
+      "distill.teacher=runs/quickstart (2 layers, hidden 128)")
