@@ -3,13 +3,19 @@ defaults a first run reads. Each test is in-process and small (no training unles
 
 import ast
 import re
+import types
 
+import PIL.Image
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 from bertjax.convert import readers
 from bertjax.core.errors import UserError
 from bertjax.models.config import ModelConfig
 from bertjax.objectives import distill
+from bertjax.prune import table
+from bertjax.tools import report_plots
 from configs import distill as distill_recipe
 
 from helpers import REPO, load_config
@@ -44,3 +50,27 @@ def test_distillation_quickstart_teacher_is_larger_than_its_student():
   assert distill.size_warning(s, same, "distill.teacher=runs/quickstart").startswith(
       "warning: the student (2 layers, hidden 128) is not smaller than its teacher "
       "distill.teacher=runs/quickstart (2 layers, hidden 128)")
+
+
+def _title_width_px(title: str, fontsize, dpi: int = 100) -> float:
+  """The width a title takes drawn at `dpi`, measured on a figure of its own."""
+  fig = Figure(figsize=(2, 2), dpi=dpi)
+  ax = fig.subplots()
+  text = ax.set_title(title, fontsize=fontsize)
+  fig.canvas = FigureCanvasAgg(fig)
+  return text.get_window_extent(fig.canvas.get_renderer()).width
+
+
+def test_plot_titles_are_not_cropped(tmp_path):
+  """A report's and a pruning's png hold their whole title: the saved image is at least as wide
+  as the title's extent at the figure's dpi (on 61c1c42 a long run name was cut at 900 px)."""
+  name = "runs/" + "a_long_run_name_" * 8
+  point = types.SimpleNamespace(name=name, setting=(), train_steps=[1, 2], train_loss=[3.0, 2.0])
+  data = report_plots.plot_train_loss([point], tmp_path / "loss.png")
+  width = PIL.Image.open(tmp_path / "loss.png").size[0]
+  assert width >= _title_width_px(data["title"], "large") > 900, width
+  rows = [{"heads_kept": 1.0, "dev_pruned": 0.8, "dev_finetuned": None},
+          {"heads_kept": 0.5, "dev_pruned": 0.7, "dev_finetuned": 0.75}]
+  title = table.plot(rows, "a_long_metric_name_" * 3, tmp_path / "pruning.png", False)
+  width = PIL.Image.open(tmp_path / "pruning.png").size[0]
+  assert width >= _title_width_px(title, 10) > 600, width
