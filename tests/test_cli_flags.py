@@ -148,3 +148,27 @@ def test_evals_is_set_from_the_command_line(tmp_path):
   assert _one_line([*base, "--config.evals=metric_sums"]) == (
       "--config.evals='metric_sums' is not a Python list literal; fix: quote one for the shell, "
       "e.g. --config.evals='[...]' with entries dict(name=\"metric_sums\", every=1000)")
+
+
+def test_dry_run_checks_one_run_and_writes_nothing(tmp_path):
+  """`launch.py --config ... --dry_run` checks the settings, builds the inputs (synthetic here)
+  and compiles the step against the device's memory, exits 0 with one line saying so, and the
+  workdir is never made; a setting that cannot run is its one-line error, exit 2. Two launch.py
+  processes (a tiny BERT compiled once)."""
+  workdir = tmp_path / "run"
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  base = [sys.executable, "launch.py", "--config", "configs/bert.py:runlocal", "--workdir",
+          str(workdir), "--dry_run", "--config.data.synthetic=True", "--config.total_steps=7"]
+  r = subprocess.run(base, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  lines = [l for l in r.stdout.splitlines() if l.startswith("dry run:")]
+  assert len(lines) == 1 and lines[0].startswith(
+      "dry run: settings checked, inputs built (7 steps of ") and lines[0].endswith(
+          f"); nothing written to {workdir}"), r.stdout
+  assert "the train step compiled on 1 cpu device(s)" in lines[0]
+  assert not workdir.exists()
+  r = subprocess.run(base + ["--config.batch_size=7", "--config.grad_accum_steps=2"], cwd=REPO,
+                     env=env, capture_output=True, text=True, timeout=300)
+  assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+  assert len([l for l in r.stderr.splitlines() if l.startswith("error:")]) == 1, r.stderr
+  assert not workdir.exists()
