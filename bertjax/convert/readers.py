@@ -80,7 +80,8 @@ def read_hf_config(model_dir: PathLike) -> dict[str, Any]:
     hub = f"hf download {model_dir} --local-dir {d.name}"
     fail(f"model directory {d} not found; from-hf takes only a local folder (config.json + "
          f"model.safetensors), not a Hugging Face hub name: download one first ({hub}, or "
-         "save_pretrained it from transformers) and pass that folder to --model-dir")
+         "save_pretrained it from transformers) and pass that folder to --model-dir, or pass "
+         f"--model {model_dir} to fetch it through huggingface_hub")
   path = d / "config.json"
   if not path.is_file():
     fail(f"{path} not found; --model-dir must be a Hugging Face model folder (config.json and "
