@@ -9,6 +9,9 @@ from __future__ import annotations
 import pathlib
 import re
 
+import huggingface_hub
+from huggingface_hub import errors
+
 from bertjax.core.errors import fail
 
 # What from-hf reads (bertjax/convert/readers.py, hf_tokenizer.py); ELECTRA's both-parts layout
@@ -26,11 +29,6 @@ def snapshot(name: str) -> pathlib.Path:
   if not NAME.match(name):
     fail(f"--model {name!r} is not a Hugging Face Hub name; give ORG/NAME (e.g. "
          "google-bert/bert-base-uncased), or a local folder with --model-dir")
-  try:  # a runtime dependency, imported where a hub name is given
-    import huggingface_hub  # pylint: disable=g-import-not-at-top
-    from huggingface_hub import errors  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    fail("--model needs huggingface_hub, which is not installed; pip install -r requirements.txt")
   try:
     return pathlib.Path(huggingface_hub.snapshot_download(name, allow_patterns=FILES))
   except errors.LocalEntryNotFoundError:
