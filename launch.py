@@ -39,7 +39,7 @@ from bertjax.core.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, doc_summary, f
 from bertjax.runtime import distributed, progress, xla_defaults
 from bertjax.runtime.preemption import GO_ON, Preemption
 from bertjax.tools import multiseed
-from bertjax.trainer import train
+from bertjax.trainer import dry_run, train
 # pylint: enable=wrong-import-position
 
 xla_defaults.apply()  # the opt-in XLA:CPU flags, before JAX starts a backend
@@ -59,7 +59,9 @@ def define_flags(argv) -> flags.FlagValues:
   flags.mark_flag_as_required("workdir", flag_values=fv)
   flags.DEFINE_string("sweep", None, "experiments/<name>.py: run every point of a sweep",
                       flag_values=fv)
-  flags.DEFINE_bool("dry_run", False, "with --sweep: list points and commands", flag_values=fv)
+  flags.DEFINE_bool("dry_run", False, "with --sweep: list points and commands; with --config: "
+                    "check one run's settings, inputs and step memory on this machine's devices "
+                    "and write nothing", flag_values=fv)
   flags.DEFINE_string("tpu", None, "with --sweep: run every point on all workers of this TPU VM",
                       flag_values=fv)
   flags.DEFINE_string("zone", None, "with --tpu: the TPU VM's zone", flag_values=fv)
@@ -97,9 +99,9 @@ def parse_args(argv):
     fail("give --config configs/<exp>.py (or --sweep experiments/<name>.py)")
   if args.sweep and args.config is not None:
     fail("--sweep takes the config from the sweep file; drop --config")
-  if not args.sweep and (args.dry_run or args.tpu or args.hosts or args.local_processes
+  if not args.sweep and (args.tpu or args.hosts or args.local_processes
                          or args.devices_per_process):
-    fail("--dry_run, --tpu, --hosts and --local_processes go with --sweep experiments/<name>.py "
+    fail("--tpu, --hosts and --local_processes go with --sweep experiments/<name>.py "
          "(one run on several local processes: python -m bertjax.tools.multihost)")
   return args, overrides
 
@@ -166,6 +168,11 @@ def main(argv=None):
         # experiments/README.md). One run, one config: the processes compare theirs.
         distributed.initialize()
         distributed.check_same_config(config)
+    if args.dry_run:  # one run's start, short of its first step; nothing written
+      line = dry_run.dry_run(config, args.workdir)
+      if jax.process_index() == 0:
+        print(line, flush=True)
+      return
     if config.get("seeds"):  # several seeds: one run each into WORKDIR/seed_<n>
       summary = multiseed.run_seeds(config, args.workdir)
     else:

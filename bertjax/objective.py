@@ -170,6 +170,26 @@ def moved(summary: Mapping[str, Any], key: str, down: bool) -> tuple[str, bool |
   return f"{key} {a:.4g} -> {b:.4g}", (b < a if down else b > a)
 
 
+def learns(summary: Mapping[str, Any], key: str, head: str) -> str:
+  """Whether `head`'s loss `key` fell between the run's first and last train rows, in words."""
+  words, fell = moved(summary, key, down=True)
+  if fell is None:
+    return f"{head}'s {words} (one train row: nothing to compare yet)"
+  return f"{head}'s {words} ({'falling: it learns' if fell else 'not falling: it is not learning'})"
+
+
+def above_chance(summary: Mapping[str, Any], key: str, chance: float, margin: float = 0.05) -> str:
+  """The last train row's accuracy `key` against guessing (`chance`), in words."""
+  last = summary.get("last_train") or {}
+  if key not in last:
+    return f"no {key}"
+  value = float(last[key])
+  verdict = ("above chance: it learns" if value > chance + margin else
+             f"within {margin:g} of chance: not learnt yet (a small model on a small corpus stays "
+             "there)")
+  return f"{key} {value:.4g} against chance {chance:g}, {verdict}"
+
+
 def top1_correct(logits, labels) -> jax.Array:
   """<float32> 1 where the label's logit is the largest (ties count as correct).
 

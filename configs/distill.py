@@ -15,7 +15,7 @@ then distil a 2-layer student from it (DistilBERT's recipe), then distil on a GL
 DistilBERT from bert-base (Sanh et al., 2019), on a corpus prepared with BERT's vocabulary
 (from-hf reads a local folder: download the checkpoint first, which needs huggingface_hub):
 
-  huggingface-cli download bert-base-uncased --local-dir hf/bert-base-uncased
+  hf download bert-base-uncased --local-dir hf/bert-base-uncased
   python -m bertjax.convert from-hf --model-dir hf/bert-base-uncased \
       --workdir runs/bert-base-uncased
   python launch.py \

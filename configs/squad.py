@@ -15,6 +15,8 @@ threshold that is best on dev (best_f1_thresh); pass it back as null_score_diff_
 Variant `runlocal`: a tiny random-init model and a sentencepiece tokenizer trained on the
 passages, trained on 600 questions of the SQuAD subset in BERTJAX_DATA (or ../shared/data) and
 evaluated on the whole subset, which includes those questions: a smoke test, not a benchmark.
+It scores the examples it trains on, and its start says so in a line ("warning: 600 of the ...
+dev questions are among the 600 trained on").
 """
 
 from bertjax.tasks.base import shared_data_dir

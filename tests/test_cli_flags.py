@@ -9,7 +9,7 @@ import sys
 import pytest
 from ml_collections import config_flags
 
-from bertjax.config import config_lib
+from bertjax.config import config_checks, config_lib
 from bertjax.core.errors import UserError
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -118,3 +118,57 @@ def test_flag_error_through_the_command_is_one_line(tmp_path):
   assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
   errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
   assert len(errors) == 1 and "Did you mean: workdir" in errors[0], r.stderr[-2000:]
+
+
+def test_evals_is_set_from_the_command_line(tmp_path):
+  """config.evals (a declared setting) takes a Python/JSON list on the command line, its entries
+  written as dicts or as a config file writes them, dict(name=..., every=...); the settings
+  checks then read it as from a config file. A bare name is one line saying how to write it."""
+  base = ["--config", "configs/quickstart.py:runlocal", "--workdir", str(tmp_path)]
+  expected = [{"name": "metric_sums", "every": 2},
+              {"name": "glue_probe", "every": 5, "task": "rte"}]
+  for text in ('[{"name": "metric_sums", "every": 2}, '
+               '{"name": "glue_probe", "every": 5, "task": "rte"}]',
+               '[dict(name="metric_sums", every=2), dict(name="glue_probe", every=5, task="rte")]'):
+    args, overrides = launch.parse_args([*base, f"--config.evals={text}"])
+    config_lib.apply_overrides(args.config, overrides)
+    assert [dict(e) for e in args.config.evals] == expected
+    config_checks.check_evals(args.config)
+  args, overrides = launch.parse_args([*base, '--config.evals=[dict(name="mlm_probe", every=5)]'])
+  config_lib.apply_overrides(args.config, overrides)
+  with pytest.raises(UserError, match=r"^evals\[0\].name='mlm_probe' is not an evaluator"):
+    config_checks.check_evals(args.config)
+  # README's command parses as written (the shell's quotes removed).
+  readme = (REPO / "README.md").read_text()
+  flag = next(l.strip() for l in readme.splitlines() if l.strip().startswith("--config.evals="))
+  args, overrides = launch.parse_args([*base, flag.replace("'", "")])
+  config_lib.apply_overrides(args.config, overrides)
+  assert [e["name"] for e in args.config.evals] == ["metric_sums", "glue_probe"]
+  config_checks.check_evals(args.config)
+  assert _one_line([*base, "--config.evals=metric_sums"]) == (
+      "--config.evals='metric_sums' is not a Python list literal; fix: quote one for the shell, "
+      "e.g. --config.evals='[...]' with entries dict(name=\"metric_sums\", every=1000)")
+
+
+def test_dry_run_checks_one_run_and_writes_nothing(tmp_path):
+  """`launch.py --config ... --dry_run` checks the settings, builds the inputs (synthetic here)
+  and compiles the step against the device's memory, exits 0 with one line saying so, and the
+  workdir is never made; a setting that cannot run is its one-line error, exit 2. Two launch.py
+  processes (a tiny BERT compiled once)."""
+  workdir = tmp_path / "run"
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  base = [sys.executable, "launch.py", "--config", "configs/bert.py:runlocal", "--workdir",
+          str(workdir), "--dry_run", "--config.data.synthetic=True", "--config.total_steps=7"]
+  r = subprocess.run(base, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  lines = [l for l in r.stdout.splitlines() if l.startswith("dry run:")]
+  assert len(lines) == 1 and lines[0].startswith(
+      "dry run: settings checked, inputs built (7 steps of ") and lines[0].endswith(
+          f"); nothing written to {workdir}"), r.stdout
+  assert "the train step compiled on 1 cpu device(s)" in lines[0]
+  assert not workdir.exists()
+  r = subprocess.run(base + ["--config.batch_size=7", "--config.grad_accum_steps=2"], cwd=REPO,
+                     env=env, capture_output=True, text=True, timeout=300)
+  assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+  assert len([l for l in r.stderr.splitlines() if l.startswith("error:")]) == 1, r.stderr
+  assert not workdir.exists()

@@ -148,3 +148,33 @@ def test_to_hf_needs_a_model_folder(hf_dir, tmp_path):
   lines = r.stderr.strip().splitlines()
   assert len(lines) == 1 and "is not a bertjax model folder" in lines[0], r.stderr
   assert not (tmp_path / "back").exists()
+
+
+def test_from_hf_by_hub_name_reads_huggingface_hubs_cache_offline(hf_dir, tmp_path):
+  """`from-hf --model ORG/NAME` fetches through huggingface_hub's snapshot_download: with
+  HF_HUB_OFFLINE=1 it reads the cache the test lays out (models--ORG--NAME/refs/main and its
+  snapshot, the layout huggingface_hub writes) and converts what `--model-dir` on the same files
+  converts; a name the cache lacks is one line, exit 2, nothing written. Two convert processes."""
+  cache = tmp_path / "hub"
+  repo = cache / "models--tiny-org--tiny-bert"
+  commit = "0123456789abcdef0123456789abcdef01234567"
+  shutil.copytree(hf_dir, repo / "snapshots" / commit)
+  (repo / "refs").mkdir()
+  (repo / "refs" / "main").write_text(commit)
+  env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache)}
+  run = lambda *args: subprocess.run([sys.executable, "-m", "bertjax.convert", *map(str, args)],
+                                     cwd=REPO, env=env, capture_output=True, text=True,
+                                     timeout=300)
+  r = run("from-hf", "--model", "tiny-org/tiny-bert", "--workdir", tmp_path / "work")
+  assert r.returncode == 0, r.stderr[-3000:]
+  restored = convert.load_workdir(tmp_path / "work")
+  hf_tensors = load_file(hf_dir / "model.safetensors")
+  np.testing.assert_array_equal(restored.params["mlm"]["bias"], hf_tensors["cls.predictions.bias"])
+  assert (tmp_path / "work" / "tokenizer" / "vocab.txt").is_file()
+  r = run("from-hf", "--model", "tiny-org/absent", "--workdir", tmp_path / "other")
+  assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+  assert r.stderr.strip().splitlines() == [
+      "error: --model tiny-org/absent: not in the Hugging Face cache, and the Hub is not "
+      "reachable or HF_HUB_OFFLINE is set; fix: download it once online (or `hf download "
+      "tiny-org/absent`), or pass a local folder with --model-dir"]
+  assert not (tmp_path / "other").exists()

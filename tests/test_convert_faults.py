@@ -157,7 +157,7 @@ def test_from_hf_of_a_hub_name_says_how_to_get_a_folder(tmp_path):
                                      tmp_path / "out")
   one_line_refusal(code, stderr, "bert-base-uncased")
   assert "only a local folder" in stderr[0] and "save_pretrained" in stderr[0], stderr
-  assert "huggingface-cli download bert-base-uncased" in stderr[0], stderr
+  assert "hf download bert-base-uncased" in stderr[0] and "huggingface-cli" not in stderr[0], stderr
   assert not (tmp_path / "out").exists()
 
 

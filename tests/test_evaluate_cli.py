@@ -22,12 +22,17 @@ def _run(*args):
                         env=env, capture_output=True, text=True, timeout=120)
 
 
-def _ok(*args):
+def _table(*args):
+  """(the human-readable lines, the JSON line's object) of a successful evaluation."""
   proc = _run(*args)
   assert proc.returncode == 0, proc.stderr
   lines = proc.stdout.strip().splitlines()
   assert len(lines) >= 2  # human-readable lines first
-  return json.loads(lines[-1])
+  return lines[:-1], json.loads(lines[-1])
+
+
+def _ok(*args):
+  return _table(*args)[1]
 
 
 def _bad(*args, match):
@@ -46,8 +51,11 @@ def test_glue_rte_and_stsb(data_dir, tmp_path):
   rng = np.random.default_rng(0)
   preds = np.where(rng.random(len(labels)) < 0.7, labels, 1 - labels)
   glue.write_predictions_tsv(tmp_path / "RTE.tsv", preds, "rte")
-  result = _ok("glue", "--data", rte, "--predictions", tmp_path / "RTE.tsv")  # task from name
+  lines, result = _table("glue", "--data", rte, "--predictions", tmp_path / "RTE.tsv")  # by name
   assert result["task"] == "rte" and result["num_examples"] == len(labels)
+  # The table's scale is the JSON line's, and it says so (61c1c42 printed percent beside fractions).
+  assert lines[0].endswith("scores as fractions (0-1), as in the JSON line and a run's rows")
+  assert f"  accuracy   {result['accuracy']:8.4f}" in lines
   assert result["accuracy"] == pytest.approx(sklearn.metrics.accuracy_score(labels, preds))
 
   stsb = data_dir / "glue" / "STS-B" / "dev.tsv"
@@ -69,8 +77,10 @@ def test_squad_v2_with_null_odds(data_dir, tmp_path):
   odds = {ex["id"]: float(rng.normal()) for ex in examples}
   (tmp_path / "pred.json").write_text(json.dumps(preds))
   (tmp_path / "odds.json").write_text(json.dumps(odds))
-  result = _ok("squad", "--data", gold, "--predictions", tmp_path / "pred.json",
-               "--null_odds", tmp_path / "odds.json")
+  lines, result = _table("squad", "--data", gold, "--predictions", tmp_path / "pred.json",
+                         "--null_odds", tmp_path / "odds.json")
+  assert lines[0].endswith("exact and f1 scores in percent (0-100), as the official SQuAD script "
+                           "and a run's rows give them")
   expected = squad.squad_metrics(examples, preds, null_odds=odds, version="2.0")
   assert result["version"] == "2.0"
   for k, v in expected.items():
@@ -84,8 +94,10 @@ def test_ner_on_valid(data_dir, tmp_path):
   rng = np.random.default_rng(2)
   pred = [[t if rng.random() < 0.9 else "O" for t in s.tags] for s in gold]
   ner.write_ner_predictions(tmp_path / "pred.txt", [s.tokens for s in gold], pred)
-  result = _ok("ner", "--data", gold_path, "--predictions", tmp_path / "pred.txt")
+  lines, result = _table("ner", "--data", gold_path, "--predictions", tmp_path / "pred.txt")
   assert result["f1"] == pytest.approx(f1_score([s.tags for s in gold], pred), abs=1e-12)
+  assert lines[0].endswith("scores as fractions (0-1), as in the JSON line and a run's rows")
+  assert lines[-1].split()[1:4] == [f"{result[k]:.4f}" for k in ("precision", "recall", "f1")]
   assert set(result["per_type"]) == {"PER", "LOC", "ORG", "MISC"}
 
 

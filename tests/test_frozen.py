@@ -2,6 +2,7 @@
 step computes no gradient and keeps no optimizer state for them, the top k layers train alone; its
 settings are checked in one line each."""
 
+import ast
 import json
 import os
 import shutil
@@ -182,6 +183,21 @@ def test_bad_settings_are_one_line(overrides, needle):
     config_checks.check_settings(config)
     config_checks.check_run(config, objective, objective.model_config(config), mesh)
   assert needle in str(e.value) and "fix:" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("features", ["concat", "scalar_mix"])
+def test_refused_head_layers_suggest_a_value_that_passes(features):
+  """head.layers' default (the last four) is refused on the 2-layer model, which has 3 hidden
+  states; the fix the line gives is accepted, not the default again (issue 52)."""
+  config = task_config(**{"head.features": features})
+  objective = get_objective(config)
+  with pytest.raises(UserError) as e:
+    config_checks.check_freeze(config, objective, objective.model_config(config))
+  fix = str(e.value).split("fix: --config.head.layers=")[1]
+  assert fix == "'(-3, -2, -1)'", str(e.value)
+  suggested = ast.literal_eval(fix.strip("'"))
+  config = task_config(**{"head.features": features, "head.layers": suggested})
+  config_checks.check_freeze(config, objective, objective.model_config(config))
 
 
 def test_albert_shared_layers_refuse_top_layers():

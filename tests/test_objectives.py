@@ -144,6 +144,36 @@ def test_sbo_head_reads_only_the_span_boundaries():
   assert not np.allclose(logits[0, 0], logits[0, 1])
 
 
+def test_sbo_accuracy_is_the_boundary_heads_own():
+  """`sbo_accuracy` scores the SBO head's logits, `mlm_accuracy` the MLM head's: with the SBO
+  head's bias set to predict token 7 everywhere and the MLM head's token 9, the targets 7 give
+  sbo_accuracy 1 and mlm_accuracy 0, the targets 9 the reverse, and a mix of the two each head's
+  own share (issue 52: both read 0.04784 at the end of the quickstart)."""
+  config = tiny("span_sbo")
+  obj, model, batch = init(config)
+  params = nn.meta.unbox(obj.init_params(model, jax.random.key(0), batch))
+  params["sbo"]["bias"] = params["sbo"]["bias"].at[7].set(1e4)
+  params["mlm"]["bias"] = params["mlm"]["bias"].at[9].set(1e4)
+  rng = np.random.default_rng(0)
+  ids = rng.integers(10, config.model.vocab_size, batch["input_ids"].shape)
+  batch.update(input_ids=jnp.asarray(ids, jnp.int32),
+               attention_mask=jnp.ones_like(batch["attention_mask"]),
+               masked_positions=jnp.asarray([[2, 3, 6, 7]] * 2, jnp.int32),
+               span_left=jnp.asarray([[1, 1, 5, 5]] * 2, jnp.int32),
+               span_right=jnp.asarray([[4, 4, 8, 8]] * 2, jnp.int32),
+               span_offset=jnp.asarray([[0, 1, 0, 1]] * 2, jnp.int32),
+               masked_weights=jnp.ones_like(batch["masked_weights"]))
+
+  def accuracies(targets):
+    b = {**batch, "masked_ids": jnp.asarray([targets] * 2, jnp.int32)}
+    _, metrics = obj.loss(model, params, b, jax.random.key(1), obj.denominators(b), True)
+    return tuple(float(metrics[k][0] / metrics[k][1]) for k in ("sbo_accuracy", "mlm_accuracy"))
+
+  assert accuracies([7, 7, 7, 7]) == (1.0, 0.0)
+  assert accuracies([9, 9, 9, 9]) == (0.0, 1.0)
+  assert accuracies([7, 9, 9, 9]) == (0.25, 0.75)
+
+
 def test_span_sbo_refuses_other_masking():
   config = tiny("span_sbo", **{"masking.strategy": "token"})
   with pytest.raises(UserError, match="span masking"):
@@ -453,6 +483,43 @@ def test_short_training_learns(objective, corpus, tmp_path):
     assert first["rtd_loss"] > 0.55, report
     assert last["rtd_loss"] < _binary_entropy(replaced) + 0.01, report
     assert last["rtd_accuracy"] >= last["rtd_baseline_accuracy"] - 0.005, report
+
+
+def test_every_pretraining_objective_reads_its_curve():
+  """Each pretraining recipe's end table has a verdict line (on 61c1c42 BERT's, ALBERT's and
+  SpanBERT's had none): the MLM head learns or not, a sentence-pair head beats chance or not,
+  SpanBERT's boundary head learns or not by its own loss."""
+  from bertjax.runtime import progress  # pylint: disable=import-outside-toplevel
+  row = lambda **m: {"loss": 1.0, **m}
+  def summary(first, last):
+    return {"status": "finished", "step": 300, "first_train_step": 25, "last_train_step": 300,
+            "first_train": row(**first), "last_train": row(**last)}
+  bert = summary({"mlm_loss": 8.3, "nsp_accuracy": 0.5}, {"mlm_loss": 6.1, "nsp_accuracy": 0.52})
+  assert get_objective(tiny("mlm_nsp")).reading(None, bert) == (
+      "mlm_nsp: the MLM head's mlm_loss 8.3 -> 6.1 (falling: it learns); nsp_accuracy 0.52 "
+      "against chance 0.5, within 0.05 of chance: not learnt yet (a small model on a small corpus "
+      "stays there)")
+  albert = summary({"mlm_loss": 8.3, "sop_accuracy": 0.5}, {"mlm_loss": 8.4, "sop_accuracy": 0.7})
+  assert get_objective(tiny("mlm_sop")).reading(None, albert) == (
+      "mlm_sop: the MLM head's mlm_loss 8.3 -> 8.4 (not falling: it is not learning); "
+      "sop_accuracy 0.7 against chance 0.5, above chance: it learns")
+  roberta = summary({"mlm_loss": 8.3}, {"mlm_loss": 6.0})
+  assert get_objective(tiny("mlm")).reading(None, roberta) == (
+      "mlm: the MLM head's mlm_loss 8.3 -> 6 (falling: it learns)")
+  span = summary({"mlm_loss": 8.3, "sbo_loss": 8.3, "mlm_accuracy": 0.01, "sbo_accuracy": 0.0},
+                 {"mlm_loss": 6.2, "sbo_loss": 8.5, "mlm_accuracy": 0.04784,
+                  "sbo_accuracy": 0.04784})
+  reading = get_objective(tiny("span_sbo")).reading(None, span)
+  assert reading == (
+      "span_sbo: the MLM head's mlm_loss 8.3 -> 6.2 (falling: it learns); the boundary head's "
+      "sbo_loss 8.3 -> 8.5 (not falling: it is not learning); sbo_accuracy equals mlm_accuracy "
+      "(0.04784): both heads still predict the same most frequent tokens")
+  assert reading in progress.end_table({**span, "reading": reading}).splitlines()
+  span["last_train"]["sbo_accuracy"] = 0.05
+  assert get_objective(tiny("span_sbo")).reading(None, span).endswith("(not falling: it is not "
+                                                                      "learning)")
+  for name in PRETRAINING:  # ELECTRA's is tested below
+    assert get_objective(tiny(name)).reading(None, summary({}, {})), name
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
 import jax
 import flax.linen as nn
@@ -405,6 +406,25 @@ def test_prune_heads_in_steps_with_fine_tuning(finetuned, tmp_path):
   convert.convert_to_hf(out / "step_2" / "pruned", tmp_path / "hf", log=lambda _: None)
   hf = T.BertForSequenceClassification.from_pretrained(tmp_path / "hf")
   assert sum(len(v) for v in hf.config.pruned_heads.values()) == 4
+
+
+@pytest.mark.slow
+def test_prune_starts_from_best_and_says_which_it_took(finetuned, tmp_path):
+  """A run that keeps best/ is pruned from it, not from its newest checkpoint; without best/,
+  the newest checkpoint, and the line says so (issue 52). Costs two parameter reads."""
+  params, line = prune_cli.starting_params(str(finetuned))
+  best = checkpoints.best_params(finetuned / "best")
+  record = json.loads((finetuned / "best" / "best.json").read_text())
+  assert line == (f"pruning {best}: the best evaluation (score {record['value']} at step "
+                  f"{record['step']}), not the newest checkpoint")
+  jax.tree.map(np.testing.assert_array_equal, params, checkpoints.restore_params_folder(best))
+  run = tmp_path / "run"
+  shutil.copytree(finetuned, run, ignore=shutil.ignore_patterns("best"))
+  params, line = prune_cli.starting_params(str(run))
+  step, newest = checkpoints.restore_checkpoint_params(run)
+  assert line == (f"pruning the newest checkpoint of {run} (step {step}): the run keeps no "
+                  "best/ (it had no best_metric or no evaluation)")
+  jax.tree.map(np.testing.assert_array_equal, params, newest)
 
 
 @pytest.mark.slow

@@ -329,6 +329,22 @@ def test_file_of_the_other_version_is_one_line_exit_2(tmp_path, data_dir):
   assert len(errors) == 1 and "is SQuAD v1.1, not v2.0" in errors[0], proc.stderr[-2000:]
 
 
+def test_runlocal_says_it_scores_the_questions_it_trains_on(data_dir):
+  """runlocal trains on 600 questions of the subset it evaluates on: its start says so in one
+  line, and its docstring too; a dev set apart from the training questions gets no line. Reads
+  the subset only (no training)."""
+  config = load_config("configs/squad.py:runlocal", data_dir=str(data_dir / "squad"))
+  train_examples = squad.read_examples(config, "train")[0][:config.max_train_examples]
+  dev = squad.read_examples(config, "dev")[0]
+  assert squad.scored_as_trained(train_examples, dev) == (
+      f"warning: 600 of the {len(dev)} dev questions are among the 600 trained on: the dev "
+      "scores are on examples the run trains on (a smoke test, not a measure of reading); give "
+      "a dev_file the run does not train on to measure")
+  trained = {ex["id"] for ex in train_examples}
+  assert squad.scored_as_trained(train_examples, [e for e in dev if e["id"] not in trained]) == ""
+  assert "It scores the examples it trains on" in (REPO / "configs/squad.py").read_text()
+
+
 def test_config_checks(tmp_path):
   config = squad_config("runlocal", max_query_length=120)
   with pytest.raises(UserError, match="leaves fewer than 8 passage tokens"):

@@ -500,7 +500,8 @@ def check_freeze(config, objective, model_cfg) -> None:
   if head.features in ("concat", "scalar_mix"):
     problem = features.layers_error(tuple(head.layers), model_cfg.num_hidden_layers)
     if problem:
-      fail(f"head.layers={tuple(head.layers)} {problem}; fix: --config.head.layers='(-4, -3, -2, -1)'")
+      usable = features.top_layers(model_cfg.num_hidden_layers)
+      fail(f"head.layers={tuple(head.layers)} {problem}; fix: --config.head.layers='{usable}'")
 
 
 def _check_freeze_block(config, objective, model_cfg, freeze) -> None:

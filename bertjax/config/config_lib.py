@@ -82,10 +82,14 @@ def _parse_value(key: str, text: str, current: Any) -> Any:
       return text[1:-1]
     return text
   try:
-    value = ast.literal_eval(text)
+    value = literal(text)
   except (ValueError, SyntaxError):
     if current is None:
       return text
+    if isinstance(current, (list, tuple)):
+      fail(f"--config.{key}={text!r} is not a Python list literal; fix: quote one for the shell, "
+           f"e.g. --config.{key}='{list(current) or '[...]'}'" + (
+               " with entries dict(name=\"metric_sums\", every=1000)" if key == "evals" else ""))
     fail(f"--config.{key}={text!r} is not a valid {type(current).__name__}; "
          f"give a value like {current!r}")
   if current is None:
@@ -104,9 +108,29 @@ def _parse_value(key: str, text: str, current: Any) -> Any:
   return value
 
 
+class _DictCalls(ast.NodeTransformer):
+  """`dict(name="glue_probe", every=1000)`, as a config file writes it, read as the dict literal
+  `{"name": "glue_probe", "every": 1000}`."""
+
+  def visit_Call(self, node: ast.Call) -> ast.AST:
+    self.generic_visit(node)
+    if isinstance(node.func, ast.Name) and node.func.id == "dict" and not node.args and all(
+        k.arg for k in node.keywords):
+      return ast.Dict(keys=[ast.Constant(k.arg) for k in node.keywords],
+                      values=[k.value for k in node.keywords])
+    return node
+
+
+def literal(text: str) -> Any:
+  """A Python literal, where `dict(key=value, ...)` may stand for a dict (config files' way of
+  writing `config.evals`' entries); anything else raises as `ast.literal_eval` does."""
+  tree = _DictCalls().visit(ast.parse(text.strip(), mode="eval"))
+  return ast.literal_eval(tree)
+
+
 def _looks_literal(text: str) -> bool:
   try:
-    ast.literal_eval(text)
+    literal(text)
     return True
   except (ValueError, SyntaxError):
     return False

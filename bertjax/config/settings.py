@@ -70,6 +70,11 @@ TRAINER: tuple[Setting, ...] = (
       "seconds of work between progress lines (with ETA); 0: every step"),
     S("eval_every", 0, NON_NEGATIVE,
       "steps between evaluations; 0: at the end only (fine-tuning: once per epoch)"),
+    S("evals", (), None,
+      "evaluations beside the trainer, each a dict: name (metric_sums | glue | squad | ner | "
+      "glue_probe), every (steps), an optional prefix and the evaluator's options; empty: the "
+      "objective's own every eval_every steps. On the command line a Python/JSON list: "
+      "--config.evals='[{\"name\": \"glue_probe\", \"every\": 1000, \"task\": \"rte\"}]'"),
     S("best_metric", "", None, "eval metric whose best value keeps its params in WORKDIR/best"),
     S("best_mode", "max", ("max", "min"), "whether best_metric's best is its max or its min"),
     S("checkpoint_every", 1000, AT_LEAST_1,

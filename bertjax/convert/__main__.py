@@ -7,6 +7,7 @@ from typing import Sequence
 
 from absl import flags
 
+from bertjax.convert import hub
 from bertjax.convert.export import convert_to_hf
 from bertjax.convert.hf_configs import ELECTRA_PARTS
 from bertjax.convert.workdirs import convert_from_hf
@@ -22,6 +23,9 @@ COMMANDS = {"from-hf": "Hugging Face folder -> bertjax workdir",
 
 def _from_hf_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_string("model-dir", None, "folder with config.json and model.safetensors",
+                      flag_values=fv)
+  flags.DEFINE_string("model", None, "a Hugging Face Hub name, ORG/NAME, instead of --model-dir: "
+                      "fetched through huggingface_hub's cache (HF_HUB_OFFLINE=1: the cache only)",
                       flag_values=fv)
   flags.DEFINE_string("workdir", None, "a new folder to write (or an empty one)", flag_values=fv)
   flags.DEFINE_enum("part", None, ELECTRA_PARTS, "ELECTRA: which network the folder holds "
@@ -51,11 +55,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     fail(f"give a command, {' or '.join(COMMANDS)}{given}; see {PROG} --help")
   command, prog = argv[0], f"{PROG} {argv[0]}"
   define = _from_hf_flags if command == "from-hf" else _to_hf_flags
-  required = ["model-dir", "workdir"] if command == "from-hf" else ["workdir", "output"]
+  required = ["workdir"] if command == "from-hf" else ["workdir", "output"]
   fv, _ = command_line.parse(argv[1:], define, prog=prog, doc=COMMANDS[command] + ".",
                              required=required)
   if command == "from-hf":
-    convert_from_hf(fv["model-dir"].value, fv.workdir, fv.part)
+    model_dir, name = fv["model-dir"].value, fv.model
+    if bool(model_dir) == bool(name):
+      fail("from-hf takes one of --model-dir (a local folder) or --model (a Hugging Face Hub "
+           "name, ORG/NAME)")
+    convert_from_hf(model_dir or hub.snapshot(name), fv.workdir, fv.part)
   else:
     step = fv.step
     if step is not None:

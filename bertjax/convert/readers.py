@@ -77,10 +77,11 @@ def read_hf_config(model_dir: PathLike) -> dict[str, Any]:
     fail(f"model directory {d} {'is a file' if d.exists() else 'not found'}; --model-dir "
          "takes a local Hugging Face model folder (config.json + model.safetensors)")
   if not d.is_dir():
-    hub = f"huggingface-cli download {model_dir} --local-dir {d.name}"
+    hub = f"hf download {model_dir} --local-dir {d.name}"
     fail(f"model directory {d} not found; from-hf takes only a local folder (config.json + "
          f"model.safetensors), not a Hugging Face hub name: download one first ({hub}, or "
-         "save_pretrained it from transformers) and pass that folder to --model-dir")
+         "save_pretrained it from transformers) and pass that folder to --model-dir, or pass "
+         f"--model {model_dir} to fetch it through huggingface_hub")
   path = d / "config.json"
   if not path.is_file():
     fail(f"{path} not found; --model-dir must be a Hugging Face model folder (config.json and "

@@ -24,6 +24,12 @@ def resolve_layers(layers: Sequence[int], num_layers: int) -> tuple[int, ...]:
   return tuple(i if i >= 0 else num_layers + 1 + i for i in layers)
 
 
+def top_layers(num_layers: int, count: int = 4) -> tuple[int, ...]:
+  """The top `count` hidden states (BERT's best feature-based choice, the last four), or every
+  one a shallower model has: what a refused `head.layers` is told to use instead."""
+  return tuple(range(-min(count, num_layers + 1), 0))
+
+
 def layers_error(layers: Sequence[int], num_layers: int) -> str:
   """'' when `layers` are usable hidden-state indices, else what is wrong."""
   if not layers:

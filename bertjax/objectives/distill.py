@@ -157,6 +157,24 @@ def with_teacher_tokenizer(config, teacher: Teacher, allowed: bool):
 # The objectives.
 
 
+def weight_count(model: ModelConfig) -> int:
+  """The encoder's weight matrices (embeddings, attention, feed-forward), biases and norms left
+  out: enough to say which of two models is the larger."""
+  h = model.hidden_size
+  layer = 4 * h * h + 2 * h * model.intermediate_size
+  return model.vocab_size * h + model.num_hidden_layers * layer
+
+
+def size_warning(student: ModelConfig, teacher: ModelConfig, where: str) -> str:
+  """'' when the student is smaller than its teacher, else one line saying it is not."""
+  if weight_count(student) < weight_count(teacher):
+    return ""
+  shape = lambda m: f"{m.num_hidden_layers} layers, hidden {m.hidden_size}"
+  return (f"warning: the student ({shape(student)}) is not smaller than its teacher {where} "
+          f"({shape(teacher)}); distillation compresses a larger teacher: configs/distill.py's "
+          "docstring trains a 4-layer teacher for its 2-layer runlocal student")
+
+
 class DistillationBase(Objective):
   """What both objectives share: the student model with its teacher, its init and its forward."""
   head = "mlm"
@@ -173,6 +191,9 @@ class DistillationBase(Objective):
     teacher.load(sharding.make_mesh(config.mesh_shape), sharding.rules_from_config(config),
                  self.model_inputs(batch))
     proj = proj_layers(settings, student, teacher.config)
+    warning = size_warning(student, teacher.config, f"distill.teacher={settings.teacher}")
+    if warning:
+      task_base.announce(warning)
     if settings.student_init == "teacher_layers":
       task_base.announce(
           f"distill: student layers 0..{student.num_groups - 1} start from teacher layers "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from bertjax.objective import Objective, classification_terms, masked_lm_terms
+from bertjax.objective import Objective, above_chance, classification_terms, learns, masked_lm_terms
 
 
 class MlmNsp(Objective):
@@ -18,6 +18,14 @@ class MlmNsp(Objective):
   def denominators(self, batch):
     return {**super().denominators(batch),
             "pair": jnp.asarray(batch["input_ids"].shape[0], jnp.float32)}
+
+  def reading(self, config, summary) -> str:
+    """Whether the MLM head learns and, with a sentence-pair head, whether it beats guessing (a
+    tiny quickstart's stays at chance, README says)."""
+    parts = [learns(summary, "mlm_loss", "the MLM head")]
+    if self.pair_head:
+      parts.append(above_chance(summary, f"{self.pair_name}_accuracy", 0.5))
+    return f"{self.name}: " + "; ".join(parts)
 
   def loss(self, model, params, batch, rng, denominators, deterministic):
     out = self.apply(model, params, batch, rng, deterministic)

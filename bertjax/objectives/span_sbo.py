@@ -17,7 +17,7 @@ from bertjax.core.errors import fail
 from bertjax.data.masking import Masking
 from bertjax.models.heads import SpanBoundaryHead
 from bertjax.models.pretraining import PretrainingModel
-from bertjax.objective import Objective, masked_lm_terms
+from bertjax.objective import Objective, learns, masked_lm_terms
 
 SPAN_KEYS = ("span_left", "span_right", "span_offset")
 
@@ -79,6 +79,18 @@ class SpanSbo(Objective):
 
   def model_inputs(self, batch):
     return {**super().model_inputs(batch), **{k: batch[k] for k in SPAN_KEYS}}
+
+  def reading(self, config, summary) -> str:
+    """Whether each head learns, the boundary head's by its own loss (sbo_loss). Equal
+    accuracies early on are both heads predicting the same most frequent tokens, not one metric
+    read twice (tests/test_objectives.py: test_sbo_accuracy_is_the_boundary_heads_own)."""
+    line = (f"span_sbo: {learns(summary, 'mlm_loss', 'the MLM head')}; "
+            f"{learns(summary, 'sbo_loss', 'the boundary head')}")
+    last = summary.get("last_train") or {}
+    if "sbo_accuracy" in last and last.get("sbo_accuracy") == last.get("mlm_accuracy"):
+      line += (f"; sbo_accuracy equals mlm_accuracy ({float(last['sbo_accuracy']):.4g}): both "
+               "heads still predict the same most frequent tokens")
+    return line
 
   def loss(self, model, params, batch, rng, denominators, deterministic):
     out = self.apply(model, params, batch, rng, deterministic)

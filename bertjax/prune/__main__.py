@@ -5,8 +5,9 @@
   python -m bertjax.prune ... --target-layers 0.5       # also (or only) whole layers
   python -m bertjax.prune ... --target-sparsity 0.6 --sparsity-scope layer   # weights, magnitude
 
-RUN is a fine-tuning workdir (launch.py with a GLUE/SQuAD/CoNLL config); its latest checkpoint
-is pruned, scored and evaluated on its own dev set. OUT (new) receives per step the pruned model
+RUN is a fine-tuning workdir (launch.py with a GLUE/SQuAD/CoNLL config); its best/ parameters
+(the best evaluation by its best_metric) are pruned where it keeps them, else its latest
+checkpoint, scored and evaluated on its own dev set; a line says which was taken. OUT (new) receives per step the pruned model
 (OUT/step_<j>/pruned: model.json, naming the task head under "task", params/, tokenizer/;
 `--config.init_from`, `bertjax.load` and `python -m bertjax.convert to-hf` read it with its head) and its brief re-fine-tuning (OUT/step_<j>/finetuned),
 and pruning.md / pruning.csv / pruning.png / summary.json: the dev metric against the heads (or
@@ -17,6 +18,7 @@ temporary folder and uploaded at the end.
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from typing import Sequence
@@ -78,7 +80,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     config_lib.apply_overrides(read_run_config(paths.absolute(args.workdir)), args.override)
   except UserError as e:  # its line names launch.py's flag, --config.KEY=VALUE
     fail(str(e).replace("--config.", "--override "))
-  params = checkpoints.restore_params(args.workdir)  # fails with one line before OUT is made
+  params, taken = starting_params(args.workdir)  # fails with one line before OUT is made
+  print(taken, flush=True)
   tokenizer = paths.as_path(args.workdir) / "tokenizer"
   tokenizer = paths.reading(tokenizer) if tokenizer.is_dir() else None
   # A remote OUT is written in a local folder and uploaded when every step is done.
@@ -91,6 +94,26 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   print(text)
   print(f"wrote {out / 'pruning.md'}, pruning.csv, pruning.png, summary.json")
   return rows
+
+
+def starting_params(workdir: str) -> tuple[dict, str]:
+  """The parameters pruning starts from, and the line saying which: the run's best/ (what its
+  best_metric kept) where there is one, else its newest checkpoint (a params/ folder as given)."""
+  run = paths.as_path(workdir)
+  best = checkpoints.best_params(run / "best") if (run / "best").is_dir() else None
+  if best is not None:
+    try:
+      record = json.loads((run / "best" / "best.json").read_text())
+    except (OSError, ValueError):  # damaged: best_params has warned; its folder is still named
+      record = {}
+    return checkpoints.restore_params_folder(best), (
+        f"pruning {best}: the best evaluation ({record.get('metric')} {record.get('value')} at "
+        f"step {record.get('step')}), not the newest checkpoint")
+  if (run / "checkpoints").is_dir():
+    step, params = checkpoints.restore_checkpoint_params(run)
+    return params, (f"pruning the newest checkpoint of {run} (step {step}): the run keeps no "
+                    "best/ (it had no best_metric or no evaluation)")
+  return checkpoints.restore_params(run), f"pruning {run / 'params'}"
 
 
 if __name__ == "__main__":

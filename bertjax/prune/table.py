@@ -64,7 +64,7 @@ def plot(rows: Sequence[dict], metric: str, path: pathlib.Path, unstructured: bo
   ax.legend(loc="best")
   fig.tight_layout()
   png = io.BytesIO()
-  fig.savefig(png, format="png")
+  fig.savefig(png, format="png", bbox_inches="tight")  # the image grows to hold a long title
   paths.replace_bytes(path, png.getvalue())
   return title
 

@@ -48,7 +48,7 @@ CHANGES = "changes.jsonl"
 OVERRIDE = "allow_changed_settings"  # an instruction to one invocation: never compared or recorded
 # How often a run logs, evaluates and checkpoints: never what it trains.
 CADENCE = ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "async_checkpointing",
-           "tensorboard", "progress_every_s")
+           "tensorboard", "progress_every_s", "evals")
 # How a run is placed and computed (devices, micro-batches, padding, recomputation, kernels):
 # the same training up to floating-point rounding. A resumed run may need new ones (other devices).
 PLACEMENT = ("distributed", "mesh_shape", "logical_rules", "grad_accum_steps", "prefetch_batches",
@@ -72,7 +72,7 @@ INERT_DEFAULTS = {"freeze.encoder": False, "freeze.train_top_layers": 0,
                   "optimizer.wsd_decay_fraction": 0.1, "optimizer.wsd_decay_shape": "1-sqrt",
                   "data.generated_families": 1, "data.generated_tokens": 8,
                   "model.attention_dropout_kernel": "auto",
-                  "model.dropout_impl": "auto", "model.kernel_overrides": ""}
+                  "model.dropout_impl": "auto", "model.kernel_overrides": "", "evals": []}
 _SHOWN = 6  # changed keys shown with their values in a refusal
 # What makes a run another run (what it trains, on which task, which parameters it has): listed
 # first in a refusal, and a change to one is not offered `allow_changed_settings` (a new workdir

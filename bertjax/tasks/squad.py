@@ -57,6 +57,18 @@ def _local(config) -> bool:
   return bool(config.data_dir or config.get("train_file") or config.get("dev_file"))
 
 
+def scored_as_trained(train: list[dict[str, Any]], dev: list[dict[str, Any]]) -> str:
+  """'' when no dev question is trained on, else the line that says the scores are on them
+  (runlocal's: one subset is both files)."""
+  trained = {ex["id"] for ex in train}
+  both = sum(ex["id"] in trained for ex in dev)
+  if not both:
+    return ""
+  return (f"warning: {both} of the {len(dev)} dev questions are among the {len(train)} trained "
+          "on: the dev scores are on examples the run trains on (a smoke test, not a measure of "
+          "reading); give a dev_file the run does not train on to measure")
+
+
 def read_examples(config, split: str) -> tuple[list[dict[str, Any]], str]:
   """Examples (as `evaluation.squad.read_squad` gives them) of `split` (train | dev), and where
   they came from. A file of the other SQuAD version, a malformed one (a v1.1 question without
@@ -380,6 +392,8 @@ class SquadTask(base.TaskObjective):
     dev.meta["source"] = dev_from
     base.announce(f"squad v{version} dev ({dev_from}): {len(dev_examples)} questions in "
                   f"{dev.num_rows} windows")
+    if warning := scored_as_trained(train_examples, dev_examples):
+      base.announce(warning)
     return base.Prepared(train=train, eval_sets=[dev], tokenizer=tok,
                          details={"questions": len(train_examples), **counts})
 

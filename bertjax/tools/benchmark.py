@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import pathlib
 import signal
 import statistics
@@ -554,7 +555,40 @@ def parse_args(argv):
   if args.pack is not None and args.length_distribution is None:
     fail("--pack and --no-pack choose how ragged rows are laid out; give --lengths too "
          "(e.g. --lengths wikitext2 --pack)")
+  if not (args.ablate or args.checkpoint_cost or args.gemm_rate):
+    _check_timing_flags(args)
   return args
+
+
+def _check_timing_flags(args) -> None:
+  """The step timing's flags, refused before anything is built or timed."""
+  if args.reference_only:
+    if not args.compare:
+      fail("--reference_only needs --compare hf-torch or hf-torch-compile")
+    return
+  if args.steps < 0:
+    fail(f"--steps {args.steps}: give 0 (compile only) or more")
+  if args.steps == 0 and (args.rounds > 1 or args.compare or args.profile):
+    fail("--steps 0 compiles the step without running it; drop --compare, --rounds and --profile "
+         "or time some steps")
+  if args.rounds > 1 and not args.compare:
+    fail("--rounds needs --compare hf-torch or hf-torch-compile (it alternates bertjax and the "
+         "reference)")
+
+
+def load_warning(load: float, cores: int) -> str:
+  """'' unless the host's 1-minute load average, read before the timing starts, is above half
+  its cores: other work then shares the machine and the figures mean little."""
+  if load <= cores / 2:
+    return ""
+  return (f"warning: the host's load average is {load:.2f} on {cores} cores (above half of "
+          "them): other work shares this machine, so the figures below mean little; time on an "
+          "idle host")
+
+
+def _warn_if_loaded() -> None:
+  if warning := load_warning(os.getloadavg()[0], os.cpu_count() or 1):
+    print(warning, file=sys.stderr, flush=True)
 
 
 def main(argv=None) -> dict:
@@ -568,6 +602,7 @@ def main(argv=None) -> dict:
   config = build_config(args)
   if args.length_distribution is not None:
     ragged.check_pack(config, objective_class(config.objective))
+  _warn_if_loaded()  # the load before this process compiles or times anything
   if args.checkpoint_cost:
     result = checkpoint_cost.measure(config, max(1, args.rounds), step_setup)
     print(checkpoint_cost.describe(result))
@@ -579,20 +614,10 @@ def main(argv=None) -> dict:
     print(json.dumps(result))
     return result
   if args.reference_only:
-    if not args.compare:
-      fail("--reference_only needs --compare hf-torch or hf-torch-compile")
     ref = _torch_subprocess(config, args.steps, args.compare == "hf-torch-compile")
     print(json.dumps(ref))
     return ref
-  if args.steps < 0:
-    fail(f"--steps {args.steps}: give 0 (compile only) or more")
-  if args.steps == 0 and (args.rounds > 1 or args.compare or args.profile):
-    fail("--steps 0 compiles the step without running it; drop --compare, --rounds and --profile "
-         "or time some steps")
   if args.rounds > 1:
-    if not args.compare:
-      fail("--rounds needs --compare hf-torch or hf-torch-compile (it alternates bertjax and the "
-           "reference)")
     result = _alternate(config, args, sys.argv[1:] if argv is None else list(argv))
     print(json.dumps(result))
     return result

@@ -67,6 +67,14 @@ def _glue_task(args: flags.FlagValues) -> glue.GlueTask:
   fail("cannot tell the GLUE task from the file names; pass --task (e.g. --task rte)")
 
 
+# Each benchmark's scores keep one scale wherever they are printed or written (these tables, the
+# JSON line, a run's metrics.jsonl and summary.json): GLUE's and NER's fractions, SQuAD's percent
+# (its official script's). The tables say which.
+FRACTIONS = "scores as fractions (0-1), as in the JSON line and a run's rows"
+PERCENT = ("exact and f1 scores in percent (0-100), as the official SQuAD script and a run's "
+           "rows give them")
+
+
 def _evaluate_glue(args: flags.FlagValues) -> dict[str, Any]:
   t = _glue_task(args)
   gold = glue.read_glue_tsv(args.data, t.name, "dev")
@@ -85,11 +93,11 @@ def _evaluate_glue(args: flags.FlagValues) -> dict[str, Any]:
          "is it a prediction file for another split or task?")
   ordered = preds[[pred_pos[i] for i in gold_idx]]
   metrics = glue.glue_metrics(t.name, ordered, [row["label"] for row in gold])
-  print(f"GLUE {t.name}: {len(gold)} dev examples")
+  print(f"GLUE {t.name}: {len(gold)} dev examples; {FRACTIONS}")
   for name, value in metrics.items():
-    print(f"  {name:<10} {100 * value:8.2f}")
+    print(f"  {name:<10} {value:8.4f}")
   score = glue.glue_task_score(t.name, metrics)
-  print(f"  {'score':<10} {100 * score:8.2f}")
+  print(f"  {'score':<10} {score:8.4f}")
   return {"benchmark": "glue", "task": t.name, "num_examples": len(gold), **metrics,
           "score": score}
 
@@ -116,7 +124,7 @@ def _evaluate_squad(args: flags.FlagValues) -> dict[str, Any]:
     squad.check_prediction_file(args.null_odds, null_odds, examples, "null odds", numbers=True)
   metrics = squad.squad_metrics(examples, predictions, null_odds=null_odds, version=found,
                                 na_prob_thresh=args.na_prob_thresh)
-  print(f"SQuAD v{found}: {len(examples)} questions")
+  print(f"SQuAD v{found}: {len(examples)} questions; {PERCENT}")
   for name, value in metrics.items():
     print(f"  {name:<18} {value:10.4f}" if isinstance(value, float) else f"  {name:<18} {value}")
   return {"benchmark": "squad", "version": found, **metrics}
@@ -130,13 +138,12 @@ def _evaluate_ner(args: flags.FlagValues) -> dict[str, Any]:
   pred_tags = ner.align_predictions(gold, predicted, args.predictions)
   metrics = ner.ner_metrics([s.tags for s in gold], pred_tags)
   print(f"NER: {len(gold)} sentences, {metrics['num_gold']} gold entities, "
-        f"{metrics['num_predicted']} predicted, {metrics['num_correct']} correct")
+        f"{metrics['num_predicted']} predicted, {metrics['num_correct']} correct; {FRACTIONS}")
   print(f"  {'type':<8} {'precision':>9} {'recall':>9} {'f1':>9} {'support':>8}")
   for t, m in metrics["per_type"].items():
-    print(f"  {t:<8} {100 * m['precision']:9.2f} {100 * m['recall']:9.2f} "
-          f"{100 * m['f1']:9.2f} {m['support']:8d}")
-  print(f"  {'overall':<8} {100 * metrics['precision']:9.2f} {100 * metrics['recall']:9.2f} "
-        f"{100 * metrics['f1']:9.2f} {metrics['num_gold']:8d}")
+    print(f"  {t:<8} {m['precision']:9.4f} {m['recall']:9.4f} {m['f1']:9.4f} {m['support']:8d}")
+  print(f"  {'overall':<8} {metrics['precision']:9.4f} {metrics['recall']:9.4f} "
+        f"{metrics['f1']:9.4f} {metrics['num_gold']:8d}")
   return {"benchmark": "ner", "num_sentences": len(gold), **metrics}
 
 

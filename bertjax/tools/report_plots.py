@@ -53,7 +53,7 @@ def _save(fig, ax, path: paths.Path, data: dict[str, Any]) -> dict[str, Any]:
               xticklabels=[t.get_text() for t in ax.get_xticklabels()])
   fig.tight_layout()
   png = io.BytesIO()
-  fig.savefig(png, format="png")
+  fig.savefig(png, format="png", bbox_inches="tight")  # the image grows to hold a long title
   path = paths.as_path(path)
   paths.replace_bytes(path, png.getvalue())
   paths.replace_text(path.with_suffix(".json"), json.dumps(data, indent=1))
