@@ -1,7 +1,12 @@
 """Self-attention's inner product: the explicit path and the fused kernels, and the mask forms
 each reads. Which one runs is chosen per platform (the model's resolved `bertjax.models.kernels`
-set, `attention` and `attention_lengths`, handed down in its `Layers`) and per call (`output_attentions` needs the explicit path, and so does
-attention dropout unless `model.attention_dropout_kernel` picks the Pallas flash kernel).
+set, `attention` and `attention_lengths`, handed down in its `Layers`) and per call
+(`output_attentions` needs the explicit path, and so does attention dropout unless
+`model.attention_dropout_kernel` picks the Pallas flash kernel).
+
+The fused kernels sit behind one interface (`bertjax.models.attention_kernel.AttentionKernel`):
+`KERNELS` lists them by name, `choose` gives the one a call takes, `attend` runs it. XLA's and
+cuDNN's (`jax.nn.dot_product_attention`) are declared here, the splash kernel in its module.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.models import kernels, splash
+from bertjax.models.attention_kernel import AttentionKernel
 from bertjax.models.flash_attention import dropout_seed, flash_attention
 
 Array = jax.Array
@@ -50,19 +56,21 @@ def make_attention_mask(attention_mask: Array, segment_ids: Array | None = None)
 
 def attention_mask_for(chosen: kernels.Kernels, attention_mask: Array,
                        segment_ids: Array | None = None) -> AttentionMask:
-  """The mask in the forms the attention of the kernel set `chosen` reads: key lengths as well
-  (GPU), for rows without segments; the tokens and segment ids (TPU's splash kernel)."""
+  """The mask in the forms the attention kernel of the set `chosen` reads (its `reads`): key
+  lengths as well (cuDNN, where the set asks for them), for rows without segments; the tokens and
+  segment ids (the splash kernel)."""
+  reads = KERNELS[chosen.attention].reads
   keys = make_attention_mask(attention_mask, segment_ids)
   packed = {}
   if segment_ids is not None:
     segments = jnp.asarray(segment_ids, jnp.int32)
     packed = dict(q_segments=segments,
                   kv_segments=jnp.where(attention_mask.astype(bool), segments, -1))
-  if chosen.attention == "splash":
+  if "tokens" in reads:
     return AttentionMask(keys, tokens=jnp.asarray(attention_mask).astype(jnp.int32), **packed)
   if segment_ids is not None:
     return AttentionMask(keys, **packed)
-  if not chosen.attention_lengths:
+  if not (chosen.attention_lengths and "lengths" in reads):
     return AttentionMask(keys)
   real = attention_mask.astype(bool)
   lengths = jnp.sum(real.astype(jnp.int32), axis=-1)
@@ -94,10 +102,9 @@ def pad_odd_lengths(q: Array, k: Array, v: Array, mask: AttentionMask, multiple:
           mask.replace(keys=keys))
 
 
-def fused_attention(q: Array, k: Array, v: Array, mask: AttentionMask, implementation: str,
-                    deterministic: bool = True, row_multiple: int = 1) -> Array:
-  """softmax(q.k / sqrt(d)) v through `jax.nn.dot_product_attention`, or the splash kernel
-  (`implementation` "splash": reads the mask's tokens and segment ids; interpreted off a TPU).
+def _dot_product_attention(implementation: str):
+  """The `run` of a kernel of `jax.nn.dot_product_attention` (`implementation` "xla" or
+  "cudnn"): softmax(q.k / sqrt(d)) v.
 
   With key lengths (cuDNN's padding mask; a [batch, 1, 1, k] boolean mask makes cuDNN refuse),
   else with the boolean mask ([batch, 1, q, k] for packed rows, which cuDNN takes as a bias).
@@ -107,23 +114,84 @@ def fused_attention(q: Array, k: Array, v: Array, mask: AttentionMask, implement
   For cuDNN, odd query or key lengths are padded up to a multiple of `row_multiple`
   (`pad_odd_lengths`) and the padded rows sliced off: its backward pass refuses odd lengths.
   """
-  if implementation == "splash":
-    return splash.splash_attention(q, k, v, segment_ids=mask.q_segments,
-                                   attention_mask=mask.tokens,
-                                   interpret=splash.interpret_here())
-  q_len = q.shape[1]
-  if implementation == "cudnn":
-    q, k, v, mask = pad_odd_lengths(q, k, v, mask, row_multiple)
-  if mask.lengths is None:
-    out = jax.nn.dot_product_attention(q, k, v, mask=mask.keys, implementation=implementation)
-    return out[:, :q_len]
-  by_lengths = lambda q, k, v: jax.nn.dot_product_attention(
-      q, k, v, key_value_seq_lengths=mask.lengths, implementation=implementation)
-  if not deterministic:
-    return by_lengths(q, k, v)[:, :q_len]
-  by_mask = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask.keys,
-                                                         implementation="xla")
-  return jax.lax.cond(mask.right_padded, by_lengths, by_mask, q, k, v)[:, :q_len]
+  def run(q: Array, k: Array, v: Array, mask: AttentionMask, deterministic: bool = True,
+          row_multiple: int = 1, window: int | None = None) -> Array:
+    del window  # not windowed: a local layer takes XLA's own path
+    q_len = q.shape[1]
+    if implementation == "cudnn":
+      q, k, v, mask = pad_odd_lengths(q, k, v, mask, row_multiple)
+    if mask.lengths is None:
+      out = jax.nn.dot_product_attention(q, k, v, mask=mask.keys, implementation=implementation)
+      return out[:, :q_len]
+    by_lengths = lambda q, k, v: jax.nn.dot_product_attention(
+        q, k, v, key_value_seq_lengths=mask.lengths, implementation=implementation)
+    if not deterministic:
+      return by_lengths(q, k, v)[:, :q_len]
+    by_mask = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask.keys,
+                                                           implementation="xla")
+    return jax.lax.cond(mask.right_padded, by_lengths, by_mask, q, k, v)[:, :q_len]
+  return run
+
+
+def cudnn_available() -> bool:
+  """cuDNN's flash attention runs here: an NVIDIA GPU of compute capability 8.0 or newer."""
+  if jax.default_backend() not in ("gpu", "cuda"):
+    return False
+  capability = getattr(jax.devices()[0], "compute_capability", None)
+  try:
+    return capability is not None and float(capability) >= 8.0
+  except (TypeError, ValueError):
+    return False
+
+
+def _cudnn_applies(head_dim: int, dtype, q_len: int, k_len: int, tokens: bool,
+                   cudnn: bool | None = None) -> bool:
+  """cuDNN runs here (`cudnn`, by default `cudnn_available()`), half precision, head size a
+  multiple of 8 up to 128 (odd lengths are padded for it)."""
+  del q_len, k_len, tokens
+  return bool((cudnn_available() if cudnn is None else cudnn) and not head_dim % 8
+              and head_dim <= 128 and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16))
+
+
+XLA = AttentionKernel("xla", reads=(), platforms=("cpu", "gpu", "tpu"),
+                      applies=lambda *args, **kwargs: True, run=_dot_product_attention("xla"))
+CUDNN = AttentionKernel("cudnn", reads=("lengths",), platforms=("gpu",), applies=_cudnn_applies,
+                        run=_dot_product_attention("cudnn"))
+
+# Every fused attention kernel, by the name a kernel set's `attention` field gives. A new kernel:
+# its module with an `AttentionKernel`, and one entry here.
+KERNELS: dict[str, AttentionKernel] = {k.name: k for k in (XLA, CUDNN, splash.KERNEL)}
+
+
+def choose(chosen: kernels.Kernels, head_dim: int, dtype, cudnn: bool | None = None,
+           q_len: int = 2, k_len: int = 2, tokens: bool = True) -> AttentionKernel:
+  """The kernel a call takes under the set `chosen`: the set's, where it `applies` to the call
+  (`tokens`: the mask carries tokens and segment ids), else XLA's."""
+  kernel = KERNELS[chosen.attention]
+  return kernel if kernel.applies(head_dim, dtype, q_len, k_len, tokens, cudnn) else XLA
+
+
+def attention_implementation(chosen: kernels.Kernels, head_dim: int, dtype,
+                             cudnn: bool | None = None, q_len: int = 2, k_len: int = 2,
+                             splash_mask: bool = True) -> str:
+  """The name of the kernel `choose` gives (`splash_mask`: the mask carries tokens)."""
+  return choose(chosen, head_dim, dtype, cudnn, q_len, k_len, splash_mask).name
+
+
+def fused_attention(q: Array, k: Array, v: Array, mask: AttentionMask, implementation: str,
+                    deterministic: bool = True, row_multiple: int = 1) -> Array:
+  """The kernel named `implementation` on the mask as given (every form it holds)."""
+  return KERNELS[implementation].run(q, k, v, mask, deterministic, row_multiple)
+
+
+def attend(kernel: AttentionKernel, q: Array, k: Array, v: Array, mask: AttentionMask,
+           deterministic: bool, row_multiple: int, window: int | None = None) -> Array:
+  """`kernel` on the call, as the encoders run it: a kernel that reads no other form gets the
+  boolean mask alone (lengths are what cuDNN takes, tokens what splash takes); `window` for a
+  windowed kernel's local layers."""
+  if not kernel.reads:
+    mask = AttentionMask(mask.keys)
+  return kernel.run(q, k, v, mask, deterministic, row_multiple, window)
 
 
 def explicit_attention(q: Array, k: Array, v: Array, keys: Array, dropout: Callable[[Array], Array]
@@ -154,34 +222,3 @@ def flash_dropout_attention(q: Array, k: Array, v: Array, segments: tuple[Array,
   kernel, its keep mask hashed from `rng` (the layer's dropout key). Interpreted off GPUs."""
   return flash_attention(q, k, v, segment_ids=segments, dropout_rate=rate, seed=dropout_seed(rng),
                          interpret=kernels.triton_interpreted())
-
-
-def cudnn_available() -> bool:
-  """cuDNN's flash attention runs here: an NVIDIA GPU of compute capability 8.0 or newer."""
-  if jax.default_backend() not in ("gpu", "cuda"):
-    return False
-  capability = getattr(jax.devices()[0], "compute_capability", None)
-  try:
-    return capability is not None and float(capability) >= 8.0
-  except (TypeError, ValueError):
-    return False
-
-
-def attention_implementation(chosen: kernels.Kernels, head_dim: int, dtype,
-                             cudnn: bool | None = None, q_len: int = 2, k_len: int = 2,
-                             splash_mask: bool = True) -> str:
-  """The fused implementation for a model of the kernel set `chosen`: cuDNN where it asks for it and
-  it applies (it runs here, `cudnn`, by default `cudnn_available()`; half precision, head size a
-  multiple of 8 up to 128; odd lengths are padded for it in `fused_attention`); splash where they
-  ask for it and it applies (queries at every key's position, `q_len == k_len`: gathered queries
-  would be padded to a 128-row tile for a few rows; `splash_mask`, the mask carries tokens and
-  segment ids); else XLA's."""
-  impl = chosen.attention
-  if impl == "splash":
-    return impl if q_len == k_len and splash_mask else "xla"
-  if impl != "cudnn":
-    return impl
-  if (not (cudnn_available() if cudnn is None else cudnn) or head_dim % 8 or head_dim > 128
-      or jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16)):
-    return "xla"
-  return impl

@@ -187,9 +187,14 @@ class ModelConfig:
     if self.kernels not in KERNEL_SETTINGS:
       fail(f"unknown model.kernels={self.kernels!r}; use one of {', '.join(KERNEL_SETTINGS)}")
     try:
-      parse_overrides(self.kernel_overrides)
+      attention = parse_overrides(self.kernel_overrides).get("attention")
     except ValueError as e:
       fail(f"model.kernel_overrides={self.kernel_overrides!r}: {e}")
+    if attention is not None:
+      from bertjax.models.attention import KERNELS  # pylint: disable=g-import-not-at-top  # the kernels' modules, only when one is named
+      if attention not in KERNELS:
+        fail(f"unknown model.kernel_overrides.attention={attention!r}; use one of "
+             f"{', '.join(KERNELS)} (bertjax.models.attention.KERNELS)")
     if self.attention_dropout_kernel not in ATTENTION_DROPOUT_SETTINGS:
       fail(f"unknown model.attention_dropout_kernel={self.attention_dropout_kernel!r}; use one of "
            f"{', '.join(ATTENTION_DROPOUT_SETTINGS)}")

@@ -18,9 +18,9 @@ import jax.numpy as jnp
 
 from bertjax.core.errors import fail
 from bertjax.models import kernels
-from bertjax.models.attention import (AttentionMask, attention_implementation, attention_mask_for,
+from bertjax.models.attention import (AttentionMask, attend, attention_mask_for, choose,
                                       explicit_attention, flash_dropout_attention, flash_segments,
-                                      fused_attention, round_up)
+                                      round_up)
 from bertjax.models.config import ModelConfig
 from bertjax.models.embeddings import Embeddings, position_ids_for
 from bertjax.models.layers import Layered, Layers, rematerialized
@@ -79,11 +79,9 @@ class SelfAttention(Layered):
     if (deterministic or rate == 0.0) and not output_attentions:
       # No dropout inside the fused kernels (cuDNN's takes only a fixed seed; splash has none),
       # so they serve inference and training without attention dropout; the kernel set picks which.
-      impl = attention_implementation(L.kernels, cfg.head_dim, q.dtype, q_len=q.shape[1],
-                                      k_len=k.shape[1], splash_mask=mask.tokens is not None)
-      if impl == "xla":  # lengths are what cuDNN takes, tokens what splash takes; XLA the mask
-        mask = AttentionMask(mask.keys)
-      out = fused_attention(q, k, v, mask, impl, deterministic, L.kernels.row_multiple)
+      kernel = choose(L.kernels, cfg.head_dim, q.dtype, q_len=q.shape[1], k_len=k.shape[1],
+                      tokens=mask.tokens is not None)
+      out = attend(kernel, q, k, v, mask, deterministic, L.kernels.row_multiple)
     elif (not output_attentions and rate < 1.0
           and kernels.attention_dropout_path(L.attention_dropout) == "pallas"
           and (segments := flash_segments(mask, q.shape[1])) is not None):

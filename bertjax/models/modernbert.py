@@ -33,9 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.core.errors import fail
-from bertjax.models import kernels, splash
-from bertjax.models.attention import (AttentionMask, attention_implementation, attention_mask_for,
-                                      explicit_attention, fused_attention)
+from bertjax.models import kernels
+from bertjax.models.attention import (AttentionMask, attend, attention_mask_for, choose,
+                                      explicit_attention)
 from bertjax.models.config import ModelConfig
 from bertjax.models.embeddings import position_ids_for
 from bertjax.models.encoder import EncoderOutput
@@ -199,21 +199,18 @@ class ModernBertAttention(Layered):
       out = local_flash_attention(q, k, v, mask, cfg.local_attention // 2,
                                   0.0 if deterministic else rate, self.make_rng)
     elif (deterministic or rate == 0.0) and not output_attentions:
-      impl = attention_implementation(L.kernels, cfg.head_dim, q.dtype, q_len=q.shape[1],
-                                      k_len=k.shape[1], splash_mask=mask.tokens is not None)
-      if self.local and impl == "splash":
-        out = splash.splash_attention(q, k, v, segment_ids=mask.q_segments,
-                                      attention_mask=mask.tokens, interpret=splash.interpret_here(),
-                                      window=cfg.local_attention // 2)
+      kernel = choose(L.kernels, cfg.head_dim, q.dtype, q_len=q.shape[1], k_len=k.shape[1],
+                      tokens=mask.tokens is not None)
+      if self.local and kernel.windowed:  # the kernel's own window (splash's LocalMask)
+        out = attend(kernel, q, k, v, mask, deterministic, L.kernels.row_multiple,
+                     window=cfg.local_attention // 2)
       elif self.local and 3 * (cfg.local_attention // 2) < q.shape[1]:  # fewer scores by band
         q_ids = mask.q_segments if mask.q_segments is not None else jnp.ones_like(mask.kv_segments)
         out = banded_attention(q, k, v, q_ids, mask.kv_segments, cfg.local_attention // 2)
       elif self.local:  # one select on the shared mask (dot_product_attention adds ops on it)
         out = explicit_attention(q, k, v, mask.keys, lambda p: p)[0]
       else:
-        if impl == "xla":
-          mask = AttentionMask(mask.keys)
-        out = fused_attention(q, k, v, mask, impl, deterministic, L.kernels.row_multiple)
+        out = attend(kernel, q, k, v, mask, deterministic, L.kernels.row_multiple)
     else:
       drop = lambda p: nn.Dropout(rate)(p, deterministic=deterministic)
       out, scores = explicit_attention(q, k, v, mask.keys, drop)

@@ -24,6 +24,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
 
 from bertjax.models import kernels
+from bertjax.models.attention_kernel import AttentionKernel
 
 Array = jax.Array
 
@@ -143,3 +144,24 @@ def splash_attention(q: Array, k: Array, v: Array, *, segment_ids: Array | None 
   qkv_spec, ids_spec = specs
   return jax.shard_map(run, in_specs=(qkv_spec,) * 3 + (ids_spec,) * 2, out_specs=qkv_spec,
                        check_vma=False)(q, k, v, q_ids, kv_ids)
+
+
+def _applies(head_dim: int, dtype, q_len: int, k_len: int, tokens: bool,
+             cudnn: bool | None = None) -> bool:
+  """Queries at every key's position (gathered queries would be padded to a 128-row tile for a
+  few rows) and a mask that carries the tokens and segment ids; any float dtype."""
+  del head_dim, dtype, cudnn
+  return q_len == k_len and tokens
+
+
+def _run(q: Array, k: Array, v: Array, mask, deterministic: bool = True, row_multiple: int = 1,
+         window: int | None = None) -> Array:
+  del deterministic, row_multiple  # no dropout inside; one length
+  return splash_attention(q, k, v, segment_ids=mask.q_segments, attention_mask=mask.tokens,
+                          interpret=interpret_here(), window=window)
+
+
+# The TPU set's attention (`bertjax.models.attention.KERNELS`); it takes ModernBERT's local window
+# as its own LocalMask.
+KERNEL = AttentionKernel("splash", reads=("tokens",), platforms=("tpu",), applies=_applies,
+                         run=_run, windowed=True)
