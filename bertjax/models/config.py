@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from bertjax.core.errors import fail
 from bertjax.core.ranges import AT_LEAST_1, NON_NEGATIVE, POSITIVE, PROBABILITY, Range
 from bertjax.models.dropout import DROPOUT_SETTINGS
+from bertjax.models.attention import KERNELS
 from bertjax.models.kernels import ATTENTION_DROPOUT_SETTINGS, KERNEL_SETTINGS, parse_overrides
 
 ARCHITECTURES = ("bert", "roberta", "albert", "electra", "modernbert")
@@ -191,7 +192,6 @@ class ModelConfig:
     except ValueError as e:
       fail(f"model.kernel_overrides={self.kernel_overrides!r}: {e}")
     if attention is not None:
-      from bertjax.models.attention import KERNELS  # pylint: disable=g-import-not-at-top  # the kernels' modules, only when one is named
       if attention not in KERNELS:
         fail(f"unknown model.kernel_overrides.attention={attention!r}; use one of "
              f"{', '.join(KERNELS)} (bertjax.models.attention.KERNELS)")
