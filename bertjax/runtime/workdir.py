@@ -10,6 +10,9 @@
   checked only on the host the lock names. An object store offers no exclusive create through
   fsspec, so there the lock is written, then read back (ours: taken); two runs starting within
   that round trip could both proceed: start one run per workdir.
+- WORKDIR/code.json, written with config.json, holds the digest of each source file of the package
+  (`distributed.source_digests`); a resume on other code says which files differ in one line and
+  goes on, noting them in changes.jsonl (`code`).
 - WORKDIR/config.json is the record of the run, written once the run has trained its first step
   (a run failing before it leaves the old record as it was); one beside no checkpoint records
   nothing a run resumes and binds nothing. A resumed run compares its resolved config with
@@ -45,6 +48,7 @@ from bertjax.runtime import checkpoints, distributed
 
 LOCK = "lock"
 CHANGES = "changes.jsonl"
+CODE = "code.json"  # the digest of each source file of the package the run last trained with
 OVERRIDE = "allow_changed_settings"  # an instruction to one invocation: never compared or recorded
 # How often a run logs, evaluates and checkpoints: never what it trains.
 CADENCE = ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "async_checkpointing",
@@ -308,6 +312,28 @@ class Settings:
       self._recover(path)
     self.changed: dict[str, tuple[Any, Any]] = {}
     self.forced: list[str] = []
+    self.code_changed = self._code_changed() if trained else []
+
+  def _code_changed(self) -> list[str]:
+    """The package's source files that differ from those the run last recorded (WORKDIR/code.json),
+    said in one line: a resume on other code goes on, but its curve may bend there."""
+    path = self.workdir / CODE
+    if not path.exists():
+      return []
+    try:
+      recorded = json.loads(read_text(path, "run record"))["files"]
+    except (ValueError, KeyError, TypeError):
+      logging.warning("%s is not a record of the code (restore it or delete it); the code is not "
+                      "compared", path)
+      return []
+    changed = distributed.config_difference(distributed.source_digests(), recorded)
+    if changed and jax.process_index() == 0:
+      shown = ", ".join(changed[:_SHOWN]) + (f" and {len(changed) - _SHOWN} more"
+                                             if len(changed) > _SHOWN else "")
+      logging.warning("the code changed since this run's last record: %s differ%s; going on with "
+                      "the code here (noted in %s)", shown, "s" if len(changed) == 1 else "",
+                      self.workdir / CHANGES)
+    return changed
 
   def _recover(self, path: paths.Path) -> None:
     """config.json is gone beside checkpoints: the settings saved with the newest checkpoint
@@ -374,7 +400,9 @@ class Settings:
     if resolved is not None:
       paths.replace_text(self.workdir / "config.json",
                          json.dumps(resolved, indent=2, sort_keys=True, default=str))
-    if not (self.changed or self.unchecked) or jax.process_index() != 0:
+      paths.replace_text(self.workdir / CODE, json.dumps({"files": distributed.source_digests()},
+                                                         indent=1, sort_keys=True))
+    if not (self.changed or self.unchecked or self.code_changed) or jax.process_index() != 0:
       return
     if self.changed:
       logging.warning("resuming at step %d with changed settings: %s%s", step,
@@ -390,6 +418,8 @@ class Settings:
              "changed": {k: [a, b] for k, (a, b) in self.changed.items()}, "forced": self.forced}
     if self.unchecked:
       entry["unchecked"] = self.unchecked
+    if self.code_changed:
+      entry["code"] = self.code_changed
     paths.append_text(self.workdir / CHANGES, json.dumps(entry) + "\n")
 
 
