@@ -214,14 +214,15 @@ def test_compile_only_reports_the_plan_and_refuses_timing_flags():
   assert "--steps 0 compiles the step without running it" in r.stderr
 
 
-def test_a_loaded_host_is_warned_of_before_the_timing(monkeypatch, capsys):
+def test_a_loaded_host_is_warned_of_with_the_figures(monkeypatch, capsys):
   """A 1-minute load average above half the cores, read before the benchmark starts (injected
-  here), prints one warning line before the figures; at half or below, none. A flag error
-  comes first, alone. Costs one compile of bert-tiny (--steps 0)."""
+  here), prints one warning line after the figures; at half or below, none. A refusal stays
+  its one line. Costs one compile of bert-tiny (--steps 0)."""
   assert benchmark.load_warning(1.0, 2) == ""
   assert benchmark.load_warning(1.01, 2) == (
-      "warning: the host's load average is 1.01 on 2 cores (above half of them): other work "
-      "shares this machine, so the figures below mean little; time on an idle host")
+      "warning: the host's load average was 1.01 on 2 cores (above half of them) when the "
+      "benchmark started: other work shares this machine, so these figures mean little; time "
+      "on an idle host")
   monkeypatch.setattr(os, "getloadavg", lambda: (3.5, 3.0, 2.0))
   monkeypatch.setattr(os, "cpu_count", lambda: 4)
   args = ["--preset", "bert-tiny", "--batch_size", "2", "--seq_len", "16", "--override",
@@ -232,4 +233,5 @@ def test_a_loaded_host_is_warned_of_before_the_timing(monkeypatch, capsys):
   result = benchmark.main(args)
   err = capsys.readouterr().err
   assert result["compile_time_s"] > 0
-  assert err.count("warning: the host's load average is 3.50 on 4 cores") == 1, err
+  assert err.count("warning: the host's load average was 3.50 on 4 cores") == 1, err
+  assert err.rstrip().endswith("time on an idle host"), err  # after everything else

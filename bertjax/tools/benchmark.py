@@ -581,14 +581,9 @@ def load_warning(load: float, cores: int) -> str:
   its cores: other work then shares the machine and the figures mean little."""
   if load <= cores / 2:
     return ""
-  return (f"warning: the host's load average is {load:.2f} on {cores} cores (above half of "
-          "them): other work shares this machine, so the figures below mean little; time on an "
-          "idle host")
-
-
-def _warn_if_loaded() -> None:
-  if warning := load_warning(os.getloadavg()[0], os.cpu_count() or 1):
-    print(warning, file=sys.stderr, flush=True)
+  return (f"warning: the host's load average was {load:.2f} on {cores} cores (above half of "
+          "them) when the benchmark started: other work shares this machine, so these figures "
+          "mean little; time on an idle host")
 
 
 def main(argv=None) -> dict:
@@ -602,7 +597,17 @@ def main(argv=None) -> dict:
   config = build_config(args)
   if args.length_distribution is not None:
     ragged.check_pack(config, objective_class(config.objective))
-  _warn_if_loaded()  # the load before this process compiles or times anything
+  # The load before this process compiles or times anything, said after the figures (a refusal
+  # on the way stays the one line it is).
+  loaded = load_warning(os.getloadavg()[0], os.cpu_count() or 1)
+  result = _measure(args, config, argv)
+  if loaded:
+    print(loaded, file=sys.stderr, flush=True)
+  return result
+
+
+def _measure(args, config, argv) -> dict:
+  """What `main`'s flags ask for, printed, and its figures."""
   if args.checkpoint_cost:
     result = checkpoint_cost.measure(config, max(1, args.rounds), step_setup)
     print(checkpoint_cost.describe(result))
