@@ -6,6 +6,7 @@ import logging
 import os
 import pathlib
 import re
+import threading
 from typing import Iterable, Iterator, Sequence
 
 import sentencepiece as spm
@@ -137,7 +138,7 @@ def train_sentencepiece(sentences: Iterable[str], output_dir: str | os.PathLike 
   # A fixed seed makes the sentence sampling, hence the vocabulary, reproducible.
   spm.set_random_generator_seed(seed)
   try:
-    spm.SentencePieceTrainer.train(
+    _beside_the_main_thread(lambda: spm.SentencePieceTrainer.train(
         sentence_iterator=iter(counter), model_writer=writer, vocab_size=vocab_size,
         model_type=model_type, character_coverage=character_coverage,
         input_sentence_size=max_sentences, shuffle_input_sentence=True,
@@ -145,7 +146,7 @@ def train_sentencepiece(sentences: Iterable[str], output_dir: str | os.PathLike 
         pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, pad_piece=SPM_SPECIALS[0],
         unk_piece=SPM_SPECIALS[1], control_symbols=list(SPM_SPECIALS[2:]),
         num_threads=num_threads or os.cpu_count() or 1, minloglevel=2,
-        max_sentence_length=MAX_SENTENCE_BYTES)
+        max_sentence_length=MAX_SENTENCE_BYTES))
   except RuntimeError as e:
     if counter.error is not None:  # a SIGTERM, Ctrl-C or an unreadable corpus while it read
       raise counter.error from None
@@ -170,6 +171,27 @@ def train_sentencepiece(sentences: Iterable[str], output_dir: str | os.PathLike 
   if output_dir is not None:
     tokenizer.save(output_dir)
   return tokenizer
+
+
+def _beside_the_main_thread(work) -> None:
+  """Runs `work` in a thread of its own while the main thread waits for it in short joins, and
+  raises what it raised. sentencepiece trains in C++ (without the GIL): called from the main
+  thread, the process's signal handlers would wait for it to finish (a SIGTERM held for the whole
+  training); waiting in joins, they run at once, and a preemption ends the process while the
+  training thread (a daemon) is dropped with it."""
+  raised = []
+
+  def run():
+    try:
+      work()
+    except BaseException as e:  # pylint: disable=broad-except  # handed to the caller's thread
+      raised.append(e)
+  thread = threading.Thread(target=run, name="sentencepiece-training", daemon=True)
+  thread.start()
+  while thread.is_alive():
+    thread.join(0.1)
+  if raised:
+    raise raised[0]
 
 
 class _SentenceCounter:
