@@ -8,6 +8,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -15,6 +16,7 @@ from bertjax import sweep
 from bertjax.core.errors import UserError
 from bertjax.runtime import metric_writers
 from bertjax.sweep import launchers, runner, search
+from bertjax.tools import report
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 STUB = "tests/sweep_point_stub.py"
@@ -72,6 +74,20 @@ def test_seeded_random_search_prunes_points_early_and_names_the_best(tmp_path, f
   out = capsys.readouterr().out
   assert f"best point: {best['name']} (loss {best['value']:.6g})" in out
   assert record["points"] == json.loads((workdir / "sweep.json").read_text())["points"]
+  # The report draws the search: value per trial and against the learning rate, and the curves,
+  # the pruned ones ending where they were stopped.
+  report.write_report(workdir)
+  drawn = json.loads((workdir / "search.json").read_text())
+  assert (workdir / "search.png").stat().st_size > 0
+  assert [(d["name"], d["status"]) for d in drawn["trials"]] == [
+      (p["name"], p["status"]) for p in points]
+  assert [d["title"] for d in drawn["panels"]] == [
+      "loss per trial", "loss against learning_rate", "dev loss curves (red: pruned)"]
+  curves = {c["name"]: c for c in drawn["curves"]}
+  for p in pruned:
+    assert curves[p["name"]]["status"] == "pruned"
+    assert curves[p["name"]]["steps"] == [r["step"] for r in metric_writers.read_metrics(
+        workdir / p["name"])]
   mtimes = {p["name"]: (workdir / p["name"] / "log.txt").stat().st_mtime_ns for p in points}
   again = sweep.run_sweep(write_sweep(tmp_path / "s.py", random_search(pruner="median")),
                           workdir)
@@ -81,6 +97,54 @@ def test_seeded_random_search_prunes_points_early_and_names_the_best(tmp_path, f
   assert {p["name"]: (workdir / p["name"] / "log.txt").stat().st_mtime_ns
           for p in points} == mtimes  # nothing launched again
   assert again["best"] == record["best"]
+
+
+def test_successive_halving_prunes_too(tmp_path, fast_watch):
+  record = sweep.run_sweep(write_sweep(tmp_path / "s.py", random_search(
+      trials=6, pruner={"kind": "successive_halving", "min_resource": 1,
+                        "reduction_factor": 2})), tmp_path / "w")
+  assert record["pruned"] >= 1 and record["finished"] + record["pruned"] == 6, record
+
+
+@pytest.mark.slow
+def test_an_interrupted_search_goes_on_in_its_own_trials(tmp_path):
+  """SIGTERM to the sweep while its second point runs: the point saves and the sweep stops; the
+  same command again runs that point again in the trial it had (same name, a second launch),
+  then draws the third: 3 trials in the journal, none twice."""
+  optuna = pytest.importorskip("optuna")
+  body = random_search(trials=3)
+  body["fixed"]["total_steps"] = 30
+  spec, workdir = write_sweep(tmp_path / "s.py", body), tmp_path / "w"
+  args = [sys.executable, "launch.py", "--sweep", spec, "--workdir", str(workdir)]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+  try:
+    deadline = time.time() + 300
+    while True:
+      record = json.loads((workdir / "sweep.json").read_text()) if (
+          workdir / "sweep.json").is_file() else {"points": []}
+      if len(record["points"]) == 2 and (workdir / record["points"][1]["name"] /
+                                         "metrics.jsonl").is_file():
+        break
+      assert proc.poll() is None and time.time() < deadline, proc.stdout.read()
+      time.sleep(0.05)
+    proc.terminate()
+    out = proc.communicate(timeout=120)[0]
+  finally:
+    proc.kill()
+  assert "SIGTERM: the running points saved a checkpoint" in out, out
+  first = json.loads((workdir / "sweep.json").read_text())["points"]
+  assert [p["status"] for p in first] == ["finished", "preempted"]
+  record = sweep.run_sweep(spec, workdir)
+  assert [p["name"] for p in record["points"]][:2] == [p["name"] for p in first]
+  assert [(p["status"], p["runs"]) for p in record["points"]] == [
+      ("finished", 1), ("finished", 2), ("finished", 1)]
+  storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
+      str(workdir / search.JOURNAL)))
+  trials = optuna.load_study(study_name=search.STUDY, storage=storage).trials
+  assert [(t.number, t.state.name, t.user_attrs["point"]) for t in trials] == [
+      (i, "COMPLETE", p["name"]) for i, p in enumerate(record["points"])]
 
 
 def test_a_seeded_search_draws_the_same_points(tmp_path, fast_watch):
