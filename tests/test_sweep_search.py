@@ -228,6 +228,18 @@ def test_bad_search_is_one_line_and_writes_nothing(tmp_path, change, needle):
   assert not (tmp_path / "w").exists()
 
 
+def test_a_point_command_must_exist_and_runs_here_only(tmp_path):
+  body = random_search()
+  body["command"] = "tests/no_such_script.py"
+  with pytest.raises(UserError, match=re.escape("'command' 'tests/no_such_script.py' is not a "
+                                                "script under")):
+    sweep.run_sweep(write_sweep(tmp_path / "s.py", body), tmp_path / "w")
+  with pytest.raises(UserError, match=re.escape(f"'command' {STUB} runs points here")):
+    sweep.run_sweep(write_sweep(tmp_path / "s.py", random_search()), "/shared/w", dry_run=True,
+                    tpu="t", zone="z")
+  assert not (tmp_path / "w").exists()
+
+
 def test_a_pruner_without_an_evaluation_is_refused(tmp_path):
   body = random_search(pruner="median")
   body["fixed"]["eval_every"] = 0

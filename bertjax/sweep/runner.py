@@ -482,9 +482,9 @@ def run_sweep(path: str, workdir: str | os.PathLike, dry_run: bool = False, tpu:
       entry.update(status="pruned", skipped=True)
     else:
       todo.append(point)
-  skipped = (len(study.done) if search.sampler else len(sweep.points) - len(todo)
-             ) if study is not None else len(sweep.points) - len(todo)
-  total = max(search.trials - skipped, 0) if study is not None and search.sampler else len(todo)
+  drawn = study is not None and search.sampler is not None  # points drawn as it runs
+  skipped = len(study.done) if drawn else len(sweep.points) - len(todo)
+  total = max(search.trials - skipped, 0) if drawn else len(todo)
   print(f"sweep {sweep.path}: {total + skipped} points in {local_dir}; {skipped} already "
         f"{'done' if study is not None else 'finished'}, {total} to run", flush=True)
   save()
@@ -507,6 +507,7 @@ def run_sweep(path: str, workdir: str | os.PathLike, dry_run: bool = False, tpu:
 
   def run_one(point, entry, label, slot, stop):
     point_dir = local_dir / point.name
+    line = None
     if study is not None and is_finished(point_dir, point.total_steps):
       entry.update(status="finished", skipped=True)  # a drawn point its sweep left untold
     else:
