@@ -21,6 +21,10 @@ from bertjax.tools import report
 REPO = pathlib.Path(__file__).resolve().parent.parent
 STUB = "tests/sweep_point_stub.py"
 RUNLOCAL = "configs/quickstart.py:runlocal"
+# The real points' tiny model on random batches (as tests/test_sweep.py's FAST).
+TINY = {"data.synthetic": True, "model.vocab_size": 200, "model.hidden_size": 32,
+        "model.intermediate_size": 64, "model.num_attention_heads": 2, "max_seq_length": 16,
+        "max_predictions_per_seq": 4, "async_checkpointing": False, "tensorboard": False}
 
 
 def write_sweep(path: pathlib.Path, body: dict) -> str:
@@ -44,6 +48,7 @@ def fast_watch(monkeypatch):
 # A search, pruned.
 
 
+@pytest.mark.slow
 def test_seeded_random_search_prunes_points_early_and_names_the_best(tmp_path, fast_watch,
                                                                       capsys):
   """12 points drawn by a seeded random sampler over log-uniform learning rates, the median
@@ -99,6 +104,7 @@ def test_seeded_random_search_prunes_points_early_and_names_the_best(tmp_path, f
   assert again["best"] == record["best"]
 
 
+@pytest.mark.slow
 def test_successive_halving_prunes_too(tmp_path, fast_watch):
   record = sweep.run_sweep(write_sweep(tmp_path / "s.py", random_search(
       trials=6, pruner={"kind": "successive_halving", "min_resource": 1,
@@ -179,10 +185,7 @@ def test_real_points_pruned_by_their_dev_loss(tmp_path, monkeypatch):
   steps, recorded "pruned"; the first is the best point."""
   monkeypatch.setattr(runner, "WATCH_EVERY_S", 0.1)
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-  fast = {"data.synthetic": True, "model.vocab_size": 200, "model.hidden_size": 32,
-          "model.intermediate_size": 64, "model.num_attention_heads": 2, "max_seq_length": 16,
-          "max_predictions_per_seq": 4, "async_checkpointing": False, "tensorboard": False,
-          "eval_every": 20, "checkpoint_every": 1000, "log_every": 20}
+  fast = {**TINY, "eval_every": 20, "checkpoint_every": 1000, "log_every": 20}
   path = write_sweep(tmp_path / "s.py", {
       "config": RUNLOCAL, "fixed": fast,
       "points": [{"learning_rate": 1e-2, "total_steps": 40},
@@ -310,6 +313,7 @@ def test_max_concurrent_0_is_refused(tmp_path):
 # Points at once, each on its own devices.
 
 
+@pytest.mark.slow
 def test_four_points_two_at_a_time_each_on_its_own_cpu_cores(tmp_path, fast_watch, monkeypatch):
   """--max_concurrent 2 on this machine's CPU: each point's process is pinned to its own cores
   (read back from the process itself) with XLA_FLAGS faking that many devices; the two slices
@@ -341,6 +345,24 @@ def test_four_points_two_at_a_time_each_on_its_own_cpu_cores(tmp_path, fast_watc
     for j, (s2, e2) in enumerate(spans):
       if i != j and s2 <= s < e2:
         assert set(envs[i]["cores"]).isdisjoint(envs[j]["cores"])
+
+
+@pytest.mark.slow
+def test_two_real_points_at_once(tmp_path, monkeypatch):
+  """Two launch.py points of the tiny synthetic run with --max_concurrent 2, each on its slice
+  of the CPU (its cores, one faked device per core): both finish, their runs overlap in time."""
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  if len(os.sched_getaffinity(0)) < 2:
+    pytest.skip("two CPU slices need two cores")
+  fast = {**TINY, "total_steps": 4, "eval_every": 2, "checkpoint_every": 4, "log_every": 2}
+  record = sweep.run_sweep(write_sweep(tmp_path / "s.py", {
+      "config": RUNLOCAL, "fixed": fast, "product": {"seed": [0, 1]}}), tmp_path / "w",
+      max_concurrent=2)
+  a, b = record["points"]
+  assert record["finished"] == 2, record
+  assert a["started_at"] < b["ended_at"] and b["started_at"] < a["ended_at"]
+  for p in (a, b):
+    assert json.loads((tmp_path / "w" / p["name"] / "summary.json").read_text())["step"] == 4
 
 
 def test_device_slices_for_gpus_and_tpu_chips():
