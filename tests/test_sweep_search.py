@@ -309,6 +309,18 @@ def test_max_concurrent_0_is_refused(tmp_path):
   assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.slow
+def test_max_concurrent_0_through_launch_is_one_line_exit_2(tmp_path):
+  r = subprocess.run([sys.executable, "launch.py", "--sweep", "experiments/quickstart_sweep.py",
+                      "--workdir", str(tmp_path / "w"), "--max_concurrent", "0"], cwd=REPO,
+                     capture_output=True, text=True, timeout=300,
+                     env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  assert r.stderr.strip().splitlines() == [
+      "error: --max_concurrent 0 must be at least 1: how many points run at once"]
+  assert not (tmp_path / "w").exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # Points at once, each on its own devices.
 
