@@ -290,14 +290,22 @@ def test_without_optuna_a_search_names_the_extra(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_grid_sweep_does_not_import_optuna(tmp_path):
-  code = ("import sys; from bertjax import sweep; "
+def test_a_grid_sweep_does_not_import_optuna_and_no_sweep_opens_a_device(tmp_path):
+  """A grid's sweep imports no optuna; a search's, run with two points at once, schedules and
+  watches without opening a device in its own process (JAX's backends never initialized)."""
+  spec = write_sweep(tmp_path / "s.py", random_search(trials=2, pruner="median"))
+  code = ("import sys; from bertjax import sweep; from jax._src import xla_bridge; "
           "sweep.run_sweep('experiments/quickstart_sweep.py', sys.argv[1], dry_run=True); "
-          "print('optuna' in sys.modules)")
-  r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "w")], cwd=REPO,
+          "print('optuna imported:', 'optuna' in sys.modules); "
+          "r = sweep.run_sweep(sys.argv[2], sys.argv[1], max_concurrent=2); "
+          "print('points done:', r['finished'] + r['pruned'], 'backends:', "
+          "xla_bridge.backends_are_initialized())")
+  r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "w"), spec], cwd=REPO,
                      capture_output=True, text=True, timeout=300,
                      env=dict(os.environ, JAX_PLATFORMS="cpu"))
-  assert r.returncode == 0 and r.stdout.splitlines()[-1] == "False", r.stdout + r.stderr
+  assert r.returncode == 0, r.stdout + r.stderr
+  lines = r.stdout.splitlines()
+  assert "optuna imported: False" in lines and lines[-1] == "points done: 2 backends: False", lines
 
 
 def test_max_concurrent_0_is_refused(tmp_path):
