@@ -275,6 +275,12 @@ class Study:
 
   def watch(self, point, point_dir: paths.Path) -> bool:
     """Reports the point's new eval rows; True when the pruner says to stop it."""
+    new = self._report(point, point_dir)
+    with self.lock:
+      return new and self.search.pruner is not None and self.trials[point.name].should_prune()
+
+  def _report(self, point, point_dir: paths.Path) -> bool:
+    """Reports the eval rows the point wrote since the last call; whether there were any."""
     trial = self.trials[point.name]
     metric, reported = self.search.metric, self.reported[point.name]
     new = [r for r in metric_writers.read_metrics(point_dir)
@@ -288,8 +294,7 @@ class Study:
       if isinstance(row[metric], (int, float)):
         with self.lock:
           trial.report(float(row[metric]), row["step"])
-    with self.lock:
-      return bool(new) and self.search.pruner is not None and trial.should_prune()
+    return bool(new)
 
   def value(self, point_dir: paths.Path) -> float | None:
     values = [r[self.search.metric] for r in metric_writers.read_metrics(point_dir)
@@ -302,6 +307,9 @@ class Study:
     """Tells the study how the point ended (finished, pruned, failed); its value when finished.
     A preempted point's trial stays running: a rerun goes on with it."""
     states = self.optuna.trial.TrialState
+    # The rows written after the last watch (a point that ends between two): the pruner compares
+    # the next points with every evaluation of this one.
+    self._report(point, point_dir)
     trial = self.trials.pop(point.name)
     value = self.value(point_dir)
     with self.lock:
