@@ -217,6 +217,22 @@ def _trials(workdir: pathlib.Path) -> list:
   return optuna.load_study(study_name=search.STUDY, storage=storage).trials
 
 
+def test_rows_read_together_are_judged_each_at_its_step(tmp_path, monkeypatch):
+  """The second point writes ~50 rows between two reads, the first point has values at steps 1
+  and 2 only: the pruner judges step 1 (optuna compares trials at the step last reported; judged
+  at the read's last row only, the second point was never pruned)."""
+  monkeypatch.setattr(runner, "WATCH_EVERY_S", 0.5)
+  monkeypatch.setenv("BERTJAX_STUB_STEP_S", "0.01")
+  path = write_sweep(tmp_path / "s.py", {
+      "config": RUNLOCAL, "command": STUB, "fixed": {"eval_every": 1},
+      "points": [{"learning_rate": 1e-3, "total_steps": 2},
+                 {"learning_rate": 1e-5, "total_steps": 400}],
+      "search": {"pruner": {"kind": "median", "n_startup_trials": 1}}})
+  record = sweep.run_sweep(path, tmp_path / "w")
+  assert [p["status"] for p in record["points"]] == ["finished", "pruned"]
+  assert [t.state.name for t in _trials(tmp_path / "w")] == ["COMPLETE", "PRUNED"]
+
+
 def test_rows_written_after_the_last_read_are_reported(tmp_path, monkeypatch):
   """A point that ends before the sweep reads its rows again: they are reported as it ends."""
   monkeypatch.setattr(runner, "WATCH_EVERY_S", 60.0)

@@ -273,19 +273,16 @@ class Study:
         return self._start(self.study.ask(), point)
       return None
 
-  def watch(self, point, point_dir: paths.Path) -> bool:
-    """Reports the point's new eval rows; True when the pruner says to stop it."""
-    new = self._report(point, point_dir)
-    with self.lock:
-      return new and self.search.pruner is not None and self.trials[point.name].should_prune()
-
-  def _report(self, point, point_dir: paths.Path) -> bool:
-    """Reports the eval rows the point wrote since the last call; whether there were any."""
+  def watch(self, point, point_dir: paths.Path, prune: bool = True) -> bool:
+    """Reports the eval rows the point wrote since the last call, one at a time; True when the
+    pruner says to stop it. Each row is judged at its own step (optuna's pruners compare the
+    trials' values at the step last reported: rows read together are not judged at the last
+    only). `prune=False`: report them only (the point has ended)."""
     trial = self.trials[point.name]
     metric, reported = self.search.metric, self.reported[point.name]
-    new = [r for r in metric_writers.read_metrics(point_dir)
-           if r["split"] == "eval" and r["step"] not in reported]
-    for row in new:
+    for row in metric_writers.read_metrics(point_dir):
+      if row["split"] != "eval" or row["step"] in reported:
+        continue
       if metric not in row:
         shown = ", ".join(k for k in row if k not in ("step", "split"))
         fail(f"point {point.name} logs no {metric!r} at evaluation (its eval rows have "
@@ -294,7 +291,9 @@ class Study:
       if isinstance(row[metric], (int, float)):
         with self.lock:
           trial.report(float(row[metric]), row["step"])
-    return bool(new)
+          if prune and self.search.pruner is not None and trial.should_prune():
+            return True
+    return False
 
   def value(self, point_dir: paths.Path) -> float | None:
     values = [r[self.search.metric] for r in metric_writers.read_metrics(point_dir)
@@ -309,7 +308,7 @@ class Study:
     states = self.optuna.trial.TrialState
     # The rows written after the last watch (a point that ends between two): the pruner compares
     # the next points with every evaluation of this one.
-    self._report(point, point_dir)
+    self.watch(point, point_dir, prune=False)
     trial = self.trials.pop(point.name)
     value = self.value(point_dir)
     with self.lock:
