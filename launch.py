@@ -74,6 +74,9 @@ def define_flags(argv) -> flags.FlagValues:
                        flag_values=fv)
   flags.DEFINE_integer("devices_per_process", None, "with --local_processes: CPU devices each "
                        "process fakes", flag_values=fv)
+  flags.DEFINE_integer("max_concurrent", 1, "with --sweep: run up to N points here at once, each "
+                       "on its own slice of the devices (GPUs, TPU chips or CPU cores)",
+                       flag_values=fv)
   return fv
 
 
@@ -100,8 +103,9 @@ def parse_args(argv):
   if args.sweep and args.config is not None:
     fail("--sweep takes the config from the sweep file; drop --config")
   if not args.sweep and (args.tpu or args.hosts or args.local_processes
-                         or args.devices_per_process):
-    fail("--tpu, --hosts and --local_processes go with --sweep experiments/<name>.py "
+                         or args.devices_per_process or args.max_concurrent != 1):
+    fail("--tpu, --hosts, --local_processes and --max_concurrent go with --sweep "
+         "experiments/<name>.py "
          "(one run on several local processes: python -m bertjax.tools.multihost)")
   return args, overrides
 
@@ -150,7 +154,8 @@ def main(argv=None):
     record = sweep.run_sweep(args.sweep, args.workdir, dry_run=args.dry_run, tpu=args.tpu,
                              zone=args.zone, project=args.project, hosts=args.hosts,
                              overrides=overrides, local_processes=args.local_processes,
-                             devices_per_process=args.devices_per_process)
+                             devices_per_process=args.devices_per_process,
+                             max_concurrent=args.max_concurrent)
     sys.exit(1 if record["failed"] else 0)
   # From here to the end a SIGTERM stops the run as preempted (exit 75, one line; see
   # bertjax/runtime/preemption.py); a sweep's runs are processes of their own. After it the process

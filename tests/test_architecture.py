@@ -94,7 +94,8 @@ def test_the_package_root_holds_folders_and_few_modules():
 
 
 # The imports allowed inside functions, each with its reason: optional and measurably expensive
-# (tensorboardX 1.3 s / 190 MB, tfds 0.3 s, torch is not a runtime dependency), or the package
+# (tensorboardX 1.3 s / 190 MB, tfds 0.3 s, torch and optuna (a sweep's search, the `sweep`
+# extra) are not runtime dependencies), or the package
 # root, which every `python -m bertjax.X` imports first and so stays light.
 LAZY = {("bertjax/runtime/metric_writers.py", "tensorboardX"),
         ("bertjax/tasks/base.py", "tensorflow_datasets"),
@@ -103,6 +104,7 @@ LAZY = {("bertjax/runtime/metric_writers.py", "tensorboardX"),
         ("bertjax/data/sources.py", "tensorflow_datasets"),
         ("bertjax/data/sources.py", "tensorflow_datasets.text"),
         ("bertjax/convert/readers.py", "torch"), ("bertjax/tools/gemm_rate.py", "torch"),
+        ("bertjax/sweep/search.py", "optuna"),
         ("bertjax/__init__.py", "jax"), ("bertjax/__init__.py", "jax.numpy"),
         ("bertjax/__init__.py", "bertjax.models.architectures"), ("bertjax/__init__.py", "bertjax"),
         ("bertjax/__init__.py", "bertjax.core.errors"), ("bertjax/__init__.py", "bertjax.convert")}

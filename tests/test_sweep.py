@@ -261,7 +261,7 @@ def test_local_processes_flags_are_checked(tmp_path):
                  "--local_processes=2")
   assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
   assert r.stderr.strip().splitlines() == [
-      "error: --tpu, --hosts and --local_processes go with --sweep "
+      "error: --tpu, --hosts, --local_processes and --max_concurrent go with --sweep "
       "experiments/<name>.py (one run on several local processes: python -m "
       "bertjax.tools.multihost)"]
 

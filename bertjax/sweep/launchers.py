@@ -1,14 +1,18 @@
 """The commands that run a sweep point: here, on every worker of a Cloud TPU VM, or over ssh on
-several hosts."""
+several hosts; and the slice of this machine's devices each of several points at once gets."""
 
 from __future__ import annotations
 
+import glob
+import os
 import pathlib
 import posixpath
+import re
 import shlex
 import sys
 from typing import Sequence
 
+from bertjax.core.errors import fail
 from bertjax.sweep.spec import (COORDINATOR_PORT, PACK_EXCLUDES, REMOTE_DIR, REPO, SOURCE_TARBALL,
                                 Point, Sweep)
 
@@ -18,7 +22,7 @@ def local_command(sweep: Sweep, point: Point, workdir: pathlib.Path, processes: 
   """The point's launch.py command here; with `processes`, run on that many local processes
   joined by JAX's distributed runtime (bertjax.tools.multihost: CPU devices, gloo collectives,
   `devices_per_process` each when given), as a pod's hosts would run it."""
-  run = ["launch.py", "--config", sweep.config, "--workdir", str(workdir / point.name),
+  run = [sweep.command, "--config", sweep.config, "--workdir", str(workdir / point.name),
          *point.args]
   if not processes:
     return [sys.executable, *run]
@@ -86,3 +90,67 @@ def hosts_point_commands(sweep: Sweep, point: Point, workdir: str,
            f"JAX_PROCESS_ID={i} ")
     commands.append(["ssh", host, _remote_launch(sweep, point, workdir, env)])
   return commands
+
+
+# ---------------------------------------------------------------------------------------------
+# Points at once here: each its own slice of the devices.
+
+# A TPU slice of k chips of one host: the bounds of its chips (non-communicating processes on one
+# Cloud TPU VM, one port each).
+TPU_CHIP_BOUNDS = {1: "1,1,1", 2: "1,2,1", 4: "2,2,1", 8: "2,4,1"}
+TPU_FIRST_PORT = 8477  # each slice's mesh controller: 8477, 8478, ... (8476 is a pod's)
+
+
+def local_devices(environ: dict[str, str]) -> tuple[str, list[str]]:
+  """(platform, device ids) the points here may share: the GPUs CUDA_VISIBLE_DEVICES names (else
+  /dev/nvidiaN), the TPU chips (/dev/accelN, /dev/vfio/N), else the CPU cores this process may
+  use. JAX_PLATFORMS=cpu means the CPU. The sweep's own process opens no device to know this."""
+  platforms = environ.get("JAX_PLATFORMS", "")
+  if not platforms.startswith("cpu"):
+    if environ.get("CUDA_VISIBLE_DEVICES", "").strip():
+      return "gpu", [d for d in environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
+    numbered = lambda pattern: sorted((m.group(1) for f in glob.glob(pattern)
+                                       if (m := re.search(r"(\d+)$", f))), key=int)
+    if numbered("/dev/nvidia[0-9]*"):
+      return "gpu", numbered("/dev/nvidia[0-9]*")
+    chips = numbered("/dev/accel[0-9]*") or numbered("/dev/vfio/[0-9]*")
+    if chips:
+      return "tpu", [str(i) for i in range(len(chips))]
+  return "cpu", [str(c) for c in sorted(os.sched_getaffinity(0))]
+
+
+def device_slices(n: int, platform: str, devices: list[str],
+                  environ: dict[str, str]) -> list[dict[str, str]]:
+  """The environment of each of `n` points at once: disjoint, equal slices of `devices`.
+
+  gpu: CUDA_VISIBLE_DEVICES. tpu: TPU_VISIBLE_CHIPS (and TPU_VISIBLE_DEVICES, its older name)
+  with the chips' bounds and a mesh controller port of its own. cpu: BERTJAX_CPU_CORES (the
+  cores the point is pinned to, `pin_cores`) and XLA_FLAGS faking one CPU device per core."""
+  per = len(devices) // n
+  if per == 0:
+    fail(f"--max_concurrent {n} needs a {platform} device for each point; this machine shows "
+         f"{len(devices)} ({','.join(devices)}); run at most {len(devices)} at once")
+  if platform == "tpu" and per not in TPU_CHIP_BOUNDS:
+    fail(f"--max_concurrent {n} gives each point {per} of {len(devices)} TPU chips; a slice of "
+         f"one host holds {', '.join(map(str, TPU_CHIP_BOUNDS))} chips: choose n to match")
+  slices = [devices[i * per:(i + 1) * per] for i in range(n)]
+  if platform == "gpu":
+    return [{"CUDA_VISIBLE_DEVICES": ",".join(s)} for s in slices]
+  if platform == "tpu":
+    return [{"TPU_VISIBLE_CHIPS": ",".join(s), "TPU_VISIBLE_DEVICES": ",".join(s),
+             "TPU_CHIPS_PER_PROCESS_BOUNDS": TPU_CHIP_BOUNDS[per], "TPU_PROCESS_BOUNDS": "1,1,1",
+             "TPU_MESH_CONTROLLER_ADDRESS": f"localhost:{TPU_FIRST_PORT + i}",
+             "TPU_MESH_CONTROLLER_PORT": str(TPU_FIRST_PORT + i)}
+            for i, s in enumerate(slices)]
+  flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "",
+                 environ.get("XLA_FLAGS", "")).split()
+  return [{"BERTJAX_CPU_CORES": ",".join(s), "XLA_FLAGS": " ".join(
+      [*flags, f"--xla_force_host_platform_device_count={per}"])} for s in slices]
+
+
+def pin_cores(env: dict[str, str] | None):
+  """A Popen `preexec_fn` pinning the child to its slice's CPU cores (None: no slice)."""
+  cores = (env or {}).get("BERTJAX_CPU_CORES")
+  if not cores:
+    return None
+  return lambda: os.sched_setaffinity(0, [int(c) for c in cores.split(",")])

@@ -11,7 +11,7 @@ import itertools
 import pathlib
 import re
 import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from bertjax.config import config_checks, config_lib
 from bertjax.core.errors import UserError, fail
@@ -24,7 +24,7 @@ COORDINATOR_PORT = 8476         # jax.distributed coordinator port on the first 
 # What never travels to remote hosts: VCS data, caches, and run outputs (they can be huge).
 PACK_EXCLUDES = (".git", "__pycache__", "*.pyc", ".pytest_cache", "*.egg-info", "runs", ".venv",
                  "venv")
-SWEEP_KEYS = ("config", "fixed", "product", "points")
+SWEEP_KEYS = ("config", "fixed", "product", "points", "search", "command")
 # Resolved config values worth keeping per point (the report groups and plots by them).
 RESOLVED_KEYS = ("objective", "task", "learning_rate", "batch_size", "seed", "total_steps",
                  "num_epochs")
@@ -41,6 +41,7 @@ class Point:
   # What the sweep sets (fixed, command line, swept), as the config holds it: a finished point
   # trained with other values is not skipped as if it were this one (runner.check_finished).
   settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+  config: Any = dataclasses.field(default=None, repr=False)  # its resolved ConfigDict
 
 
 @dataclasses.dataclass
@@ -48,7 +49,11 @@ class Sweep:
   path: str
   arg: str | None
   config: str                 # the config spec as the commands give it
-  points: list[Point]
+  points: list[Point]         # a sampled search's are drawn as it runs (`make_point`)
+  # What a search asks for (bertjax/sweep/search.py: sampler, space, metric, pruner), or None.
+  search: dict[str, Any] | None = None
+  command: str = "launch.py"  # the script each point runs, with launch.py's flags
+  make_point: Callable[[dict[str, Any]], Point] | None = None  # overrides -> a checked point
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,17 +164,27 @@ def load_sweep(spec: str, overrides: Sequence[str] = (), also_check: Sequence[st
   raw, path, arg = load_sweep_spec(spec)
   where = f"sweep {path}"
   fixed = _check_mapping(f"{where}: 'fixed'", raw.get("fixed", {}))
-  swept = expand_points(raw, where)
-  swept_keys = {k for p in swept for k in p}
+  search = raw.get("search")
+  space = search.get("space", {}) if isinstance(search, dict) else {}
+  sampled = isinstance(search, dict) and search.get("sampler") is not None
+  if sampled and ("product" in raw or "points" in raw):
+    fail(f"{where}: a search with a sampler draws its points; drop 'product' and 'points', or "
+         "drop 'sampler' to run (and prune) the grid")
+  swept = [] if sampled else expand_points(raw, where)
+  swept_keys = {k for p in swept for k in p} | set(space if isinstance(space, dict) else ())
   twice = sorted(set(fixed) & swept_keys)
   if twice:  # passed twice, the last would silently win
-    fail(f"{where}: key {twice[0]!r} is both in 'fixed' and swept ('product' or 'points'); keep "
-         "one")
+    fail(f"{where}: key {twice[0]!r} is both in 'fixed' and swept ('product', 'points' or the "
+         "search's 'space'); keep one")
   cli = [o.removeprefix("--").removeprefix("config.") for o in overrides]
   for item in cli:
     key = item.partition("=")[0]
     if key in swept_keys:
       fail(f"--config.{key} is swept by {path}; remove it from the command line or the sweep")
+  command = raw.get("command", "launch.py")
+  if not isinstance(command, str) or not (REPO / command).is_file():
+    fail(f"{where}: 'command' {command!r} is not a script under {REPO}; leave it out to run "
+         "launch.py")
 
   config_spec = raw["config"]
   config_path = config_spec.partition(":")[0]
@@ -182,8 +197,8 @@ def load_sweep(spec: str, overrides: Sequence[str] = (), also_check: Sequence[st
   fixed_args = [f"{k}={format_value(v)}" for k, v in fixed.items()] + cli
   _with_where(where, config_lib.apply_overrides, copy.deepcopy(base), fixed_args)
 
-  points, names = [], {}
-  for overrides_ in swept:
+  def make_point(overrides_: dict[str, Any]) -> Point:
+    """A point of these overrides, its config checked as the trainer would."""
     name = point_name(overrides_)
     args = fixed_args + [f"{k}={format_value(v)}" for k, v in overrides_.items()]
     config = copy.deepcopy(base)
@@ -191,20 +206,27 @@ def load_sweep(spec: str, overrides: Sequence[str] = (), also_check: Sequence[st
                 args + list(also_check))
     # The trainer's settings checks, on every point before any runs (and in --dry_run).
     _with_where(f"{where}: point {name}", config_checks.check_config, config)
-    if name in names:
-      fail(f"{where}: points {names[name]} and {overrides_} share the name {name}; "
-           f"make their values differ in letters or digits")
-    names[name] = overrides_
     if config.get("seeds"):
       fail(f"{where}: point {name} sets seeds={tuple(config.seeds)}; sweep over 'seed' instead "
            f"so each seed is its own point")
     resolved = {k: plain_value(config[k]) for k in RESOLVED_KEYS if k in config}
     keys = dict.fromkeys(a.partition("=")[0] for a in args)
     settings = {k: plain_value(config[k]) for k in keys}
-    points.append(Point(name=name, overrides=overrides_, args=[f"--config.{a}" for a in args],
-                        total_steps=int(config.get("total_steps", 0) or 0), resolved=resolved,
-                        settings=settings))
-  return Sweep(path=path, arg=arg, config=config_spec, points=points)
+    return Point(name=name, overrides=overrides_, args=[f"--config.{a}" for a in args],
+                 total_steps=int(config.get("total_steps", 0) or 0), resolved=resolved,
+                 settings=settings, config=config)
+
+  points, names = [], {}
+  for overrides_ in swept:
+    point = make_point(overrides_)
+    if point.name in names:
+      fail(f"{where}: points {names[point.name]} and {overrides_} share the name {point.name}; "
+           f"make their values differ in letters or digits")
+    names[point.name] = overrides_
+    points.append(point)
+  return Sweep(path=path, arg=arg, config=config_spec, points=points,
+               search=search, command=command,
+               make_point=make_point)
 
 
 def _with_where(where: str, fn, *args):

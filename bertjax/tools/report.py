@@ -18,6 +18,10 @@ Writes into DIR:
                    1e-4, 3e-4, ...), per setting of the other swept keys: the median over seeds
                    (line), a min-max band, each seed a dot (dev_vs_lr.json: the data and labels);
                    not for a single run.
+  search.png       a search's sweep (sweep.json's `search`, bertjax/sweep/search.py): each
+                   point's value (its best dev metric of the search) against its trial, pruned
+                   points marked, the best so far; against each searched key; every point's dev
+                   curve, the pruned ones red, ending where they were stopped (search.json).
 
 Dev metrics are the rows of metrics.jsonl with split "eval": "final" is the last evaluation,
 "best" the best over the run (lowest for losses and perplexities, highest otherwise). tokens/s
@@ -54,8 +58,8 @@ from bertjax.core import command_line, paths, run_files
 from bertjax.core.errors import fail, run_cli
 from bertjax.metrics import glue
 from bertjax.runtime import metric_writers
-from bertjax.tools.report_plots import (plot_dev_curve, plot_dev_vs_lr, plot_train_loss,
-                                        setting_text)
+from bertjax.tools.report_plots import (plot_dev_curve, plot_dev_vs_lr, plot_search,
+                                        plot_train_loss, setting_text)
 
 SEED_KEYS = ("seed",)
 # Counters an evaluation logs next to its metrics: not metrics to compare.
@@ -478,6 +482,10 @@ def write_report(sweep_dir: str | pathlib.Path, metric: str | None = None) -> di
   plot_dev_curve(points, metric, sweep_dir / "dev_curve.png", scope, lower)
   if not is_run(sweep_dir):  # one run: one learning rate, no curve against it
     plot_dev_vs_lr(points, metric, sweep_dir / "dev_vs_lr.png", scope, lower)
+  search = (run_files.read_json(sweep_dir / "sweep.json") or {}).get("search")
+  if isinstance(search, dict) and isinstance(search.get("metric"), str):  # a search's sweep
+    plot_search(points, search["metric"], search.get("mode", "min"), search.get("space") or {},
+                sweep_dir / "search.png")
   return {"points": points, "metric": metric, "scope": scope, "seed_groups": groups,
           "best": best, "glue": glue_result, "markdown": text}
 
@@ -497,7 +505,8 @@ def main(argv: Sequence[str] | None = None) -> None:
   print(report["markdown"])
   where = paths.as_path(sweep_dir)
   print(f"wrote {where / 'report.md'}, train_loss.png, dev_curve.png"
-        + ("" if is_run(where) else ", dev_vs_lr.png"))
+        + ("" if is_run(where) else ", dev_vs_lr.png")
+        + (", search.png" if (where / "search.png").is_file() else ""))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """The plots of a sweep report (bertjax/tools/report.py): training loss over steps, the main dev
-metric against the learning rate.
+metric against the learning rate, and a search's points (`plot_search`).
 
 Every plot aggregates the seeds of a setting (points equal in every swept key but `seed`): a line
 through the median over seeds, a band from the lowest to the highest seed, each seed a dot or a
@@ -178,3 +178,64 @@ def plot_dev_vs_lr(points: Sequence[Any], metric: str | None, path: paths.Path,
     ax.text(0.5, 0.5, "no dev metric with a learning rate yet", ha="center",
             transform=ax.transAxes)
   return _save(fig, ax, path, data)
+
+
+def plot_search(points: Sequence[Any], metric: str, mode: str, space: dict[str, Any],
+                path: paths.Path) -> dict[str, Any]:
+  """A search (sweep.json's `search`), in panels side by side: each point's value (its best dev
+  `metric`) against its trial (its place in sweep.json), pruned points as red crosses at their
+  best before they were stopped, the best so far of the finished ones as a step line; the values
+  against each searched key (a log axis for a log-uniform one); and every point's dev curve,
+  pruned ones red, ending where they were stopped. path.json: the numbers drawn and each panel's
+  labels."""
+  keys = list(space)
+  fig = Figure(figsize=(4.2 * (2 + len(keys)), 4.2), dpi=100)
+  axes = list(np.atleast_1d(fig.subplots(1, 2 + len(keys))))
+  pick = min if mode == "min" else max
+  scored = [(i, p) for i, p in enumerate(points) if metric in p.best]
+  pruned = lambda p: p.status == "pruned"
+  data: dict[str, Any] = {"metric": metric, "mode": mode, "trials": [
+      {"trial": i, "name": p.name, "status": p.status, "value": p.best[metric],
+       "settings": p.overrides} for i, p in scored], "curves": [], "panels": []}
+
+  ax = axes[0]
+  for flag, style in ((False, dict(marker="o", color="tab:blue", label="finished")),
+                      (True, dict(marker="x", color="tab:red", label="pruned (best before)"))):
+    shown = [(i, p.best[metric]) for i, p in scored if pruned(p) == flag]
+    if shown:
+      ax.scatter(*zip(*shown), **style)
+  done = [(i, p.best[metric]) for i, p in scored if p.status == "finished"]
+  if done:
+    best = [pick(v for _, v in done[:k + 1]) for k in range(len(done))]
+    ax.step([i for i, _ in done] + [scored[-1][0]], best + best[-1:], where="post", color="k",
+            label="best so far")
+  ax.set(title=f"{metric} per trial", xlabel="trial", ylabel=f"best dev {metric}")
+  ax.legend(fontsize=8)
+  for ax, key in zip(axes[1:], keys):
+    for flag, style in ((False, dict(marker="o", color="tab:blue")),
+                        (True, dict(marker="x", color="tab:red"))):
+      shown = [(p.overrides[key], p.best[metric]) for _, p in scored
+               if pruned(p) == flag and isinstance(p.overrides.get(key), (int, float))]
+      if shown:
+        ax.scatter(*zip(*shown), **style)
+    if space[key][0] == "log_uniform":
+      ax.set_xscale("log")
+    ax.set(title=f"{metric} against {key}", xlabel=key, ylabel=f"best dev {metric}")
+  ax = axes[-1]
+  for p in points:
+    rows = [(step, row[metric]) for step, row in p.evals if metric in row]
+    if rows:
+      ax.plot(*zip(*rows), color="tab:red" if pruned(p) else "tab:blue", alpha=0.7, lw=1,
+              marker="x" if pruned(p) else None, markevery=[len(rows) - 1])
+      data["curves"].append({"name": p.name, "status": p.status, "steps": [s for s, _ in rows],
+                             "values": [v for _, v in rows]})
+  ax.set(title=f"dev {metric} curves (red: pruned)", xlabel="step", ylabel=f"dev {metric}")
+  data["panels"] = [{"title": a.get_title(), "xlabel": a.get_xlabel(), "ylabel": a.get_ylabel()}
+                    for a in axes]
+  fig.tight_layout()
+  png = io.BytesIO()
+  fig.savefig(png, format="png")
+  path = paths.as_path(path)
+  paths.replace_bytes(path, png.getvalue())
+  paths.replace_text(path.with_suffix(".json"), json.dumps(data, indent=1, default=str))
+  return data
