@@ -1,0 +1,162 @@
+"""What a compiled step holds, read from its optimized HLO (`compiled.as_text()`): its kernels by
+kind and the FLOPs of its matrix products.
+
+Kernels are counted as they stand in the module (a loop's body once): fusions by kind (XLA's
+loop, input, output fusions; custom fusions by their backend: Triton GEMM, cuBLAS, ...), custom
+calls by target (`tpu_custom_call`: a Pallas kernel compiled by Mosaic; `__gpu$xla.gpu.triton`: a
+Pallas Triton kernel; `__cublas$gemm`: a cuBLAS GEMM; cuDNN's), and collectives.
+
+FLOPs: 2 x the result's elements x the contracted size, for every dot, GEMM call and
+convolution (XLA:TPU's form of a dot), through the call graph, a `while` body counted as often as XLA's known trip count says (a
+scan over layers or micro-batches). XLA's own `cost_analysis()` counts a loop's body once and
+gives nothing on the GPU path; this count is the one that holds for both.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import re
+
+_COMPUTATION = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+# name = type op(operands), ...: the type an array (f32[8,16]{1,0}) or a tuple of them.
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\(.*?\)|\S+)\s+([\w\-$]+)\(")
+_SHAPE = re.compile(r"\w+\[([\d,]*)\]")
+_CALLS = re.compile(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
+_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
+               "ragged-all-to-all")
+
+
+def computations(text: str) -> tuple[dict[str, list[str]], str]:
+  """{name: its instruction lines} of an HLO module's text, and the entry computation's name."""
+  comps, entry, current = {}, "", None
+  for line in text.splitlines():
+    if current is None:
+      m = _COMPUTATION.match(line)
+      if m and "->" in line:
+        current = m.group(2)
+        comps[current] = []
+        entry = current if m.group(1) else entry
+    elif line.strip() == "}":
+      current = None
+    else:
+      comps[current].append(line)
+  return comps, entry
+
+
+def _dims(text: str) -> list[int]:
+  return [int(d) for d in text.split(",") if d]
+
+
+def _ints(line: str, key: str) -> list[int]:
+  m = re.search(key + r"=\{([\d,]*)\}", line)
+  return _dims(m.group(1)) if m else []
+
+
+def _operands(line: str) -> list[str]:
+  """The operand names of an instruction line (after its type, whose tiling has parentheses)."""
+  m = _INSTRUCTION.match(line)
+  rest = line[m.end():] if m else ""
+  return [o.strip().lstrip("%") for o in rest[:rest.find(")")].split(",") if o.strip()]
+
+
+def _gemm_flops(line: str, shapes: dict[str, list[int]], result: list[int]) -> int:
+  """A dot's, or a cuBLAS/cuBLASLt GEMM call's (its dimension numbers in its backend config)."""
+  names = _operands(line)
+  lhs = shapes.get(names[0]) if names else None
+  contracting = _ints(line, "lhs_contracting_dims")
+  if not contracting:
+    m = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', line)
+    contracting = [int(d.strip('"')) for d in m.group(1).split(",") if d] if m else []
+  if lhs is None or not contracting:
+    return 0
+  return 2 * math.prod(result) * math.prod(lhs[d] for d in contracting if d < len(lhs))
+
+
+def _convolution_flops(line: str, shapes: dict[str, list[int]], result: list[int]) -> int:
+  """XLA:TPU writes a dot as a convolution (dim_labels=bf_io->bf): 2 x the result's elements x
+  the kernel's input features and spatial extent."""
+  labels = re.search(r"dim_labels=\w+_(\w+)->", line)
+  names = _operands(line)
+  rhs = shapes.get(names[1]) if len(names) > 1 else None
+  if not labels or rhs is None or len(rhs) != len(labels.group(1)):
+    return 0
+  return 2 * math.prod(result) * math.prod(
+      size for size, label in zip(rhs, labels.group(1)) if label == "i" or label.isdigit())
+
+
+def _trips(line: str, comps: dict[str, list[str]]) -> int:
+  """A while loop's trip count: XLA's known_trip_count (GPU, CPU), else its condition's `i < N`
+  on one integer constant (XLA:TPU; jax's loops count from 0 by 1), else 1."""
+  known = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
+  if known:
+    return int(known.group(1))
+  cond = re.search(r"condition=%?([\w.\-]+)", line)
+  body = comps.get(cond.group(1), []) if cond else []
+  bounds = [int(c) for l in body for c in re.findall(r"\bconstant\((\d+)\)", l)]
+  less = any("compare(" in l and "direction=LT" in l for l in body)
+  return bounds[0] if less and len(bounds) == 1 else 1
+
+
+def flops(text: str) -> int:
+  """FLOPs of the matrix products of one execution of the module (module docstring)."""
+  comps, entry = computations(text)
+  memo: dict[str, int] = {}
+
+  def of(name: str) -> int:
+    if name in memo or name not in comps:
+      return memo.get(name, 0)
+    memo[name] = 0  # a cycle cannot happen in HLO; this only guards the recursion
+    shapes, total = {}, 0
+    for line in comps[name]:
+      m = _INSTRUCTION.match(line)
+      if m:
+        first = _SHAPE.search(m.group(2))  # a tuple's first element: a GEMM call's result
+        shapes[m.group(1)] = shape = _dims(first.group(1)) if first else []
+        op = m.group(3)
+        if op == "dot" or (op == "custom-call" and "gemm" in line and "lhs_contracting" in line):
+          total += _gemm_flops(line, shapes, shape)
+        elif op == "convolution":
+          total += _convolution_flops(line, shapes, shape)
+      called = _CALLS.findall(line)
+      if " while(" in line:
+        total += _trips(line, comps) * sum(of(c) for c in called)
+      else:
+        total += sum(of(c) for c in called)
+      branches = _BRANCHES.search(line)
+      if branches:
+        total += max((of(b.strip().lstrip("%")) for b in branches.group(1).split(",")), default=0)
+    memo[name] = total
+    return total
+
+  return of(entry)
+
+
+def _fusion_kind(line: str) -> str:
+  kind = re.search(r"kind=(k\w+)", line)
+  label = {"kLoop": "loop", "kInput": "input (reduction)", "kOutput": "output",
+           "kCustom": "custom"}.get(kind.group(1) if kind else "", "other")
+  if label == "custom":
+    m = re.search(r'"kind":"([^"]+)"', line)
+    label = m.group(1) if m else label
+  return f"fusion: {label}"
+
+
+def kernels(text: str) -> dict[str, int]:
+  """{kind: count} of the module's fusions, custom calls (by target) and collectives, as they
+  stand in the module (a loop's body once)."""
+  counts: collections.Counter = collections.Counter()
+  for line in text.splitlines():
+    m = _INSTRUCTION.match(line)
+    if not m:
+      continue
+    op = m.group(3)
+    if op == "fusion":
+      counts[_fusion_kind(line)] += 1
+    elif op == "custom-call":
+      target = re.search(r'custom_call_target="([^"]+)"', line)
+      counts[f"custom call: {target.group(1) if target else '?'}"] += 1
+    elif op.removesuffix("-start") in COLLECTIVES:
+      counts[f"collective: {op.removesuffix('-start')}"] += 1
+  return dict(sorted(counts.items()))
