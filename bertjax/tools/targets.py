@@ -142,6 +142,9 @@ def _tpu(name: str) -> Target:
   gen, topology, expected = tpu_slice(name)
   if importlib.util.find_spec("libtpu") is None:
     fail(f"target {name} needs the TPU compiler, which is not installed; fix: install {TPU_EXTRA}")
+  # libtpu's lock file keeps a second process off a TPU; compile-only devices hold none, so the
+  # processes of a test run (pytest-xdist) or two compiles may load it together.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   with quiet_stderr():
     desc = topologies.get_topology_desc(topology, "tpu", **dict(gen.options))
   devices = tuple(desc.devices)
