@@ -54,7 +54,7 @@ def test_a_plain_run_prints_no_compiler_warnings(tmp_path):
 @pytest.mark.parametrize("name, devices, chip", [
     ("v2-8", 8, "TPU v2"), ("v3-32", 32, "TPU v3"), ("v3-2048", 2048, "TPU v3"),
     ("v4-32", 16, "TPU v4"), ("v5p-16", 8, "TPU v5"), ("v5e-16", 16, "TPU v5 lite"),
-    ("v5litepod-4", 4, "TPU v5 lite"), ("v6e-8", 8, "TPU v6 lite")])
+    ("v5litepod-4", 4, "TPU v5 lite"), ("v5e-1", 1, "TPU v5 lite"), ("v6e-8", 8, "TPU v6 lite")])
 @needs_compilers
 def test_a_slice_compiles_for_the_devices_the_real_slice_shows(name, devices, chip):
   """Per generation, as a VM of that slice shows them: v2 and v3 one device per TensorCore
@@ -113,8 +113,12 @@ def test_a_recipe_compiles_for_a_tpu_slice_with_splash_through_mosaic(compiled, 
   report = compiled[spec, TPU]
   assert report.mesh_shape == (4, 1, 1) and report.fits
   assert report.kernels["custom call: tpu_custom_call"] >= 1  # splash, compiled by Mosaic
-  # XLA:TPU's own count (a loop's body once) and ours agree where the step has no loop.
-  assert 0.8 < report.flops / report.xla_flops < 1.25
+  # XLA:TPU's own count (a loop's body once) and ours agree where the step has no loop (the
+  # quickstart; ModernBERT's scans its 4 micro-batches).
+  if " while(" not in report.compiled.as_text():
+    assert 0.8 < report.flops / report.xla_flops < 1.25
+  else:
+    assert report.flops > 2 * report.xla_flops
   assert "fits" in "\n".join(compile_tool.lines(report))
 
 
@@ -125,8 +129,9 @@ def test_a_recipe_compiles_for_an_h100_with_the_gpu_set(compiled, spec):
   report = compiled[spec, GPU]
   assert report.fits and report.xla_flops is None and report.flops > 0  # counted from the HLO
   assert any(kind.startswith("fusion: __triton") for kind in report.kernels)
-  # The same step's matrix products on either chip, within what each compiler rewrites.
-  assert 0.5 < report.flops / (4 * compiled[spec, TPU].flops) < 2  # TPU: a quarter per device
+  # The same step's matrix products on either chip, counted from each one's HLO (the TPU's
+  # convolutions, the GPU's dots and GEMM fusions): a v5e of four holds a quarter of the batch.
+  assert 0.8 < report.flops / (4 * compiled[spec, TPU].flops) < 1.25
 
 
 @pytest.mark.slow
@@ -141,6 +146,21 @@ def test_a_step_larger_than_the_chip_does_not_fit_with_its_figures(capsys):
   line = str(e.value)
   assert "\n" not in line and "does not fit v5e-1's memory" in line and "fix: " in line
   assert "G" in line  # XLA's figures: what the program needs against the HBM available
+
+
+@pytest.mark.slow
+def test_a_step_larger_than_a_device_that_compiles_anyway_is_refused_with_its_figures(capsys):
+  """The twin where the compiler does not refuse (XLA:GPU, XLA:CPU compile a program larger than
+  the device): the verdict comes from the memory analysis. A vocabulary of 2**27 rows: 64 GiB of
+  float32 embedding, three times that with Adam's moments, past any host's memory."""
+  with pytest.raises(UserError) as e:
+    compile_tool.main(["--config", str(REPO / "configs/quickstart.py:runlocal"),
+                       "--target=cpu-1", "--config.model.vocab_size=134217728"])
+  line = str(e.value)
+  assert "\n" not in line and "per device (XLA's compiled estimate) but a cpu-1 device" in line
+  assert ": it does not fit by " in line and "GiB; fix: " in line
+  out = capsys.readouterr().out
+  assert "does not fit by" in out and "arguments" in out  # the report's figures, on stdout
 
 
 @pytest.mark.slow

@@ -186,7 +186,13 @@ def main(argv: Sequence[str] | None = None):
   report = compile_step(config, target, mesh)
   name = config_flags.get_config_filename(fv["config"])
   print(f"{name}: the train step compiles for {target.name}")
-  print("\n".join(lines(report)))
+  print("\n".join(lines(report)), flush=True)
+  if report.fits is False:  # XLA:GPU and XLA:CPU compile a program larger than the device
+    fail(f"the train step needs about {step_memory.size(report.footprint.peak)} per device "
+         f"(XLA's compiled estimate) but a {target.name} device holds "
+         f"{step_memory.size(report.memory_bytes)}: it "
+         f"{step_memory.verdict(report.footprint.peak, report.memory_bytes)}; fix: "
+         f"{step_memory.FIX}")
 
 
 if __name__ == "__main__":

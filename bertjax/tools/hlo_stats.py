@@ -75,15 +75,23 @@ def _gemm_flops(line: str, shapes: dict[str, list[int]], result: list[int]) -> i
 
 
 def _convolution_flops(line: str, shapes: dict[str, list[int]], result: list[int]) -> int:
-  """XLA:TPU writes a dot as a convolution (dim_labels=bf_io->bf): 2 x the result's elements x
-  the kernel's input features and spatial extent."""
-  labels = re.search(r"dim_labels=\w+_(\w+)->", line)
+  """XLA:TPU writes a dot as a convolution (dim_labels=bf_io->bf; a dot's free dimensions as
+  spatial ones, bf01_i01o->b01f): 2 x the result's elements x the kernel's input features x, per
+  spatial dimension, the window that meets the input (the kernel's extent, at most the input's)."""
+  labels = re.search(r"dim_labels=(\w+)_(\w+)->", line)
   names = _operands(line)
-  rhs = shapes.get(names[1]) if len(names) > 1 else None
-  if not labels or rhs is None or len(rhs) != len(labels.group(1)):
+  lhs, rhs = (shapes.get(names[0]), shapes.get(names[1])) if len(names) > 1 else (None, None)
+  if not labels or lhs is None or rhs is None or (len(lhs), len(rhs)) != tuple(
+      map(len, labels.groups())):
     return 0
-  return 2 * math.prod(result) * math.prod(
-      size for size, label in zip(rhs, labels.group(1)) if label == "i" or label.isdigit())
+  lhs_size = dict(zip(labels.group(1), lhs))
+  work = 1
+  for size, label in zip(rhs, labels.group(2)):
+    if label == "i":
+      work *= size
+    elif label.isdigit():
+      work *= min(size, lhs_size.get(label, size))
+  return 2 * math.prod(result) * work
 
 
 def _trips(line: str, comps: dict[str, list[str]]) -> int:

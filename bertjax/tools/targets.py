@@ -114,6 +114,14 @@ def tpu_slice(name: str) -> tuple[Generation, str, int]:
   return gen, topology, chips * gen.devices_per_chip
 
 
+def topology_options(gen: Generation, topology: str) -> dict:
+  """get_topology_desc's keyword arguments: the generation's, and for a slice smaller than
+  libtpu's default host (2x2x1), its own chips as the host (v5e-1: one chip)."""
+  dims = tuple(int(d) for d in topology.split(":")[1].split("x"))
+  small = math.prod(dims) < 4
+  return {**dict(gen.options), **({"chips_per_host_bounds": (dims + (1, 1))[:3]} if small else {})}
+
+
 # What libtpu prints on a machine without a TPU (it looks for the VM's metadata): not the user's
 # concern when compiling for a topology, so kept off the terminal.
 LIBTPU_NOISE = re.compile(r"TPU_ACCELERATOR_TYPE|TPU_WORKER_HOSTNAMES|InitGoogle|"
@@ -146,7 +154,7 @@ def _tpu(name: str) -> Target:
   # processes of a test run (pytest-xdist) or two compiles may load it together.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   with quiet_stderr():
-    desc = topologies.get_topology_desc(topology, "tpu", **dict(gen.options))
+    desc = topologies.get_topology_desc(topology, "tpu", **topology_options(gen, topology))
   devices = tuple(desc.devices)
   assert len(devices) == expected, (topology, len(devices), expected)  # TPUS's counts
   return Target(name, "tpu", devices[0].device_kind, topology, devices, gen.hbm_gib * 2**30)
