@@ -32,11 +32,9 @@ import jax
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax.config import config_lib
-from bertjax.core import command_line
 from bertjax.core.errors import fail, run_cli
 from bertjax.models import kernels
-from bertjax.runtime import sharding, step_memory
+from bertjax.runtime import step_memory
 from bertjax.tools import hlo_stats, targets
 from bertjax.trainer import steps
 
@@ -112,7 +110,7 @@ def refuse(target: targets.Target, error: Exception):
   lines = [l.strip() for l in str(error).splitlines() if l.strip()]
   memory = [l for l in lines if "exceeds" in l or "Ran out of memory" in l]
   if "RESOURCE_EXHAUSTED" in str(error) and memory:
-    fail(f"the train step does not fit {target.name}'s memory: {memory[-1]}; fix: "
+    fail(f"the train step does not fit {target.name}'s memory: {memory[-1].rstrip('.')}; fix: "
          f"{step_memory.FIX}")
   fail(f"{target.name}'s compiler refused the train step: {lines[0] if lines else error}")
 
@@ -150,28 +148,14 @@ def lines(report: Report) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None):
-  argv = list(sys.argv[1:] if argv is None else argv)
-  overrides = [a for a in argv if a.startswith("--config.")]  # typed by config_lib, as launch.py
-  argv = [a for a in argv if not a.startswith("--config.")]
-
-  def define(fv: flags.FlagValues) -> None:
-    command_line.define_config_file(fv, [PROG, *argv], "configs/<exp>.py[:variant]; then "
-                                    "--config.key=value sets one of its settings",
-                                    config_lib.load_config_file)
+  def target_flag(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("target", None, f"what to compile for: {targets.known()}",
                         flag_values=fv)
-    flags.DEFINE_string("mesh", None, "data,fsdp,tensor sizes of the mesh over the target's "
-                        "devices (default: the config's mesh_shape)", flag_values=fv)
 
-  fv, _ = command_line.parse(argv, define, prog=PROG, doc=__doc__, required=["config", "target"])
-  mesh = None
-  if fv.mesh is not None:
-    try:
-      mesh = tuple(int(x) for x in fv.mesh.split(","))
-    except ValueError:
-      mesh = ()
-    if len(mesh) != len(sharding.MESH_AXES) or min(mesh) < 1:
-      fail(f"--mesh={fv.mesh!r} takes three sizes data,fsdp,tensor, e.g. 4,2,2")
+  fv, config, mesh = targets.step_command(
+      sys.argv[1:] if argv is None else argv, prog=PROG, doc=__doc__, mesh_default=None,
+      mesh_help="data,fsdp,tensor sizes of the mesh over the target's devices (default: the "
+      "config's mesh_shape)", more=target_flag, required=["config", "target"])
   # Only the compiler of the target is wanted, never a device of this machine: JAX starts on the
   # CPU (with cpu-N's devices) unless JAX_PLATFORMS says otherwise.
   if not os.environ.get("JAX_PLATFORMS"):
@@ -181,8 +165,6 @@ def main(argv: Sequence[str] | None = None):
     with contextlib.suppress(RuntimeError):  # JAX already started: targets.resolve says so
       jax.config.update("jax_num_cpu_devices", max(n, jax.config.jax_num_cpu_devices))
   target = targets.resolve(fv.target)
-  config = fv.config
-  config_lib.apply_overrides(config, overrides)
   report = compile_step(config, target, mesh)
   name = config_flags.get_config_filename(fv["config"])
   print(f"{name}: the train step compiles for {target.name}")

@@ -24,9 +24,13 @@ import os
 import pathlib
 import re
 import tempfile
+from typing import Callable, Sequence
 import jax
+from absl import flags
 from jax.experimental import topologies
 
+from bertjax.config import config_lib
+from bertjax.core import command_line
 from bertjax.core.errors import fail
 
 GPU_SPECS = pathlib.Path(__file__).resolve().parent / "gpu_specs"
@@ -210,3 +214,35 @@ def describe(target: Target) -> str:
     return f"{target.name}: {len(target.devices)} host CPU devices"
   return (f"{target.name}: {len(target.devices)} x {target.chip} ({target.topology}, "
           f"{target.memory_bytes / 2**30:.1f} GiB each; compile-only devices)")
+
+
+def step_command(argv: Sequence[str], *, prog: str, doc: str | None, mesh_default: str | None,
+                 mesh_help: str, more: Callable[[flags.FlagValues], None] = lambda fv: None,
+                 required: Sequence[str] = ("config",)):
+  """The command line of a tool that builds a recipe's step for a mesh (this module's compile
+  tool, tpu_lowering): `--config FILE[:variant]` with `--config.key=value` overrides (typed as
+  launch.py types them), `--mesh data,fsdp,tensor`, and `more`'s flags. Returns (the flags, the
+  config with its overrides, the mesh's sizes or None); each mistake one line."""
+  argv = list(argv)
+  overrides = [a for a in argv if a.startswith("--config.")]
+  argv = [a for a in argv if not a.startswith("--config.")]
+
+  def define(fv: flags.FlagValues) -> None:
+    command_line.define_config_file(fv, [prog, *argv], "configs/<exp>.py[:variant]; then "
+                                    "--config.key=value sets one of its settings",
+                                    config_lib.load_config_file)
+    flags.DEFINE_string("mesh", mesh_default, mesh_help, flag_values=fv)
+    more(fv)
+
+  fv, _ = command_line.parse(argv, define, prog=prog, doc=doc, required=list(required))
+  mesh = None
+  if fv.mesh is not None:
+    try:
+      mesh = tuple(int(x) for x in fv.mesh.split(","))
+    except ValueError:
+      mesh = ()
+    if len(mesh) != 3 or min(mesh) < 1:
+      fail(f"--mesh={fv.mesh!r} takes three sizes data,fsdp,tensor, e.g. 4,2,2")
+  config = fv.config
+  config_lib.apply_overrides(config, overrides)
+  return fv, config, mesh

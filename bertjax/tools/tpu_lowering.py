@@ -23,17 +23,16 @@ from typing import Sequence
 
 import flax.linen as nn
 import jax
-from absl import flags
 from ml_collections import config_flags
 from jax.sharding import AbstractMesh, AxisType
 
-from bertjax.config import config_checks, config_lib
-from bertjax.core import command_line
-from bertjax.core.errors import fail, run_cli
+from bertjax.config import config_checks
+from bertjax.core.errors import run_cli
 from bertjax.models import kernels
 from bertjax.objective import Schedule
 from bertjax.registry import get_objective
 from bertjax.runtime import sharding
+from bertjax.tools import targets
 from bertjax.trainer import steps
 
 V4_32 = (4, 2, 2)  # 16 devices: data, fsdp, tensor
@@ -71,26 +70,10 @@ PROG = "python -m bertjax.tools.tpu_lowering"
 
 
 def main(argv: Sequence[str] | None = None):
-  argv = list(sys.argv[1:] if argv is None else argv)
-  overrides = [a for a in argv if a.startswith("--config.")]  # typed by config_lib, as launch.py
-  argv = [a for a in argv if not a.startswith("--config.")]
-
-  def define(fv: flags.FlagValues) -> None:
-    command_line.define_config_file(fv, [PROG, *argv], "configs/<exp>.py[:variant]; then "
-                                    "--config.key=value sets one of its settings",
-                                    config_lib.load_config_file)
-    flags.DEFINE_string("mesh", ",".join(map(str, V4_32)), "data,fsdp,tensor sizes of the "
-                        "abstract mesh (default: a v4-32's 16)", flag_values=fv)
-
-  fv, _ = command_line.parse(argv, define, prog=PROG, doc=__doc__, required=["config"])
-  try:
-    shape = tuple(int(x) for x in fv.mesh.split(","))
-  except ValueError:
-    shape = ()
-  if len(shape) != 3 or min(shape) < 1:
-    fail(f"--mesh={fv.mesh!r} takes three sizes data,fsdp,tensor, e.g. 4,2,2")
-  config = fv.config
-  config_lib.apply_overrides(config, overrides)
+  fv, config, shape = targets.step_command(
+      sys.argv[1:] if argv is None else argv, prog=PROG, doc=__doc__,
+      mesh_default=",".join(map(str, V4_32)),
+      mesh_help="data,fsdp,tensor sizes of the abstract mesh (default: a v4-32's 16)")
   config_checks.check_settings(config)  # the settings the optimizer and model trust
   exported = export_train_step(config, shape)
   print(f"{config_flags.get_config_filename(fv['config'])}: the TPU-set train step lowers for TPU "
