@@ -23,7 +23,7 @@ from bertjax.trainer import run_plan, steps, train
 from tests.helpers import REPO, load_config, run_module
 
 COMPILERS = {"libtpu": targets.TPU_EXTRA, "jax_plugins.xla_cuda13": targets.GPU_EXTRA}
-MISSING = [extra for module, extra in COMPILERS.items() if importlib.util.find_spec(module) is None]
+MISSING = [extra for module, extra in COMPILERS.items() if not targets.installed(module)]
 needs_compilers = pytest.mark.skipif(
     bool(MISSING), reason=f"install requirements-test.txt ({'; '.join(MISSING)})")
 

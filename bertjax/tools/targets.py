@@ -63,6 +63,14 @@ GPU_EXTRA = ("jax-cuda13-plugin and jax-cuda13-pjrt at jax's version (pip instal
 TPU_EXTRA = f'libtpu (pip install "jax[tpu]=={jax.__version__}")'
 
 
+def installed(module: str) -> bool:
+  """Whether `module` (dotted: its parents too) can be imported, without importing it."""
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ModuleNotFoundError:  # a parent package is missing
+    return False
+
+
 def gpu_names() -> list[str]:
   return sorted(p.stem for p in GPU_SPECS.glob("*.txtpb"))
 
@@ -152,7 +160,7 @@ def quiet_stderr(noise: re.Pattern = LIBTPU_NOISE):
 
 def _tpu(name: str) -> Target:
   gen, topology, expected = tpu_slice(name)
-  if importlib.util.find_spec("libtpu") is None:
+  if not installed("libtpu"):
     fail(f"target {name} needs the TPU compiler, which is not installed; fix: install {TPU_EXTRA}")
   # libtpu's lock file keeps a second process off a TPU; compile-only devices hold none, so the
   # processes of a test run (pytest-xdist) or two compiles may load it together.
@@ -169,7 +177,7 @@ def _gpu(name: str) -> Target:
   if not m or m.group(1) not in gpu_names():
     fail(f"unknown target {name!r}; known: {known()}")
   per_host, hosts = int(m.group(2) or 1), int(m.group(3) or 1)
-  if importlib.util.find_spec("jax_plugins.xla_cuda13") is None:
+  if not installed("jax_plugins.xla_cuda13"):
     fail(f"target {name} needs XLA's GPU compiler, which is not installed; fix: install "
          f"{GPU_EXTRA}")
   spec = (GPU_SPECS / f"{m.group(1)}.txtpb").read_text()
