@@ -166,7 +166,7 @@ def test_a_step_larger_than_a_device_that_compiles_anyway_is_refused_with_its_fi
 @pytest.mark.slow
 def test_cpu_target_compiles_the_trainers_own_step():
   """The one setup: the compile tool's cpu-1 step and the trainer's (train.setup, its concrete
-  state) compile to the same HLO."""
+  state) compile to the same HLO (its instructions; the source metadata aside)."""
   config = load_config("configs/quickstart.py:runlocal", **{"data.synthetic": True})
   report = compile_tool.compile_step(load_config("configs/quickstart.py:runlocal"),
                                      targets.resolve("cpu-1"))
@@ -176,6 +176,7 @@ def test_cpu_target_compiles_the_trainers_own_step():
   batch = steps.batch_specs(config, plan.objective, plan.mesh)
   with jax.set_mesh(plan.mesh), nn.logical_axis_rules(plan.rules):
     trainer = s.train_step.lower(state, batch).compile()
-  assert trainer.as_text() == report.compiled.as_text()
+  ours, theirs = (hlo_stats.program(c.as_text()) for c in (report.compiled, trainer))
+  assert ours == theirs and ours.count("\n") > 1000
   assert report.footprint == step_memory.footprint(trainer) and report.fits
   assert hlo_stats.flops(trainer.as_text()) == report.flops > 0

@@ -45,6 +45,16 @@ def computations(text: str) -> tuple[dict[str, list[str]], str]:
   return comps, entry
 
 
+def program(text: str) -> str:
+  """The module's computations without their source metadata (file and op names, stack frames,
+  whose numbering follows the order things were traced): two modules of one program compare
+  equal."""
+  comps, entry = computations(text)
+  strip = lambda line: re.sub(r",? metadata=\{[^}]*\}", "", line)
+  return "\n".join(f"{name}{' (entry)' if name == entry else ''}\n" +
+                   "\n".join(strip(l) for l in lines) for name, lines in comps.items())
+
+
 def _dims(text: str) -> list[int]:
   return [int(d) for d in text.split(",") if d]
 
