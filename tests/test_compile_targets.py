@@ -12,7 +12,9 @@ import os
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from bertjax.core.errors import UserError
 from bertjax.models import kernels
@@ -94,6 +96,26 @@ def test_a_target_whose_compiler_is_missing_names_what_to_install(monkeypatch, t
   with pytest.raises(UserError, match="which is not installed; fix: install") as e:
     targets.resolve(target)
   assert extra in str(e.value)
+
+
+@needs_compilers
+@pytest.mark.parametrize("target", ["v5e-1", "h100", "cpu-1"])
+def test_flops_are_counted_from_each_compilers_hlo(target):
+  """A batched attention product and a loop of three matrix products: XLA:TPU writes the first
+  as a convolution whose window meets each batch element once (dilated and strided), XLA:GPU as
+  Triton GEMMs, XLA:CPU as dots; the count is the same, the loop's body three times."""
+  mesh = jax.sharding.Mesh(list(targets.resolve(target).devices)[:1], ("d",))
+  spec = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16,
+                                             sharding=jax.sharding.NamedSharding(mesh, P()))
+
+  def step(q, k, w):
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k)  # 2 x 4*2*128*128 x 64
+    x = scores.reshape(-1, 128)
+    x = jax.lax.fori_loop(0, 3, lambda i, x: jnp.tanh(x @ w), x)  # 3 x 2 x 1024*128 x 128
+    return x.sum()
+  text = jax.jit(step).lower(spec(4, 2, 128, 64), spec(4, 2, 128, 64),
+                             spec(128, 128)).compile().as_text()
+  assert hlo_stats.flops(text) == 2 * 4 * 2 * 128 * 128 * 64 + 3 * 2 * 1024 * 128 * 128
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,8 @@ import collections
 import math
 import re
 
+import numpy as np
+
 _COMPUTATION = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 # name = type op(operands), ...: the type an array (f32[8,16]{1,0}) or a tuple of them.
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\(.*?\)|\S+)\s+([\w\-$]+)\(")
@@ -84,24 +86,46 @@ def _gemm_flops(line: str, shapes: dict[str, list[int]], result: list[int]) -> i
   return 2 * math.prod(result) * math.prod(lhs[d] for d in contracting if d < len(lhs))
 
 
+def _window(line: str, spatial: int) -> dict[str, list[tuple[int, ...]]]:
+  """A convolution's window attributes per spatial dimension (XLA's defaults where absent)."""
+  found = re.search(r"window=\{([^}]*)\}", line)
+  fields = dict(f.split("=", 1) for f in found.group(1).split()) if found else {}
+  per_dim = lambda key, default: ([tuple(int(v) for v in d.split("_")) for d in
+                                   fields[key].split("x")] if key in fields else [default] * spatial)
+  return {"stride": per_dim("stride", (1,)), "pad": per_dim("pad", (0, 0)),
+          "lhs_dilate": per_dim("lhs_dilate", (1,)), "rhs_dilate": per_dim("rhs_dilate", (1,))}
+
+
+def _taps(out: int, kernel: int, size: int, stride: int, pad_low: int, lhs_dilate: int,
+          rhs_dilate: int) -> int:
+  """(output position, kernel tap) pairs of one spatial dimension that meet a real input element
+  (not padding, not a hole of the input's dilation)."""
+  o, k = np.meshgrid(np.arange(out), np.arange(kernel), indexing="ij")
+  p = o * stride + k * rhs_dilate - pad_low
+  return int(np.sum((p >= 0) & (p <= (size - 1) * lhs_dilate) & (p % lhs_dilate == 0)))
+
+
 def _convolution_flops(line: str, shapes: dict[str, list[int]], result: list[int]) -> int:
-  """XLA:TPU writes a dot as a convolution (dim_labels=bf_io->bf; a dot's free dimensions as
-  spatial ones, bf01_i01o->b01f): 2 x the result's elements x the kernel's input features x, per
-  spatial dimension, the window that meets the input (the kernel's extent, at most the input's)."""
-  labels = re.search(r"dim_labels=(\w+)_(\w+)->", line)
+  """XLA:TPU writes a dot as a convolution (dim_labels=bf_io->bf), a batched one with the batch
+  dimensions as spatial ones that a dilated, strided window meets once per output
+  (window={size=16x12 stride=15x11 lhs_dilate=16x12}): 2 x the output's batch and features x
+  the kernel's input features x, per spatial dimension, the (output, tap) pairs that meet a real
+  input element."""
+  labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", line)
   names = _operands(line)
   lhs, rhs = (shapes.get(names[0]), shapes.get(names[1])) if len(names) > 1 else (None, None)
-  if not labels or lhs is None or rhs is None or (len(lhs), len(rhs)) != tuple(
+  if not labels or lhs is None or rhs is None or (len(lhs), len(rhs), len(result)) != tuple(
       map(len, labels.groups())):
     return 0
-  lhs_size = dict(zip(labels.group(1), lhs))
-  work = 1
-  for size, label in zip(rhs, labels.group(2)):
-    if label == "i":
-      work *= size
-    elif label.isdigit():
-      work *= min(size, lhs_size.get(label, size))
-  return 2 * math.prod(result) * work
+  size = {side: dict(zip(label, dims)) for side, label, dims in
+          zip("kro", labels.groups(), (lhs, rhs, result))}
+  spatial = sorted(l for l in labels.group(2) if l.isdigit())
+  window = _window(line, len(spatial))
+  work = size["r"]["i"] * size["o"]["b"] * size["o"]["f"]
+  for n, d in enumerate(spatial):
+    work *= _taps(size["o"][d], size["r"][d], size["k"][d], window["stride"][n][0],
+                  window["pad"][n][0], window["lhs_dilate"][n][0], window["rhs_dilate"][n][0])
+  return 2 * work
 
 
 def _trips(line: str, comps: dict[str, list[str]]) -> int:
