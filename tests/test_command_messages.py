@@ -23,6 +23,7 @@ from bertjax.metrics import ner as ner_eval
 from bertjax.prune import __main__ as prune_cli
 from bertjax.registry import get_objective
 from bertjax.tools import benchmark, embed as embed_cli, evaluate as evaluate_cli, report
+from bertjax.tools import compile as compile_tool
 from bertjax.tools import multihost, tpu_lowering
 from bertjax.trainer import train
 from conftest import REPO
@@ -145,6 +146,7 @@ def test_flag_helps_end_on_a_word_that_ends(define):
     (report.main, ["a", "b"]), (embed_cli.main, ["--workdir=w", "--output=o.npz"]),
     (multihost.main, ["--processes=0", "--", "x.py"]), (multihost.main, ["x.py"]),
     (tpu_lowering.main, ["--mesh=2,2"]), (tpu_lowering.main, ["--config=configs/none.py"]),
+    (compile_tool.main, ["--target=v5e-4"]), (compile_tool.main, ["--config=configs/none.py"]),
     (report.main, ["a", "--metrc=loss"]),
 ])
 def test_absl_usage_mistakes_are_one_line(command, argv):

@@ -405,12 +405,15 @@ def check_process_rows(mesh) -> None:
   """Process p of n feeds rows [p/n, (p+1)/n) of every global batch (`sharding.shard_batch`, the
   input pipeline's shares): refused, in one line, where the mesh's batch axes do not give each
   process that block of the batch (fewer batch shards than processes, or devices of several
-  processes interleaved along them)."""
-  n, p = jax.process_count(), jax.process_index()
+  processes interleaved along them). The processes are those of the mesh's devices: this run's,
+  or a compiled target's hosts (compile-only devices of a pod slice, bertjax/tools/targets.py)."""
   shards = sharding.data_parallel_size(mesh)
-  starts = sorted({idx[0].start or 0 for idx in
-                   sharding.batch_sharding(mesh).addressable_devices_indices_map((shards,)).values()})
-  if shards % n or starts != list(range(p * shards // n, (p + 1) * shards // n)):
+  by_process: dict[int, set[int]] = {}
+  for device, idx in sharding.batch_sharding(mesh).devices_indices_map((shards,)).items():
+    by_process.setdefault(device.process_index, set()).add(idx[0].start or 0)
+  n = len(by_process)
+  if shards % n or any(sorted(starts) != list(range(i * shards // n, (i + 1) * shards // n))
+                       for i, (_, starts) in enumerate(sorted(by_process.items()))):
     fail(f"mesh_shape={tuple(mesh.shape.values())} splits the batch {shards} ways over the "
          f"{sharding.BATCH_AXES} axes, which does not give each of the {n} processes its own "
          f"block of rows; make data * fsdp a multiple of {n} (e.g. --config.mesh_shape='({n}, -1, "

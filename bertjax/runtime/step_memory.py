@@ -11,6 +11,7 @@ host's available memory plus what this process already holds, shared by its CPU 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -22,17 +23,48 @@ FIX = ("a smaller --config.batch_size, a larger --config.grad_accum_steps (the s
        "smaller micro-batches) or --config.model.remat=True (recompute activations)")
 
 
-def step_bytes(compiled: Any) -> int | None:
-  """Peak bytes one device holds while the compiled step runs; None where XLA gives no analysis."""
+@dataclasses.dataclass(frozen=True)
+class Footprint:
+  """One device's bytes of a compiled step, as XLA's memory analysis gives them."""
+  arguments: int    # the state and the batch
+  outputs: int
+  aliased: int      # outputs written in place of a donated argument (the state)
+  temporaries: int  # XLA's temporary buffers (activations, gradients, workspace)
+  code: int         # the compiled code
+
+  @property
+  def peak(self) -> int:
+    """Arguments + outputs - aliased + temporaries + code: everything live at once, as if every
+    temporary were live at the step's worst moment (XLA's temporaries are already its buffer
+    assignment's peak, so this is an upper estimate)."""
+    return self.arguments + self.outputs - self.aliased + self.temporaries + self.code
+
+
+def footprint(compiled: Any) -> Footprint | None:
+  """The compiled step's `Footprint`; None where XLA gives no analysis."""
   try:
     stats = compiled.memory_analysis()
   except (NotImplementedError, jax.errors.JaxRuntimeError):
     return None
   if stats is None:
     return None
-  return int(stats.argument_size_in_bytes + stats.output_size_in_bytes
-             - stats.alias_size_in_bytes + stats.temp_size_in_bytes
-             + stats.generated_code_size_in_bytes)
+  return Footprint(arguments=int(stats.argument_size_in_bytes),
+                   outputs=int(stats.output_size_in_bytes), aliased=int(stats.alias_size_in_bytes),
+                   temporaries=int(stats.temp_size_in_bytes),
+                   code=int(stats.generated_code_size_in_bytes))
+
+
+def step_bytes(compiled: Any) -> int | None:
+  """Peak bytes one device holds while the compiled step runs; None where XLA gives no analysis."""
+  found = footprint(compiled)
+  return None if found is None else found.peak
+
+
+def verdict(need: int, limit: int) -> str:
+  """"fits (X spare)" or "does not fit by X": `need` bytes against a device's `limit`."""
+  if need <= limit:
+    return f"fits ({size(limit - need)} spare)"
+  return f"does not fit by {size(need - limit)}"
 
 
 def device_limit(device) -> tuple[int, str] | None:
