@@ -486,7 +486,8 @@ def source_digests(package: pathlib.Path | None = None) -> dict[str, str]:
           for f in sorted(package.rglob("*.py"))}
 
 
-def _listed(names: list[str]) -> str:
+def listed(names: list[str]) -> str:
+  """The first few of `names`, and how many more."""
   return ", ".join(names[:_SHOWN]) + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN
                                       else "")
 
@@ -522,13 +523,13 @@ def check_same_config(config: Any) -> None:
            f"{other}; it is slow or stuck: see its log")
     files = config_difference(code, theirs.get("code", {}))
     if files:
-      fail(f"process {me} and process {other} run different code ({_listed(files)} differ); "
+      fail(f"process {me} and process {other} run different code ({listed(files)} differ); "
            "install the same bertjax (one commit) on every host and start again")
     if theirs["digest"] != digest:
       differing[other] = config_difference(fields, theirs["fields"])
   if differing:
     keys = sorted({k for ks in differing.values() for k in ks})
-    shown = _listed(keys)
+    shown = listed(keys)
     others = ", ".join(str(p) for p in sorted(differing))
     fail(f"process {me} and process {others} were started with different settings ({shown}); "
          "start every process with the same command and --config flags")

@@ -328,10 +328,8 @@ class Settings:
       return []
     changed = distributed.config_difference(distributed.source_digests(), recorded)
     if changed and jax.process_index() == 0:
-      shown = ", ".join(changed[:_SHOWN]) + (f" and {len(changed) - _SHOWN} more"
-                                             if len(changed) > _SHOWN else "")
       logging.warning("the code changed since this run's last record: %s differ%s; going on with "
-                      "the code here (noted in %s)", shown, "s" if len(changed) == 1 else "",
+                      "the code here (noted in %s)", distributed.listed(changed), "s" if len(changed) == 1 else "",
                       self.workdir / CHANGES)
     return changed
 
