@@ -117,7 +117,8 @@ def bertjax_losses(objective, config, model_cfg, params, batches) -> list[float]
   optimizer = optim.make_optimizer(config, params=abstract, num_layers=model_cfg.num_hidden_layers,
                                    scalar_clipping=kernels.for_model(model_cfg).scalar_clipping)
   mesh = sharding.make_mesh((1, 1, 1))
-  state, _, _ = trainer.create_train_state(objective, model, optimizer, config, mesh, init_batch)
+  state, _, _ = trainer.create_train_state(objective, model, optimizer, config, mesh, init_batch,
+                                             rules=sharding.rules_from_config(config))
   params = jax.tree.map(lambda a, x: np.asarray(x, a.dtype), abstract, params)
   state = state.replace(params=params, opt_state=optimizer.init(params))
   losses = []

@@ -31,8 +31,8 @@ def specs() -> dict[str, list]:
   objective = get_objective(config)
   model = objective.make_model(config, train.model_config_from(config))
   mesh = sharding.make_mesh(config.mesh_shape)
-  _, shardings = train.param_shardings_for(objective, model, config, mesh,
-                                           objective.init_batch(config, 1, 128, 20))
+  _, shardings = train.param_shardings_for(objective, model, mesh,
+                                           objective.init_batch(config, 1, 128, 20), rules=sharding.rules_from_config(config))
   flat = flax.traverse_util.flatten_dict(shardings, sep="/")
   return {k: [list(a) if isinstance(a, tuple) else a for a in v.spec] for k, v in sorted(flat.items())}
 

@@ -60,7 +60,7 @@ def step_setup(spec: str, **settings):
   objective = get_objective(config)
   cfg = objective.model_config(config)
   mesh = sharding.make_mesh(config.mesh_shape)
-  run, state = train.setup(config, objective, cfg, mesh)  # the trainer's own step
+  run, state = train.setup(config, objective, cfg, mesh, rules=sharding.rules_from_config(config))  # the trainer's own step
   return config, cfg, state, run
 
 

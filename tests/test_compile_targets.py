@@ -194,7 +194,7 @@ def test_cpu_target_compiles_the_trainers_own_step():
                                      targets.resolve("cpu-1"))
   plan = run_plan.plan(config, None, jax.devices()[:1])
   s, state = train.setup(config, plan.objective, plan.model_cfg, plan.mesh, None,
-                         plan.grad_accum_steps, plan.rules)
+                         plan.grad_accum_steps, rules=plan.rules)
   batch = steps.batch_specs(config, plan.objective, plan.mesh)
   with jax.set_mesh(plan.mesh), nn.logical_axis_rules(plan.rules):
     trainer = s.train_step.lower(state, batch).compile()

@@ -41,7 +41,7 @@ def steps(spec: str, **settings):
   objective = get_objective(config)
   cfg = objective.model_config(config)
   mesh = sharding.make_mesh(config.mesh_shape)
-  run, state = train.setup(config, objective, cfg, mesh)
+  run, state = train.setup(config, objective, cfg, mesh, rules=sharding.rules_from_config(config))
   batch = next(inputs.SyntheticBatches(config, cfg.vocab_size, 0, config.batch_size))
   with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
     state, metrics = run.train_step(state, batch)

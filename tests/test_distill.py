@@ -258,7 +258,8 @@ def test_teacher_is_frozen_and_runs_inside_the_jitted_step(corpus, teacher):
       lambda r: objective.init_params(model, r, init_batch), jax.random.key(0)))
   optimizer = optim.make_optimizer(config, params=abstract, num_layers=4)
   mesh = sharding.make_mesh(config.mesh_shape)
-  state, _, _ = train.create_train_state(objective, model, optimizer, config, mesh, init_batch)
+  state, _, _ = train.create_train_state(objective, model, optimizer, config, mesh, init_batch,
+                                         rules=sharding.rules_from_config(config))
 
   teacher_params = model.teacher.params
   saved = checkpoints.restore_params(teacher)

@@ -36,7 +36,7 @@ def _step_and_state(skip: bool):
   optimizer = optim.make_optimizer(config)
   mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
   state, _, _ = train.create_train_state(objective, model, optimizer, config, mesh,
-                                         objective.init_batch(config, 1, 16, 4))
+                                         objective.init_batch(config, 1, 16, 4), rules=sharding.rules_from_config(config))
   step = jax.jit(train.make_train_step(objective, model, optimizer, 1, skip_nonfinite=skip))
   batch = jax.tree.map(jnp.asarray, next(inputs.SyntheticBatches(config, 200, 0, 8)))
   return step, state, batch, {**batch, "input_ids": batch["input_ids"].at[0, 0].set(POISON)}

@@ -283,7 +283,8 @@ def test_trainer_step_runs_through_the_kernel(monkeypatch):
   objective = get_objective(config)
   cfg = objective.model_config(config)
   assert cfg.attention_dropout_kernel == "pallas"
-  run, state = train.setup(config, objective, cfg, sharding.make_mesh(config.mesh_shape))
+  run, state = train.setup(config, objective, cfg, sharding.make_mesh(config.mesh_shape),
+                            rules=sharding.rules_from_config(config))
   batch = next(inputs.SyntheticBatches(config, cfg.vocab_size, 0, config.batch_size))
   with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
     _, metrics = run.train_step(state, batch)

@@ -51,7 +51,7 @@ def build(config):
   model_cfg = objective.model_config(config)
   mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
   config_checks.check_run(config, objective, model_cfg, mesh)
-  return train.setup(config, objective, model_cfg, mesh)
+  return train.setup(config, objective, model_cfg, mesh, rules=sharding.rules_from_config(config))
 
 
 def a_batch(config, rows=None, seed=0):

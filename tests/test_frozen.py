@@ -59,7 +59,7 @@ def build(config, mesh_shape=(1, 1, 1)):
   model_cfg = objective.model_config(config)
   mesh = sharding.make_mesh(mesh_shape, jax.devices()[:int(np.prod(mesh_shape))])
   config_checks.check_run(config, objective, model_cfg, mesh)
-  s, state = train.setup(config, objective, model_cfg, mesh)
+  s, state = train.setup(config, objective, model_cfg, mesh, rules=sharding.rules_from_config(config))
   return s, state
 
 

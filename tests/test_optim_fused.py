@@ -151,7 +151,8 @@ def test_the_compiled_train_step_has_fewer_operations():
     config = tiny_config(**{"optimizer.fused_update": fused})
     objective = get_objective(config)
     mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
-    run, state = train.setup(config, objective, train.model_config_from(config), mesh)
+    run, state = train.setup(config, objective, train.model_config_from(config), mesh,
+                             rules=sharding.rules_from_config(config))
     batch = objective.init_batch(config, config.batch_size, config.max_seq_length,
                                  config.max_predictions_per_seq)
     with jax.set_mesh(mesh):

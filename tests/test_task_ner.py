@@ -207,7 +207,7 @@ def test_gradient_accumulation_matches_big_batch(spm_dir, data_dir):
   optimizer = optim.make_optimizer(config)
   mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
   state, _, _ = train.create_train_state(objective, model, optimizer, config, mesh,
-                                         objective.init_batch(config, 1, 32, 0))
+                                         objective.init_batch(config, 1, 32, 0), rules=sharding.rules_from_config(config))
   results = []
   for accum in (1, 4):
     step = jax.jit(train.make_train_step(objective, model, optimizer, accum))

@@ -128,7 +128,7 @@ def test_gradient_accumulation_matches_big_batch():
   batch["masked_weights"][::3, 2:] = 0.0
   mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
   state, _, _ = train.create_train_state(objective, model, optimizer, config, mesh,
-                                         objective.init_batch(config, 1, 16, 4))
+                                         objective.init_batch(config, 1, 16, 4), rules=sharding.rules_from_config(config))
   results = []
   for accum in (1, 4):
     step = jax.jit(train.make_train_step(objective, model, optimizer, accum))
@@ -179,7 +179,8 @@ def test_setup_traces_the_model_init_twice_and_matches_its_abstract_state():
 
   objective = Counting()
   mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
-  s, state = train.setup(config, objective, train.model_config_from(config), mesh)
+  s, state = train.setup(config, objective, train.model_config_from(config), mesh,
+                         rules=sharding.rules_from_config(config))
   assert len(calls) == 2
   shapes = lambda t: jax.tree.map(lambda x: (x.shape, x.dtype), t)
   assert shapes(s.abstract_state) == shapes(state)

@@ -251,7 +251,7 @@ def step_setup(config):
   mesh = sharding.make_mesh(config.mesh_shape)
   config_checks.check_ranges(config)
   config_checks.check_run(config, objective, cfg, mesh)
-  run, state = train.setup(config, objective, cfg, mesh)
+  run, state = train.setup(config, objective, cfg, mesh, rules=sharding.rules_from_config(config))
   return objective, cfg, mesh, run, state
 
 

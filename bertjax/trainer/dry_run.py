@@ -31,7 +31,7 @@ def dry_run(config, workdir) -> str:
                                        eval_batch_size=plan.eval_batch_size)
     plan = run_plan.with_inputs(plan, data)
     s, state = train.setup(config, plan.objective, plan.model_cfg, plan.mesh, plan.schedule,
-                           plan.grad_accum_steps, plan.rules)
+                           plan.grad_accum_steps, rules=plan.rules)
     memory = train.check_step_memory(s, state, sharding.shard_batch(next(data.train), s.mesh))
   devices = jax.devices()
   return (f"dry run: settings checked, inputs built ({plan.schedule.total_steps} steps of "

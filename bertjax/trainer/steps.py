@@ -146,13 +146,11 @@ def abstract_params_of(objective, model, init_batch):
   return jax.eval_shape(lambda r: objective.init_params(model, r, init_batch), jax.random.key(0))
 
 
-def param_shardings_for(objective, model, config, mesh, init_batch, abstract_boxed=None,
-                        rules=None):
+def param_shardings_for(objective, model, mesh, init_batch, abstract_boxed=None, *, rules):
   """(abstract boxed params, NamedSharding per param) without allocating anything (`rules`: the
-  run's logical rules, by default the config's)."""
+  run's logical rules, from its plan)."""
   if abstract_boxed is None:
     abstract_boxed = abstract_params_of(objective, model, init_batch)
-  rules = sharding.rules_from_config(config) if rules is None else rules
   shardings = run_plan.param_shardings(abstract_boxed, mesh, rules)
   return abstract_boxed, shardings
 
@@ -164,8 +162,8 @@ def abstract_train_state(objective, model, optimizer, config, mesh, init_batch, 
   init `rng -> state` that creates it already sharded). Nothing is allocated; the model's init is
   traced for the shapes (given `abstract_boxed`, not at all) and again by the init when it runs.
   The optimizer state covers `partition`'s trainable parameters only."""
-  abstract_boxed, param_shardings = param_shardings_for(objective, model, config, mesh, init_batch,
-                                                        abstract_boxed, rules)
+  abstract_boxed, param_shardings = param_shardings_for(objective, model, mesh, init_batch,
+                                                        abstract_boxed, rules=rules)
   abstract_params = nn.meta.unbox(abstract_boxed)
   abstract_opt = jax.eval_shape(optimizer.init, partition.trainable(abstract_params))
   repl = sharding.replicated(mesh)
@@ -201,12 +199,11 @@ def abstract_train_state(objective, model, optimizer, config, mesh, init_batch, 
 
 
 def create_train_state(objective, model, optimizer, config, mesh, init_batch, abstract_boxed=None,
-                       partition: freezing.Partition | None = None, rules=None):
+                       partition: freezing.Partition | None = None, *, rules):
   """Parameters and optimizer state created already sharded (`abstract_train_state`'s init run
   once under the mesh): (state, state shardings, abstract state). `rules`: the run's logical
-  rules, by default the config's."""
+  rules, from its plan."""
   partition = partition or freezing.Partition(frozenset(), frozen_any=False)
-  rules = sharding.rules_from_config(config) if rules is None else rules
   state_shardings, abstract_state, init = abstract_train_state(
       objective, model, optimizer, config, mesh, init_batch, abstract_boxed, partition, rules)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):

@@ -51,13 +51,12 @@ create_train_state = steps.create_train_state
 
 
 def setup(config, objective, model_cfg: ModelConfig, mesh, schedule: Schedule | None = None,
-          grad_accum_steps: int | None = None, rules=None) -> tuple[Setup, TrainState]:
+          grad_accum_steps: int | None = None, *, rules) -> tuple[Setup, TrainState]:
   """The run's setup (`steps.build`: model, optimizer, shardings, the jitted steps) and its
   freshly initialized, sharded train state. A run's plan (bertjax/trainer/run_plan.py) gives
   `schedule` (the learning rate runs to its total_steps, else to config.total_steps),
-  `grad_accum_steps` (already checked; else checked here) and `rules` (else the config's)."""
+  `grad_accum_steps` (already checked; else checked here) and `rules`, its logical rules."""
   accum = grad_accum_steps or run_plan.accumulation_steps(config, mesh)
-  rules = sharding.rules_from_config(config) if rules is None else rules
   s = steps.build(config, objective, model_cfg, mesh, schedule, accum, rules)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     state = s.init(jax.random.key(config.seed))
@@ -276,7 +275,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       # --------------------------------------------------------------------------------------------
       # Setup: the model, optimizer and shardings; the sharded train state; the jitted steps.
       s, state = setup(config, plan.objective, plan.model_cfg, plan.mesh, plan.schedule,
-                       plan.grad_accum_steps, plan.rules)
+                       plan.grad_accum_steps, rules=plan.rules)
     return _train_and_evaluate(plan, settings, s, state, clock, preemption, quiet_step)
 
 
