@@ -390,3 +390,13 @@ def test_the_teachers_tokenizer_leaves_the_config_as_given_and_the_run_resumes(t
   assert files(workdir) == files(teacher)  # the teacher's vocabulary, id for id
   summary = train.train_and_evaluate(config(4), workdir)
   assert summary["step"] == 4 and summary["status"] == "finished"
+
+
+@pytest.mark.slow
+def test_the_compile_tool_compiles_the_trainers_distillation_step(corpus, teacher):
+  """The one setup for configs/distill.py:runlocal (tests/test_one_setup.py has the other
+  recipes): the compile tool's cpu-1 step, teacher inside, is the trainer's."""
+  from tests.test_one_setup import same_step
+  same_step("configs/distill.py:runlocal", {"data_dir": str(corpus), **RUN, **MODEL,
+                                             "model.num_hidden_layers": 4,
+                                             "distill.teacher": str(teacher)})
